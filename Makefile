@@ -1,0 +1,56 @@
+# kvgate developer commands. `make demo` and `make test` are the two that matter first.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+KVGATE := $(VENV)/bin/kvgate
+
+.PHONY: install demo test test-unit test-integration test-e2e lint crds bench \
+        cluster-build cluster-up cluster-down kind-e2e clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(KVGATE) demo
+
+lint: install
+	$(VENV)/bin/ruff check src tests
+	$(VENV)/bin/ruff format --check src tests
+	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
+
+test-unit: install
+	$(PY) -m pytest tests/unit -q
+
+test-integration: install
+	$(PY) -m pytest tests/integration -q -m integration
+
+test-e2e: install cluster-build
+	$(PY) -m pytest tests/e2e -q -m e2e
+
+# The README's test command: lint, then every test (unit, integration, e2e).
+test: install
+	$(MAKE) lint
+	$(PY) -m pytest -q
+
+crds: install
+	$(KVGATE) crds --out crds
+
+cluster-build:
+	bash hack/cluster/build.sh
+
+cluster-up: cluster-build
+	bash hack/cluster/up.sh
+
+cluster-down:
+	bash hack/cluster/down.sh
+
+kind-e2e: install
+	bash hack/kind-e2e.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .cache

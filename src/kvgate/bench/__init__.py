@@ -1,0 +1,1 @@
+"""Workloads, load generator, peers, reports, and the demo."""

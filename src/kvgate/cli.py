@@ -1,0 +1,52 @@
+"""The `kvgate` command.
+
+Each subcommand lives in the package that owns it, in a module exposing
+``add_arguments(parser: argparse.ArgumentParser) -> None`` and ``run(args: argparse.Namespace) -> int``.
+Modules are imported only when their subcommand runs, so `kvgate hash` never imports the router.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("kvgate.bench.demo_command", "run a simulated fleet and compare round robin with kvgate"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (_module, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = _top_parser()
+    known, rest = top.parse_known_args(argv)
+    if known.command is None:
+        top.print_help()
+        return 2
+    logging.basicConfig(
+        level=known.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    module_name, help_text = COMMANDS[known.command]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"kvgate {known.command}", description=help_text)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    code: int = module.run(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""Prompt → tokens → vLLM-exact chained block hashes."""

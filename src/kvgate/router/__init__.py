@@ -1,0 +1,1 @@
+"""The ASGI router: classify, tokenize, look up, choose, proxy, learn."""

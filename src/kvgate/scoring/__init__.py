@@ -1,0 +1,1 @@
+"""Pure routing decisions: filters, scorers and pickers over endpoint snapshots."""

@@ -1,0 +1,1 @@
+"""Shared fixtures. Fixtures that start real servers live in tests/integration/conftest.py."""
