@@ -14,12 +14,17 @@ import sys
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("kvgate.bench.demo_command", "run a simulated fleet and compare round robin with kvgate"),
+    "demo": (
+        "kvgate.bench.demo_command",
+        "run a simulated fleet and compare round robin with kvgate",
+    ),
 }
 
 
 def _top_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvgate", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        prog="kvgate", description=__doc__.splitlines()[0] if __doc__ else None
+    )
     parser.add_argument("--log-level", default="INFO", help="logging level (default INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_module, help_text) in COMMANDS.items():
