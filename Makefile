@@ -49,6 +49,10 @@ cluster-up: cluster-build
 cluster-down:
 	bash hack/cluster/down.sh
 
+# Benchmarks print numbers (pytest-benchmark); they are not part of `make test`.
+bench: install
+	$(PY) -m pytest benchmarks -q --benchmark-only -p no:cacheprovider
+
 kind-e2e: install
 	bash hack/kind-e2e.sh
 
