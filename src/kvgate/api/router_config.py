@@ -1,0 +1,340 @@
+"""The router's typed configuration (the file `kvgate router --config` and `kvgate indexer` read).
+
+The operator renders this from a RoutingPolicy and the InferencePools it selects into a
+ConfigMap; a person writes the same YAML by hand for a static fleet. Every model forbids unknown
+keys so that a typo fails at load instead of silently doing nothing, and every default lives here,
+documented next to its field (docs/configuration.md is the prose version).
+
+Secrets (API keys, the admin token, the Redis password, tenant salts) can be given inline, read
+from a file (a mounted Kubernetes Secret) or from an environment variable: see `SecretRef`.
+
+The policy's `params` is a plain mapping here because `kvgate.api` imports nothing else of ours;
+the router validates it against `kvgate.scoring`'s registry when it loads the file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+RequestClass = Literal["online", "batch"]
+HashAlgo = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SecretRef(_Model):
+    """A secret value: exactly one of `value`, `file` (e.g. a mounted Secret key) or `env`."""
+
+    value: str | None = None
+    file: str | None = None
+    env: str | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretRef:
+        given = [x for x in (self.value, self.file, self.env) if x is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of value, file, env")
+        return self
+
+    def read(self) -> str:
+        """The secret's value; a file's trailing newline is stripped. Raises ValueError if unset."""
+        if self.value is not None:
+            return self.value
+        if self.file is not None:
+            try:
+                return Path(self.file).read_text(encoding="utf-8").rstrip("\r\n")
+            except OSError as exc:
+                raise ValueError(f"cannot read secret file {self.file}: {exc}") from exc
+        assert self.env is not None
+        found = os.environ.get(self.env)
+        if found is None:
+            raise ValueError(f"environment variable {self.env} is not set")
+        return found
+
+
+# ---------------------------------------------------------------------------------------------
+# Pools: engines, tokenizer, endpoints
+
+
+class TokenizerConfig(_Model):
+    """How the router turns a request into the token ids vLLM will see.
+
+    With `path` (a directory holding tokenizer.json and, for chat, a chat template) the router
+    tokenizes exactly like the engine. Without it the router runs in approximate mode: prompts are
+    cut into blocks of `approximate_chars_per_block` characters, which predicts hits between
+    requests sent through this router but cannot match KV events.
+    """
+
+    path: str | None = None
+    chat_template: str | None = None  # file; default: the template shipped with the tokenizer
+    approximate_chars_per_block: int = Field(default=64, ge=1)
+
+
+class EngineConfig(_Model):
+    """What the router must know about the pool's vLLM engines to compute their block hashes."""
+
+    block_size: int = Field(default=16, ge=1)  # --block-size
+    hash_algo: HashAlgo = "sha256"  # --prefix-caching-hash-algo
+    hash_seed: str | None = None  # PYTHONHASHSEED; None = vLLM's default for the algorithm
+    int_block_hashes: bool = False  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1 on the engines
+    tokenizer: TokenizerConfig = TokenizerConfig()
+    # Events publish real hashes; without them the router records what it routed, with a TTL.
+    kv_events: bool = True
+
+
+class StaticEndpoint(_Model):
+    """One engine pod given by hand."""
+
+    url: str  # base URL, e.g. http://10.0.0.5:8000
+    id: str | None = None  # default: host:port of url
+    kv_events: str | None = None  # tcp://host:5557 (ZMQ PUB); None = approximate for this pod
+    kv_replay: str | None = None  # tcp://host:5558 (ZMQ ROUTER replay socket)
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        return url.rstrip("/")
+
+    @field_validator("kv_events", "kv_replay")
+    @classmethod
+    def _zmq_url(cls, url: str | None) -> str | None:
+        if url is not None and not url.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ValueError("ZMQ endpoint must start with tcp://, ipc:// or inproc://")
+        return url
+
+    @property
+    def endpoint_id(self) -> str:
+        if self.id:
+            return self.id
+        rest = self.url.split("://", 1)[1]
+        return rest.split("/", 1)[0]
+
+
+class PortNames(_Model):
+    """Container port names (or numbers, as strings) on engine pods; DESIGN.md §4 defaults."""
+
+    http: str = "http"
+    kv_events: str = "kv-events"
+    kv_replay: str = "kv-replay"
+    # Used when a pod does not name its ports.
+    http_default: int = 8000
+    kv_events_default: int = 5557
+    kv_replay_default: int = 5558
+
+
+class KubernetesDiscovery(_Model):
+    """Discover the pool's ready pods from the Kubernetes API (watching Pods)."""
+
+    namespace: str | None = None  # default: the pool's namespace
+    label_selector: str  # e.g. app.kubernetes.io/instance=llama,app.kubernetes.io/component=engine
+    ports: PortNames = PortNames()
+    scheme: Literal["http", "https"] = "http"
+
+
+class EndpointsConfig(_Model):
+    """Exactly one of `static` or `kubernetes`."""
+
+    static: list[StaticEndpoint] | None = None
+    kubernetes: KubernetesDiscovery | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EndpointsConfig:
+        if (self.static is None) == (self.kubernetes is None):
+            raise ValueError("give exactly one of endpoints.static or endpoints.kubernetes")
+        return self
+
+
+class PoolConfig(_Model):
+    """An InferencePool as the router sees it."""
+
+    name: str = Field(min_length=1)
+    namespace: str = "default"
+    model: str = Field(min_length=1)  # the model name the engines serve (--served-model-name)
+    served_model_names: list[str] = []  # extra names clients may use for this model
+    pool_class: RequestClass = "online"
+    engine: EngineConfig = EngineConfig()
+    endpoints: EndpointsConfig
+
+    @property
+    def key(self) -> str:
+        """`<namespace>/<name>`: the directory's pool namespace (a Redis hash tag)."""
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def model_names(self) -> list[str]:
+        return [self.model, *[n for n in self.served_model_names if n != self.model]]
+
+
+# ---------------------------------------------------------------------------------------------
+# Classes, tenants, sessions
+
+
+class ClassRule(_Model):
+    """`request_class` applies when every given condition holds; the first matching rule wins."""
+
+    request_class: RequestClass
+    tenant: str | None = None
+    model: str | None = None
+    header: str | None = None  # header name (case-insensitive)
+    header_value: str | None = None  # None = the header being present is enough
+    min_prompt_tokens: int | None = Field(default=None, ge=0)
+
+
+class ClassesConfig(_Model):
+    default: RequestClass = "online"
+    header: str | None = "x-kvgate-class"  # clients may ask for a class; None disables
+    rules: list[ClassRule] = []
+
+
+class BorrowingConfig(_Model):
+    """When batch requests may run on online pools (online traffic never waits behind batch)."""
+
+    enabled: bool = True
+    # An online pod is borrowable only while all of these hold:
+    max_waiting_requests: int = Field(default=0, ge=0)  # vllm:num_requests_waiting
+    max_kv_cache_usage: float = Field(default=0.7, ge=0.0, le=1.0)  # vllm:kv_cache_usage_perc
+    max_running_requests: int = Field(default=8, ge=0)  # running + router in-flight
+    # Online requests may also use batch pools when no online pod is ready.
+    online_may_use_batch_pools: bool = True
+
+
+class TenantConfig(_Model):
+    """A tenant: its API keys and the `cache_salt` the router injects into its requests."""
+
+    name: str = Field(min_length=1)
+    api_keys: list[SecretRef] = []
+    cache_salt: SecretRef | None = None  # default: derived from TenantsConfig.salt_secret + name
+    request_class: RequestClass | None = None  # default class for this tenant's requests
+
+
+class TenantsConfig(_Model):
+    tenants: list[TenantConfig] = []
+    # Requests whose key maps to no tenant: "reject" (401) or "anonymous" (shared anonymous tenant).
+    unknown_key: Literal["reject", "anonymous"] = "anonymous"
+    anonymous_tenant: str = "anonymous"
+    # Secret mixed into derived salts so salts cannot be guessed from tenant names.
+    salt_secret: SecretRef | None = None
+    # Let a client's own cache_salt through (only when no tenants are configured).
+    pass_client_salt: bool = True
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> TenantsConfig:
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("tenant names must be unique")
+        return self
+
+
+class SessionsConfig(_Model):
+    header: str | None = "x-session-id"  # None: only OpenAI `user` identifies a session
+    use_openai_user: bool = True
+    max_sessions: int = Field(default=100_000, ge=0)  # LRU for prefix-break detection
+    ttl_seconds: float = Field(default=3600.0, gt=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Policy, directory, admin, limits, load metrics
+
+
+class PolicyConfig(_Model):
+    """The scoring policy: a name from kvgate.scoring's registry and its typed parameters."""
+
+    name: str = "kvgate"
+    params: dict[str, Any] = {}  # validated against the policy's Params at load
+    # Hard cap on the extra queue delay the router accepts to reach a pod holding the prefix.
+    max_affinity_wait_seconds: float = Field(default=2.0, ge=0)
+    seed: int | None = None  # seed for randomised tie-breaking; None = from the OS
+
+
+class RedisConfig(_Model):
+    url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "kvgate"
+    password: SecretRef | None = None
+    socket_timeout_seconds: float = Field(default=0.05, gt=0)  # routing must not wait on Redis
+    resync_interval_seconds: float = Field(default=1.0, gt=0)
+
+
+class DirectoryConfig(_Model):
+    backend: Literal["memory", "redis"] = "memory"
+    redis: RedisConfig = RedisConfig()
+    # Run KV-event subscribers in the router process. Turn off when `kvgate indexer` feeds Redis.
+    embedded_indexer: bool = True
+    # Routing-history entries for pods without KV events expire after this long.
+    approximate_ttl_seconds: float = Field(default=300.0, gt=0)
+    # A pod that leaves is cleared from the directory within this many seconds.
+    departed_grace_seconds: float = Field(default=0.0, ge=0)
+
+
+class AdminConfig(_Model):
+    token: SecretRef | None = None  # bearer token for /admin/*; None disables the admin API
+
+
+class LimitsConfig(_Model):
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    connect_timeout_seconds: float = Field(default=2.0, gt=0)
+    first_byte_timeout_seconds: float = Field(default=600.0, gt=0)  # includes queue + prefill
+    read_timeout_seconds: float = Field(default=120.0, gt=0)  # between chunks once streaming
+    max_retries: int = Field(default=2, ge=0)  # other pods tried when one fails before a byte
+    max_connections_per_endpoint: int = Field(default=512, ge=1)
+    # Passive health: this many consecutive failures ejects a pod for eject_seconds.
+    eject_after_failures: int = Field(default=3, ge=1)
+    eject_seconds: float = Field(default=5.0, gt=0)
+
+
+class LoadMetricsConfig(_Model):
+    """Scraping vLLM /metrics for load and active health."""
+
+    scrape_interval_seconds: float = Field(default=0.1, gt=0)
+    scrape_timeout_seconds: float = Field(default=0.5, gt=0)
+    stale_after_seconds: float = Field(default=2.0, gt=0)  # older load data counts as unknown
+    path: str = "/metrics"
+
+
+class ServerConfig(_Model):
+    host: str = "0.0.0.0"
+    port: int = Field(default=8000, ge=0, le=65535)
+    access_log: bool = False
+
+
+class RouterConfig(_Model):
+    """The whole router configuration."""
+
+    server: ServerConfig = ServerConfig()
+    pools: list[PoolConfig] = Field(min_length=1)
+    classes: ClassesConfig = ClassesConfig()
+    borrowing: BorrowingConfig = BorrowingConfig()
+    policy: PolicyConfig = PolicyConfig()
+    sessions: SessionsConfig = SessionsConfig()
+    tenants: TenantsConfig = TenantsConfig()
+    directory: DirectoryConfig = DirectoryConfig()
+    admin: AdminConfig = AdminConfig()
+    limits: LimitsConfig = LimitsConfig()
+    load_metrics: LoadMetricsConfig = LoadMetricsConfig()
+
+    @model_validator(mode="after")
+    def _unique_pools(self) -> RouterConfig:
+        keys = [p.key for p in self.pools]
+        if len(set(keys)) != len(keys):
+            raise ValueError("pool namespace/name pairs must be unique")
+        return self
+
+
+def parse_router_config(text: str) -> RouterConfig:
+    """Parse YAML (or JSON) text. Raises ValueError (pydantic.ValidationError) on a bad config."""
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError("router config must be a mapping")
+    return RouterConfig.model_validate(data)
+
+
+def load_router_config(path: str | Path) -> RouterConfig:
+    return parse_router_config(Path(path).read_text(encoding="utf-8"))

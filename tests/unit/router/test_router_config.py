@@ -1,0 +1,90 @@
+import pytest
+from pydantic import ValidationError
+
+from kvgate.api.router_config import (
+    RouterConfig,
+    SecretRef,
+    StaticEndpoint,
+    parse_router_config,
+)
+
+MINIMAL = """
+pools:
+  - name: llama
+    model: meta-llama/Llama-3.1-8B-Instruct
+    endpoints:
+      static:
+        - url: http://127.0.0.1:8001/
+          kv_events: tcp://127.0.0.1:5557
+"""
+
+
+def test_minimal_config_gets_documented_defaults():
+    cfg = parse_router_config(MINIMAL)
+    pool = cfg.pools[0]
+    assert pool.key == "default/llama"
+    assert pool.engine.block_size == 16
+    assert pool.engine.hash_algo == "sha256"
+    assert pool.pool_class == "online"
+    assert cfg.policy.name == "kvgate"
+    assert cfg.directory.backend == "memory"
+    assert cfg.load_metrics.scrape_interval_seconds == 0.1
+    ep = pool.endpoints.static[0]
+    assert ep.url == "http://127.0.0.1:8001"
+    assert ep.endpoint_id == "127.0.0.1:8001"
+
+
+def test_unknown_keys_are_rejected():
+    with pytest.raises(ValidationError):
+        parse_router_config(MINIMAL + "polcy: {name: prefix}\n")
+
+
+def test_endpoints_need_exactly_one_source():
+    with pytest.raises(ValidationError):
+        RouterConfig.model_validate({"pools": [{"name": "a", "model": "m", "endpoints": {}}]})
+    with pytest.raises(ValidationError):
+        RouterConfig.model_validate(
+            {
+                "pools": [
+                    {
+                        "name": "a",
+                        "model": "m",
+                        "endpoints": {
+                            "static": [{"url": "http://x:1"}],
+                            "kubernetes": {"label_selector": "a=b"},
+                        },
+                    }
+                ]
+            }
+        )
+
+
+def test_bad_urls_are_rejected():
+    with pytest.raises(ValidationError):
+        StaticEndpoint(url="127.0.0.1:8000")
+    with pytest.raises(ValidationError):
+        StaticEndpoint(url="http://127.0.0.1:8000", kv_events="127.0.0.1:5557")
+
+
+def test_duplicate_pools_are_rejected():
+    pool = {"name": "a", "model": "m", "endpoints": {"static": [{"url": "http://x:1"}]}}
+    with pytest.raises(ValidationError):
+        RouterConfig.model_validate({"pools": [pool, pool]})
+
+
+def test_secret_ref_reads_value_file_and_env(tmp_path, monkeypatch):
+    path = tmp_path / "key"
+    path.write_text("from-file\n")
+    monkeypatch.setenv("KVGATE_TEST_SECRET", "from-env")
+    assert SecretRef(value="inline").read() == "inline"
+    assert SecretRef(file=str(path)).read() == "from-file"
+    assert SecretRef(env="KVGATE_TEST_SECRET").read() == "from-env"
+    with pytest.raises(ValidationError):
+        SecretRef(value="a", env="B")
+    with pytest.raises(ValueError):
+        SecretRef(file=str(tmp_path / "missing")).read()
+
+
+def test_non_mapping_is_rejected():
+    with pytest.raises(ValueError):
+        parse_router_config("- a\n- b\n")
