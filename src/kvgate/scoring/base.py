@@ -1,0 +1,270 @@
+"""The scoring contract: what a routing decision reads and what it returns.
+
+A **policy** turns one request into one decision:
+
+    decide(request, endpoints, matched_blocks, now=..., rng=..., history=...) -> Decision
+
+- ``request`` (:class:`RoutingRequest`): the request's features, computed by the router
+  (prompt token count, block keys, class, tenant, session).
+- ``endpoints`` (:class:`EndpointSnapshot`): one immutable snapshot per candidate pod (already
+  restricted to pools serving the request's model): health, the router's own in-flight and
+  pending-prefill counts, engine-reported load from ``/metrics`` with its observation time, the
+  pod's learned prefill rate.
+- ``matched_blocks`` (:data:`MatchedBlocks`): the directory's answer, pod id -> number of leading
+  blocks of ``request.block_keys`` that pod holds (absent = 0).
+- ``now``: the clock value (seconds, same clock as ``EngineLoad.observed_at``); ``rng``: the only
+  source of randomness; ``history``: which pods earlier decisions chose (read only here).
+
+The pipeline is **pure**: no I/O, no clock reads, no mutation of its inputs (the ``rng`` advances,
+nothing else changes). The caller records the outcome: ``history.record(decision.endpoint_id)``
+after each decision it acts on. The same code therefore runs in the live router and in the
+simulator's discrete-event mode.
+
+Inside a policy, a decision runs **filters -> scorers -> picker** over a per-request
+:class:`CycleState` that holds the cost model's per-endpoint :class:`CostEstimate` (computed once,
+shared by every plugin):
+
+- a :class:`Filter` drops candidates (it never drops all of them: a filter that would leave none
+  returns its input unchanged);
+- a :class:`Scorer` gives every candidate a score in [0, 1], 1 is best; its ``category`` says
+  whether it concentrates load (``affinity``), spreads it (``balance``) or does both (``hybrid``);
+- a :class:`Picker` chooses one candidate from the weighted sum of the scores.
+
+Scorers and filters never mutate their inputs. Plugins are built by name (kebab-case) with typed
+parameters through :class:`kvgate.scoring.registry.PluginRegistry`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+PoolClass = Literal["online", "batch"]
+RequestClass = Literal["online", "batch"]
+ScorerCategory = Literal["affinity", "balance", "hybrid"]
+
+#: The directory's answer: pod id -> number of leading request blocks the pod holds.
+MatchedBlocks = Mapping[str, int]
+
+#: Decision reasons (the ``x-kvgate-decision`` header). Short, stable, machine-readable.
+REASON_PREFIX_HIT = "prefix-hit"  # chose a pod holding the longest useful prefix
+REASON_LOAD_SPILL = "load-spill"  # a pod held more of the prefix, but another was predicted faster
+REASON_AFFINITY_CAP = "affinity-cap"  # the faster-by-cost holder exceeded maxAffinityWait
+REASON_LOAD_BOUND = "load-bound"  # the best pod was above the load bound (c x mean in-flight)
+REASON_NO_HIT_SPREAD = "no-hit-spread"  # no pod held any of the prefix: spread by load/recency
+REASON_LEAST_LOAD = "least-load"
+REASON_ROUND_ROBIN = "round-robin"
+REASON_ONLY_CANDIDATE = "only-candidate"
+
+
+class NoEligibleEndpointError(LookupError):
+    """No endpoint can take the request (none given, or all unhealthy/draining/ineligible)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """Load reported by the engine's ``/metrics`` (vllm:num_requests_*, vllm:kv_cache_usage_perc)."""
+
+    waiting: int
+    running: int
+    kv_cache_usage: float  # 0..1
+    observed_at: float  # clock value (seconds) when scraped; older than the stale limit = ignored
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointSnapshot:
+    """One pod as the router sees it at decision time. Immutable; built by the router."""
+
+    id: str  # pod identity, same string the directory uses
+    pool: str
+    pool_class: PoolClass = "online"
+    healthy: bool = True
+    draining: bool = False
+    in_flight: int = 0  # requests this router sent and that have not completed
+    pending_prefill_requests: int = 0  # sent, no first byte yet
+    pending_prefill_tokens: int = 0  # uncached prompt tokens of those (predicted at routing time)
+    engine: EngineLoad | None = None  # None = never scraped
+    prefill_tokens_per_second: float | None = None  # learned estimate; None = the cost model prior
+    max_num_seqs: int | None = None  # engine batch limit, when known
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRequest:
+    """The features of one request that routing needs."""
+
+    model: str
+    prompt_tokens: int
+    block_tokens: int = 16  # tokens per block (vLLM --block-size; an estimate for char blocks)
+    block_keys: Sequence[bytes] = ()
+    keys_exact: bool = True  # False: approximate keys (char blocks / routing history)
+    request_class: RequestClass = "online"
+    tenant: str | None = None
+    session_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CostEstimate:
+    """The cost model's prediction for sending the request to one endpoint."""
+
+    endpoint_id: str
+    hit_tokens: int  # prompt tokens predicted to be served from the pod's prefix cache
+    uncached_tokens: int
+    load: int  # effective requests on the pod (max of router in-flight and engine-reported)
+    prefill_tokens_per_second: float  # effective rate used (learned or prior, decode-adjusted)
+    queue_seconds: float  # predicted wait before this request's prefill starts
+    prefill_seconds: float  # predicted prefill time of the uncached tokens
+
+    @property
+    def ttft_seconds(self) -> float:
+        """Predicted time to first token (queue + prefill), the quantity `kvgate` minimises."""
+        return self.queue_seconds + self.prefill_seconds
+
+
+class ChoiceHistory:
+    """Which endpoint each decision chose, in order. Owned (and updated) by the caller.
+
+    Policies only read it: ``last_chosen(id)`` is the sequence number of the most recent decision
+    that chose ``id`` (-1 = never), so "least recently chosen" is the smallest value. Round robin
+    and no-hit spreading use it; it survives endpoints joining and leaving.
+    """
+
+    __slots__ = ("_last", "_seq")
+
+    def __init__(self) -> None:
+        self._seq = 0
+        self._last: dict[str, int] = {}
+
+    def record(self, endpoint_id: str) -> None:
+        """Note that the latest decision chose ``endpoint_id``."""
+        self._last[endpoint_id] = self._seq
+        self._seq += 1
+
+    def last_chosen(self, endpoint_id: str) -> int:
+        return self._last.get(endpoint_id, -1)
+
+    def forget(self, endpoint_id: str) -> None:
+        """Drop a departed endpoint (keeps the history bounded by the fleet size)."""
+        self._last.pop(endpoint_id, None)
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+
+@dataclass(slots=True)
+class CycleState:
+    """Per-decision state shared by the plugins of one policy. Built by the policy, then read only.
+
+    ``estimates`` covers every endpoint passed to the policy (not only the survivors of the
+    filters), so explanations can show what a filter dropped.
+    """
+
+    request: RoutingRequest
+    matched_blocks: MatchedBlocks
+    now: float
+    rng: random.Random
+    history: ChoiceHistory
+    estimates: Mapping[str, CostEstimate]
+    max_hit_tokens: int  # the largest hit_tokens over all endpoints (0 = no pod holds any prefix)
+
+
+class Filter(Protocol):
+    """Drops candidates. Returns a subsequence of ``candidates``; never an empty one when the input
+    was non-empty (a filter that would drop everything returns its input)."""
+
+    name: str
+
+    def filter(
+        self, state: CycleState, candidates: Sequence[EndpointSnapshot]
+    ) -> Sequence[EndpointSnapshot]: ...
+
+
+class Scorer(Protocol):
+    """Scores every candidate in [0, 1], 1 is best. Returns one value per candidate, same order."""
+
+    name: str
+    category: ScorerCategory
+
+    def score(self, state: CycleState, candidates: Sequence[EndpointSnapshot]) -> list[float]: ...
+
+
+class Picker(Protocol):
+    """Chooses one candidate given the weighted total score of each (same order, higher is better).
+    ``candidates`` is non-empty."""
+
+    name: str
+
+    def pick(
+        self, state: CycleState, candidates: Sequence[EndpointSnapshot], totals: Sequence[float]
+    ) -> EndpointSnapshot: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateExplanation:
+    """One endpoint's line in a decision explanation (``/debug/route``)."""
+
+    estimate: CostEstimate
+    scores: Mapping[str, float]  # scorer name -> score in [0, 1]; empty if filtered out
+    total_score: float | None  # None if filtered out
+    dropped_by: str | None  # filter name, or None if it reached the picker
+
+    def to_dict(self) -> dict[str, Any]:
+        e = self.estimate
+        return {
+            "endpoint": e.endpoint_id,
+            "hit_tokens": e.hit_tokens,
+            "uncached_tokens": e.uncached_tokens,
+            "load": e.load,
+            "prefill_tokens_per_second": round(e.prefill_tokens_per_second, 1),
+            "queue_seconds": round(e.queue_seconds, 6),
+            "prefill_seconds": round(e.prefill_seconds, 6),
+            "predicted_ttft_seconds": round(e.ttft_seconds, 6),
+            "scores": {k: round(v, 6) for k, v in self.scores.items()},
+            "total_score": None if self.total_score is None else round(self.total_score, 6),
+            "dropped_by": self.dropped_by,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The outcome of one routing decision, with its explanation."""
+
+    endpoint_id: str
+    pool: str
+    reason: str  # one of the REASON_* values
+    policy: str
+    predicted_hit_tokens: int
+    predicted_ttft_seconds: float
+    candidates: tuple[CandidateExplanation, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready explanation (the body of ``/debug/route``)."""
+        return {
+            "endpoint": self.endpoint_id,
+            "pool": self.pool,
+            "reason": self.reason,
+            "policy": self.policy,
+            "predicted_hit_tokens": self.predicted_hit_tokens,
+            "predicted_ttft_seconds": round(self.predicted_ttft_seconds, 6),
+            "candidates": [c.to_dict() for c in self.candidates],
+        }
+
+
+class Policy(Protocol):
+    """A routing policy. Pure: see the module docstring."""
+
+    name: str
+
+    def decide(
+        self,
+        request: RoutingRequest,
+        endpoints: Sequence[EndpointSnapshot],
+        matched_blocks: MatchedBlocks,
+        *,
+        now: float,
+        rng: random.Random,
+        history: ChoiceHistory,
+    ) -> Decision:
+        """Choose an endpoint. Raises :class:`NoEligibleEndpointError` if none can take it."""
+        ...
