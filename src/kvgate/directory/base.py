@@ -1,0 +1,163 @@
+"""The `BlockIndex` protocol: which pod of one pool holds which KV blocks.
+
+One index serves one pool (all keys of a pool share a Redis hash tag). It stores *entries*: a
+block key held by a pod, in a medium (vLLM's `medium`: "GPU" by default, "CPU" for offloaded
+blocks). Two kinds of entries exist:
+
+* **exact** entries come from the engine's own KV events (`add` / `remove`) and live until they
+  are removed, the pod is cleared, its generation changes, or the per-pod cap evicts them;
+* **approximate** entries record where the router sent a prompt (routing history, for pools that
+  publish no KV events, `add_approximate`); each expires `ttl_seconds` after it was last added.
+
+Both kinds count as "held" for `lookup`. An exact entry is never downgraded by an approximate one.
+
+Every pod carries a *generation* (an opaque string: pod UID + engine epoch). Changing it makes
+all of the pod's previous entries vanish at once, without scanning the index, so a restarted
+engine never routes on blocks it lost. Writers that still believe in the old generation are
+ignored (see `add`).
+
+Semantics shared by every backend (the conformance suite in tests/unit/directory checks them):
+
+* pods are opaque non-empty strings; block keys are `bytes` (`kvgate.prefix.BlockKey`);
+* a pod is *known* once it has a generation or an entry; `pods()` lists known pods;
+* order of keys in `add`/`remove` does not matter; adding an entry twice is a no-op, removing an
+  absent one is a no-op; a key may be held in several media by the same pod, and is held until
+  it has been removed from every one of them;
+* every method is safe to call concurrently from many tasks (and, for Redis, processes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+# A block key as `kvgate.prefix` computes it (32-byte digest or 8-byte big-endian int form).
+BlockKey = bytes
+
+#: The medium an entry is in when the event says nothing (vLLM leaves `medium` unset for GPU).
+DEFAULT_MEDIUM = "GPU"
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    """A point-in-time size of the index (for metrics and capacity planning)."""
+
+    pods: int
+    """Known pods."""
+    entries: int
+    """Exact (block, pod) entries; a block held by one pod in two media counts once."""
+    approximate_entries: int
+    """Approximate (block, pod) entries, including expired ones not yet collected."""
+
+
+@runtime_checkable
+class BlockIndex(Protocol):
+    """Which pod holds which prefix blocks of one pool."""
+
+    async def lookup(
+        self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
+    ) -> dict[str, int]:
+        """For each pod, how many *leading* blocks of the chain `keys` it holds.
+
+        - A pod's count is the largest `n` such that it holds `keys[0] .. keys[n-1]` (in any
+          medium, exact or unexpired approximate). Holding `keys[5]` but not `keys[4]` does not
+          extend a match: chained keys make a later block useless without its prefix.
+        - The scan stops at the first block that no (remaining) pod holds, so the cost is
+          bounded by the longest match, not by the chain length.
+        - Pods with a count of 0 are absent from the result; an empty chain gives `{}`.
+        - `pods`, when given, restricts the answer to those pods (unknown ones are ignored);
+          `None` means every known pod.
+        - Entries of a previous generation and expired approximate entries never count.
+        """
+        ...
+
+    async def add(
+        self,
+        pod: str,
+        keys: Sequence[BlockKey],
+        *,
+        medium: str = DEFAULT_MEDIUM,
+        generation: str | None = None,
+    ) -> bool:
+        """Record that `pod` holds every key of `keys` in `medium` (a KV `BlockStored`).
+
+        - `generation=None` writes into whatever generation the pod has.
+        - A pod without a generation adopts `generation` and the write applies.
+        - A `generation` different from the pod's current one is a stale writer (an indexer that
+          has not seen the restart yet): nothing is written and the call returns False.
+        - If the pod then holds more than the backend's per-pod cap of exact entries, entries
+          are evicted until it holds the cap (which ones is backend-defined: the bound on memory
+          matters more than the choice, since an over-full pod has lost removal events anyway).
+        - An approximate entry for the same key becomes exact.
+        Returns True when the write applied.
+        """
+        ...
+
+    async def remove(
+        self,
+        pod: str,
+        keys: Sequence[BlockKey],
+        *,
+        medium: str = DEFAULT_MEDIUM,
+        generation: str | None = None,
+    ) -> bool:
+        """Record that `pod` no longer holds `keys` in `medium` (a KV `BlockRemoved`).
+
+        - A key still held in another medium stays held.
+        - Removing a key the pod does not hold, or from an unknown pod, is a no-op.
+        - Removes the pod's approximate entry for the key too, since the engine said it is gone.
+        - `generation` follows the same rule as in `add` (a stale writer changes nothing;
+          returns False), except that an unknown pod does not adopt it.
+        """
+        ...
+
+    async def add_approximate(self, pod: str, keys: Sequence[BlockKey], ttl_seconds: float) -> None:
+        """Record routing history: `pod` probably holds `keys` for the next `ttl_seconds`.
+
+        - Re-adding a key refreshes its expiry to now + `ttl_seconds` (never shortens an exact
+          entry, which has no expiry).
+        - Expired entries stop counting at once and are collected lazily.
+        - Approximate entries per pod are capped like exact ones; the entries closest to expiry
+          are evicted first.
+        - `ttl_seconds` must be > 0.
+        """
+        ...
+
+    async def clear_pod(self, pod: str) -> None:
+        """Drop every entry of `pod` (exact and approximate, all media) at once.
+
+        The pod keeps its generation and stays known (a KV `AllBlocksCleared`); cost is O(its
+        entries), never a scan of the whole index. Clearing an unknown pod is a no-op.
+        """
+        ...
+
+    async def forget_pod(self, pod: str) -> None:
+        """`clear_pod` and drop the pod's generation: the pod is no longer known (pod deleted)."""
+        ...
+
+    async def set_generation(self, pod: str, generation: str) -> bool:
+        """Make `generation` the pod's current generation.
+
+        - If it differs from the current one, every entry of the previous generation vanishes
+          at once (as `clear_pod`) and True is returned.
+        - Setting the current generation again changes nothing and returns False.
+        - Setting it on an unknown pod makes the pod known (returns True).
+        """
+        ...
+
+    async def get_generation(self, pod: str) -> str | None:
+        """The pod's current generation, or None if it never had one (or is unknown)."""
+        ...
+
+    async def pods(self) -> set[str]:
+        """Every known pod (with a generation or at least one entry)."""
+        ...
+
+    async def stats(self) -> IndexStats:
+        """Counts of pods and entries (O(pods), not O(entries))."""
+        ...
+
+    async def close(self) -> None:
+        """Release connections. The index must not be used afterwards; closing twice is fine."""
+        ...
