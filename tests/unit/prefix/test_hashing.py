@@ -1,0 +1,138 @@
+"""BlockHasher against a direct transcription of vLLM's formula, cache behaviour, key forms."""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import random
+
+import cbor2
+import pytest
+
+from kvgate.prefix import (
+    BlockHasher,
+    LoraKey,
+    block_key,
+    extra_keys_for_block,
+    int_block_key,
+    int_form,
+    none_hash,
+)
+
+
+def reference_hashes(algo, block_size, seed, tokens, lora=None, salt=None):
+    """The formula of vLLM's hash_block_tokens, written out longhand."""
+
+    def fn(obj):
+        if algo == "sha256":
+            data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        else:
+            data = cbor2.dumps(obj, canonical=True)
+        return hashlib.sha256(data).digest()
+
+    parent = fn(seed)
+    out = []
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        keys = []
+        if lora:
+            keys.append(("lora", lora.name, lora.path))
+        if start == 0 and salt:
+            keys.append(("cache_salt", salt))
+        parent = fn((parent, tuple(tokens[start : start + block_size]), tuple(keys) or None))
+        out.append(parent)
+    return out
+
+
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
+@pytest.mark.parametrize("block_size", [1, 2, 3, 4, 16, 64])
+def test_matches_formula_for_every_shape(algo, block_size):
+    rng = random.Random(block_size)
+    # token ids of every pickle/CBOR width, including ints above 2**31 and 2**32
+    pool = [0, 1, 23, 24, 255, 256, 65535, 65536, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40]
+    tokens = [rng.choice(pool) if i % 3 else rng.randrange(200_000) for i in range(300)]
+    lora = LoraKey("adapter-a", "/models/adapter-a")
+    for kwargs in ({}, {"lora": lora}, {"salt": "tenant-1"}, {"lora": lora, "salt": "t"}):
+        hasher = BlockHasher(algo, block_size, "1234")
+        got = hasher.hash_blocks(tokens, lora=kwargs.get("lora"), cache_salt=kwargs.get("salt"))
+        assert got == reference_hashes(algo, block_size, "1234", tokens, **kwargs)
+
+
+def test_only_full_blocks_are_hashed():
+    hasher = BlockHasher("sha256", 16)
+    assert hasher.hash_blocks(list(range(15))) == []
+    assert len(hasher.hash_blocks(list(range(47)))) == 2
+
+
+def test_default_seed_is_vllms():
+    assert BlockHasher().none_hash == none_hash("sha256", "vllm-none-hash")
+    assert BlockHasher(seed="0").none_hash != BlockHasher().none_hash
+
+
+def test_salt_changes_every_block_through_the_chain_but_keys_only_block_zero():
+    tokens = list(range(64))
+    plain = BlockHasher().hash_blocks(tokens)
+    salted = BlockHasher().hash_blocks(tokens, cache_salt="s")
+    assert all(a != b for a, b in zip(plain, salted, strict=True))
+    assert extra_keys_for_block(0, cache_salt="s") == (("cache_salt", "s"),)
+    assert extra_keys_for_block(1, cache_salt="s") is None
+    assert BlockHasher().hash_blocks(tokens, cache_salt="") == plain  # vLLM: falsy salt ignored
+
+
+def test_lora_key_order_matches_vllm():
+    lora = LoraKey("n", "p")
+    assert extra_keys_for_block(0, lora, "s") == (("lora", "n", "p"), ("cache_salt", "s"))
+    assert extra_keys_for_block(5, lora, "s") == (("lora", "n", "p"),)
+
+
+def test_reused_prefix_hashes_only_new_blocks():
+    hasher = BlockHasher("sha256", 16)
+    history = list(range(16 * 100))
+    first = hasher.hash_blocks(history)
+    hits_before = hasher.cache.hits
+    extended = hasher.hash_blocks([*history, *range(5000, 5000 + 16 * 3)])
+    assert extended[:100] == first
+    assert hasher.cache.hits - hits_before == 100
+    assert extended == BlockHasher("sha256", 16, cache_blocks=0).hash_blocks(
+        [*history, *range(5000, 5000 + 16 * 3)]
+    )
+
+
+def test_cache_separates_lora_and_salt():
+    hasher = BlockHasher()
+    tokens = list(range(64))
+    plain = hasher.hash_blocks(tokens)
+    assert hasher.hash_blocks(tokens, lora=LoraKey("a", "b")) != plain
+    assert hasher.hash_blocks(tokens, cache_salt="x") != plain
+    assert hasher.hash_blocks(tokens) == plain
+
+
+def test_cache_is_bounded():
+    hasher = BlockHasher(cache_blocks=10)
+    for start in range(0, 16 * 50, 16):
+        hasher.hash_blocks(list(range(start, start + 16)))
+    assert len(hasher.cache) <= 10
+
+
+def test_int_form_is_low_64_bits_big_endian():
+    digest = bytes(range(32))
+    assert int_form(digest) == int.from_bytes(digest[-8:], "big")
+    assert block_key(digest, int_keys=True) == int_block_key(int_form(digest)) == digest[-8:]
+    assert block_key(digest) == digest
+    assert block_key(int_form(digest)) == digest[-8:]
+    with pytest.raises(ValueError):
+        int_block_key(-1)
+    with pytest.raises(ValueError):
+        int_block_key(1 << 64)
+
+
+def test_int_form_block_keys():
+    hasher = BlockHasher()
+    keys = hasher.block_keys(list(range(32)), int_form=True)
+    digests = hasher.hash_blocks(list(range(32)))
+    assert keys == [int_block_key(int_form(d)) for d in digests]
+
+
+@pytest.mark.parametrize("bad", [{"algo": "xxhash"}, {"block_size": 0}])
+def test_rejects_bad_settings(bad):
+    with pytest.raises(ValueError):
+        BlockHasher(**bad)
