@@ -41,7 +41,7 @@ def _stub(name: str, **attrs: Any) -> types.ModuleType:
     module = types.ModuleType(name)
     module.__path__ = []  # a package, so submodules can be stubbed too
 
-    def __getattr__(attr: str) -> Any:  # noqa: N807
+    def __getattr__(attr: str) -> Any:
         if attr.startswith("__"):
             raise AttributeError(attr)
         return _Anything
@@ -178,7 +178,7 @@ def main() -> int:
     head = json.dumps({k: v for k, v in doc.items() if k != "cases"}, indent=1)[:-2]
     lines = ",\n  ".join(json.dumps(case) for case in cases)
     args.out.write_text(f'{head},\n "cases": [\n  {lines}\n ]\n}}\n')
-    print(f"wrote {len(cases)} cases to {args.out}")
+    print(f"wrote {len(cases)} cases to {args.out}")  # noqa: T201
     return 0
 
 
