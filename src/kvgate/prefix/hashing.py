@@ -16,10 +16,11 @@ Algorithm, as in ``vllm/v1/core/kv_cache_utils.py`` and ``vllm/utils/hashing.py`
 
 Exactness is by construction: every block is serialised by the real ``pickle``/``cbor2`` on the
 same Python objects vLLM builds; the committed vectors in ``tests/data/prefix`` were produced
-by vLLM's own functions. Speed comes from a chain cache: ``(parent, block tokens, extra keys)``
-→ digest, kept in two generations (an approximate LRU with O(1) upkeep). A prompt that extends
-a previously seen prefix walks the cache until the first miss and hashes only the new blocks;
-after a miss no child can be cached, so the rest is hashed without lookups.
+by vLLM's own functions. Speed comes from a chain cache keyed by aligned spans of blocks:
+``(parent digest, span tokens, extra keys)`` → the span's digests, kept in two generations (an
+approximate LRU with O(1) upkeep). A prompt that extends a previously seen prefix walks its
+spans until the first miss and hashes only what follows; after a miss no descendant can be
+cached, so the rest is hashed without lookups.
 
 Integer form: with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES`` vLLM publishes
 ``int.from_bytes(digest, "big") & (2**64 - 1)``, i.e. the digest's last 8 bytes read big-endian.
@@ -132,7 +133,7 @@ def block_key(block_hash: bytes | int, *, int_keys: bool = False) -> BlockKey:
 
 
 class ChainCache:
-    """Bounded map ``(parent, block tokens, extra keys) -> digest``; two-generation LRU.
+    """Bounded map ``(parent, span tokens, extra keys) -> span digests``; two-generation LRU.
 
     Lookups that hit the older generation promote the entry. When the young generation holds
     ``capacity // 2`` entries it becomes the old one and the previous old one is dropped, so
@@ -143,29 +144,29 @@ class ChainCache:
         if capacity < 0:
             raise ValueError("chain cache capacity must be >= 0")
         self.capacity = capacity
-        self._young: dict[tuple[Any, ...], bytes] = {}
-        self._old: dict[tuple[Any, ...], bytes] = {}
-        self.hits = 0
-        self.misses = 0
+        self._young: dict[tuple[Any, ...], tuple[bytes, ...]] = {}
+        self._old: dict[tuple[Any, ...], tuple[bytes, ...]] = {}
+        self.hit_blocks = 0
+        self.hashed_blocks = 0
 
     def __len__(self) -> int:
         return len(self._young) + len(self._old)
 
-    def get(self, key: tuple[Any, ...]) -> bytes | None:
-        digest = self._young.get(key)
-        if digest is None:
-            digest = self._old.get(key)
-            if digest is not None:
-                self.put(key, digest)
-        return digest
+    def get(self, key: tuple[Any, ...]) -> tuple[bytes, ...] | None:
+        digests = self._young.get(key)
+        if digests is None:
+            digests = self._old.get(key)
+            if digests is not None:
+                self.put(key, digests)
+        return digests
 
-    def put(self, key: tuple[Any, ...], digest: bytes) -> None:
+    def put(self, key: tuple[Any, ...], digests: tuple[bytes, ...]) -> None:
         if self.capacity == 0:
             return
         if len(self._young) >= max(1, self.capacity // 2):
             self._old = self._young
             self._young = {}
-        self._young[key] = digest
+        self._young[key] = digests
 
     def clear(self) -> None:
         self._young.clear()
@@ -178,6 +179,12 @@ class BlockHasher:
     ``hash_blocks`` returns the 32-byte digests vLLM computes for the full blocks of a prompt;
     ``block_keys`` returns them as directory keys (optionally in the 64-bit int form).
     Token ids must be Python ``int`` values (as parsed from JSON), like vLLM's.
+
+    Reuse: digests are cached per aligned *span* of ``span_blocks`` blocks, keyed by the
+    span's parent digest, its tokens and its extra keys. A prompt walks its spans from block 0
+    while they hit, then hashes the rest. Span granularity keeps the walk cheap (one dict
+    lookup per ~512 tokens); a prompt that diverges inside a span rehashes at most
+    ``span_blocks - 1`` blocks that were seen before. ``cache_tokens=0`` disables the cache.
     """
 
     def __init__(
@@ -186,7 +193,8 @@ class BlockHasher:
         block_size: int = 16,
         seed: str | None = None,
         *,
-        cache_blocks: int = 65536,
+        cache_tokens: int = 1 << 20,
+        span_blocks: int | None = None,
     ) -> None:
         if algo not in HASH_ALGOS:
             raise ValueError(f"unsupported hash algorithm {algo!r}; expected one of {HASH_ALGOS}")
@@ -196,7 +204,8 @@ class BlockHasher:
         self.block_size = block_size
         self.seed = DEFAULT_SEED if seed is None else seed
         self.none_hash = none_hash(algo, self.seed)
-        self.cache = ChainCache(cache_blocks)
+        self.span_blocks = span_blocks or max(1, 512 // block_size)
+        self.cache = ChainCache(cache_tokens // (self.span_blocks * block_size))
 
     def __repr__(self) -> str:
         return f"BlockHasher(algo={self.algo!r}, block_size={self.block_size}, seed={self.seed!r})"
@@ -214,48 +223,61 @@ class BlockHasher:
         """Digests of every full block of ``token_ids``, in order."""
         size = self.block_size
         tokens = token_ids if isinstance(token_ids, tuple) else tuple(token_ids)
-        blocks = [tokens[i : i + size] for i in range(0, len(tokens) - size + 1, size)]
-        if not blocks:
-            return []
+        num_blocks = len(tokens) // size
         first_extra = extra_keys_for_block(0, lora, cache_salt)
         rest_extra = extra_keys_for_block(1, lora, cache_salt)
         out: list[bytes] = []
         parent = self.none_hash
         cache = self.cache
-        get = cache.get
-        # Walk the cache until the first miss: a hit means the whole chain up to here was seen.
-        index = 0
-        for block in blocks:
-            digest = get((parent, block, rest_extra if index else first_extra))
-            if digest is None:
-                break
-            out.append(digest)
-            parent = digest
-            index += 1
-        cache.hits += index
-        cache.misses += len(blocks) - index
-        if index == len(blocks):
+        span = self.span_blocks
+        span_tokens = span * size
+        # 1. Walk cached spans from block 0 while they hit.
+        block = 0
+        if cache.capacity:
+            get = cache.get
+            while block + span <= num_blocks:
+                start = block * size
+                key = (
+                    parent,
+                    tokens[start : start + span_tokens],
+                    rest_extra if block else first_extra,
+                )
+                digests = get(key)
+                if digests is None:
+                    break
+                out.extend(digests)
+                parent = digests[-1]
+                block += span
+        cache.hit_blocks += block
+        cache.hashed_blocks += num_blocks - block
+        if block == num_blocks:
             return out
-        # Cold tail: no child of a new digest can be cached, so hash without lookups.
-        put = cache.put
-        if self.algo == "sha256":
-            dumps = pickle.dumps
-            sha = hashlib.sha256
-            for block in blocks[index:]:
-                extra = rest_extra if index else first_extra
-                digest = sha(dumps((parent, block, extra), PICKLE_PROTOCOL)).digest()
-                put((parent, block, extra), digest)
-                out.append(digest)
-                parent = digest
-                index += 1
-        else:
-            for block in blocks[index:]:
-                extra = rest_extra if index else first_extra
-                digest = hash_object(self.algo, (parent, block, extra))
-                put((parent, block, extra), digest)
-                out.append(digest)
-                parent = digest
-                index += 1
+        # 2. Hash the rest; remember each completed aligned span.
+        span_parent = parent
+        span_start = block
+        algo = self.algo
+        dumps = pickle.dumps
+        sha = hashlib.sha256
+        for start in range(block * size, num_blocks * size, size):
+            extra = rest_extra if start else first_extra
+            if algo == "sha256":
+                data = dumps((parent, tokens[start : start + size], extra), PICKLE_PROTOCOL)
+            else:
+                data = cbor2.dumps((parent, tokens[start : start + size], extra), canonical=True)
+            parent = sha(data).digest()
+            out.append(parent)
+            block += 1
+            if block - span_start == span:
+                if cache.capacity:
+                    key_start = span_start * size
+                    key = (
+                        span_parent,
+                        tokens[key_start : key_start + span_tokens],
+                        rest_extra if span_start else first_extra,
+                    )
+                    cache.put(key, tuple(out[span_start:block]))
+                span_parent = parent
+                span_start = block
         return out
 
     def block_keys(

@@ -85,16 +85,35 @@ def test_lora_key_order_matches_vllm():
 
 
 def test_reused_prefix_hashes_only_new_blocks():
-    hasher = BlockHasher("sha256", 16)
+    hasher = BlockHasher("sha256", 16, span_blocks=8)
     history = list(range(16 * 100))
     first = hasher.hash_blocks(history)
-    hits_before = hasher.cache.hits
-    extended = hasher.hash_blocks([*history, *range(5000, 5000 + 16 * 3)])
+    assert hasher.cache.hit_blocks == 0
+    new_turn = [*history, *range(5000, 5000 + 16 * 30)]
+    extended = hasher.hash_blocks(new_turn)
     assert extended[:100] == first
-    assert hasher.cache.hits - hits_before == 100
-    assert extended == BlockHasher("sha256", 16, cache_blocks=0).hash_blocks(
-        [*history, *range(5000, 5000 + 16 * 3)]
-    )
+    assert hasher.cache.hit_blocks == 96  # 12 whole spans of 8 blocks were seen
+    assert extended == BlockHasher("sha256", 16, cache_tokens=0).hash_blocks(new_turn)
+    again = hasher.hash_blocks(new_turn)
+    assert again == extended
+    assert hasher.cache.hit_blocks == 96 + 128
+
+
+@pytest.mark.parametrize("algo", ["sha256", "sha256_cbor"])
+@pytest.mark.parametrize("span_blocks", [1, 3, 32])
+def test_warm_cache_gives_the_uncached_answer(algo, span_blocks):
+    rng = random.Random(span_blocks)
+    cold = BlockHasher(algo, 4, "7", cache_tokens=0)
+    warm = BlockHasher(algo, 4, "7", span_blocks=span_blocks)
+    base = [rng.randrange(50_000) for _ in range(400)]
+    for _ in range(30):  # histories that extend, fork and diverge from each other
+        cut = rng.randrange(len(base))
+        prompt = base[:cut] + [rng.randrange(50_000) for _ in range(rng.randrange(60))]
+        salt = rng.choice([None, "a"])
+        assert warm.hash_blocks(prompt, cache_salt=salt) == cold.hash_blocks(
+            prompt, cache_salt=salt
+        )
+    assert warm.cache.hit_blocks > 0
 
 
 def test_cache_separates_lora_and_salt():
@@ -107,10 +126,10 @@ def test_cache_separates_lora_and_salt():
 
 
 def test_cache_is_bounded():
-    hasher = BlockHasher(cache_blocks=10)
+    hasher = BlockHasher(cache_tokens=64, span_blocks=1)
     for start in range(0, 16 * 50, 16):
         hasher.hash_blocks(list(range(start, start + 16)))
-    assert len(hasher.cache) <= 10
+    assert 0 < len(hasher.cache) <= 4
 
 
 def test_int_form_is_low_64_bits_big_endian():
