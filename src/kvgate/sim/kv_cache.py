@@ -1,0 +1,181 @@
+"""Paged KV cache with vLLM v1's prefix cache (``BlockPool`` + ``KVCacheManager``).
+
+- ``num_gpu_blocks`` blocks of ``block_size`` tokens; block 0 is vLLM's null block and never
+  handed out, so ``num_gpu_blocks - 1`` are usable.
+- The prefix cache maps a block hash to the blocks holding it (several blocks may hold the same
+  hash when two requests computed the same prefix at the same time, as in vLLM).
+- A lookup walks the request's chained block hashes from block 0 and stops at the first miss; at
+  most ``(num_tokens - 1) // block_size`` blocks hit, because vLLM always recomputes the last
+  prompt token to get logits.
+- Free blocks sit in one queue ordered by eviction priority. Freeing a request releases its blocks
+  tail first: blocks without a hash go to the front (reused first), cached blocks to the back, so
+  the least recently freed cached block is evicted first. A cached block is only evicted when it
+  is free and a new block is needed; a hit on a free cached block takes it out of the queue.
+- Full blocks are cached (and a ``BlockStored`` event emitted) as soon as their tokens are
+  computed; evicting a cached block emits one ``BlockRemoved`` per hash; resetting the prefix
+  cache (only possible while no request holds blocks) emits ``AllBlocksCleared``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from kvgate.sim.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from kvgate.sim.request import SimRequest
+
+
+class KVCacheManager:
+    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        if num_gpu_blocks < 2:
+            raise ValueError("num_gpu_blocks must be at least 2 (block 0 is the null block)")
+        self.num_gpu_blocks = num_gpu_blocks
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self._ref_cnt = [0] * num_gpu_blocks
+        self._hash: list[bytes | None] = [None] * num_gpu_blocks
+        # Front = evicted first. Values unused; OrderedDict gives O(1) removal from the middle.
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
+        self._cached: dict[bytes, dict[int, None]] = {}
+        self._events: list[KVEvent] = []
+
+    # -- queries ---------------------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests (``vllm:kv_cache_usage_perc``)."""
+        return 1.0 - len(self._free) / (self.num_gpu_blocks - 1)
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return sum(len(ids) for ids in self._cached.values())
+
+    def is_cached(self, block_hash: bytes) -> bool:
+        return block_hash in self._cached
+
+    def cached_prefix_blocks(self, block_hashes: list[bytes]) -> int:
+        """How many leading blocks of a hash chain the cache holds (no side effects)."""
+        n = 0
+        for h in block_hashes:
+            if h not in self._cached:
+                break
+            n += 1
+        return n
+
+    def take_events(self) -> list[KVEvent]:
+        events, self._events = self._events, []
+        return events
+
+    # -- request lifecycle -----------------------------------------------------------------
+
+    def get_computed_blocks(self, request: SimRequest) -> list[int]:
+        """The cached blocks a new request can reuse (longest prefix hit)."""
+        if not self.enable_caching:
+            return []
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[int] = []
+        cached = self._cached
+        for h in request.block_hashes[:max_blocks]:
+            ids = cached.get(h)
+            if not ids:
+                break
+            hits.append(next(iter(ids)))
+        return hits
+
+    def allocate_slots(
+        self, request: SimRequest, num_new_tokens: int, new_computed_blocks: list[int] | None = None
+    ) -> bool:
+        """Give ``request`` room for ``num_new_tokens`` more tokens; False if blocks run out."""
+        computed = new_computed_blocks or []
+        bs = self.block_size
+        total = request.num_computed_tokens + len(computed) * bs + num_new_tokens
+        num_required = -(-total // bs)
+        num_new = num_required - len(request.block_ids) - len(computed)
+        ref = self._ref_cnt
+        evictable_hits = sum(1 for b in computed if ref[b] == 0)
+        if num_new > len(self._free) - evictable_hits:
+            return False
+        for b in computed:
+            if ref[b] == 0:
+                del self._free[b]
+            ref[b] += 1
+        request.block_ids.extend(computed)
+        if not request.num_cached_blocks:
+            request.num_cached_blocks = len(computed)
+        if num_new > 0:
+            request.block_ids.extend(self._get_new_blocks(num_new))
+        if self.enable_caching:
+            self._cache_full_blocks(request, min(total, request.num_tokens))
+        return True
+
+    def free(self, request: SimRequest) -> None:
+        """Release a finished or preempted request's blocks (tail first)."""
+        ref = self._ref_cnt
+        free = self._free
+        evict_first: list[int] = []
+        for b in reversed(request.block_ids):
+            ref[b] -= 1
+            if ref[b] == 0:
+                if self._hash[b] is None or not self.enable_caching:
+                    evict_first.append(b)
+                else:
+                    free[b] = None
+        for b in reversed(evict_first):
+            free[b] = None
+            free.move_to_end(b, last=False)
+        request.block_ids = []
+        request.num_cached_blocks = 0
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached hash; refused (False) while a request holds blocks."""
+        if len(self._free) != self.num_gpu_blocks - 1:
+            return False
+        self._cached.clear()
+        self._hash = [None] * self.num_gpu_blocks
+        self._events.append(AllBlocksCleared())
+        return True
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _get_new_blocks(self, n: int) -> list[int]:
+        free = self._free
+        out: list[int] = []
+        for _ in range(n):
+            b, _unused = free.popitem(last=False)
+            h = self._hash[b]
+            if h is not None:
+                holders = self._cached[h]
+                del holders[b]
+                if not holders:
+                    del self._cached[h]
+                self._hash[b] = None
+                self._events.append(BlockRemoved(block_hashes=[h]))
+            self._ref_cnt[b] = 1
+            out.append(b)
+        return out
+
+    def _cache_full_blocks(self, request: SimRequest, num_tokens: int) -> None:
+        bs = self.block_size
+        start = request.num_cached_blocks
+        full = num_tokens // bs
+        if start >= full:
+            return
+        hashes = request.block_hashes
+        new_hashes = hashes[start:full]
+        for i, h in enumerate(new_hashes, start):
+            b = request.block_ids[i]
+            self._hash[b] = h
+            self._cached.setdefault(h, {})[b] = None
+        self._events.append(
+            BlockStored(
+                block_hashes=new_hashes,
+                parent_block_hash=hashes[start - 1] if start else None,
+                token_ids=request.all_token_ids[start * bs : full * bs],
+                block_size=bs,
+                extra_keys=[request.event_extra_keys(i) for i in range(start, full)],
+            )
+        )
+        request.num_cached_blocks = full
