@@ -24,8 +24,11 @@ Inside a policy, a decision runs **filters -> scorers -> picker** over a per-req
 :class:`CycleState` that holds the cost model's per-endpoint :class:`CostEstimate` (computed once,
 shared by every plugin):
 
-- a :class:`Filter` drops candidates (it never drops all of them: a filter that would leave none
-  returns its input unchanged);
+- a :class:`Filter` drops candidates. A *hard* filter (``reason`` None, e.g. health) may drop
+  all of them (the policy then raises :class:`NoEligibleEndpointError`); a *guard* (``reason``
+  set, e.g. ``affinity-cap``) never does: if it would leave none it returns its input unchanged,
+  and when it moves the request off the pod holding the longest prefix, the decision's reason is
+  the guard's ``reason``;
 - a :class:`Scorer` gives every candidate a score in [0, 1], 1 is best; its ``category`` says
   whether it concentrates load (``affinity``), spreads it (``balance``) or does both (``hybrid``);
 - a :class:`Picker` chooses one candidate from the weighted sum of the scores.
@@ -170,10 +173,16 @@ class CycleState:
 
 
 class Filter(Protocol):
-    """Drops candidates. Returns a subsequence of ``candidates``; never an empty one when the input
-    was non-empty (a filter that would drop everything returns its input)."""
+    """Drops candidates: returns a subsequence of ``candidates``. A guard (``reason`` not None)
+    never returns an empty one for a non-empty input; a hard filter (``reason`` None) may."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def reason(self) -> str | None:
+        """The decision reason when this guard moved the request off its holder; None = hard."""
+        ...
 
     def filter(
         self, state: CycleState, candidates: Sequence[EndpointSnapshot]
@@ -183,8 +192,11 @@ class Filter(Protocol):
 class Scorer(Protocol):
     """Scores every candidate in [0, 1], 1 is best. Returns one value per candidate, same order."""
 
-    name: str
-    category: ScorerCategory
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def category(self) -> ScorerCategory: ...
 
     def score(self, state: CycleState, candidates: Sequence[EndpointSnapshot]) -> list[float]: ...
 
@@ -193,7 +205,8 @@ class Picker(Protocol):
     """Chooses one candidate given the weighted total score of each (same order, higher is better).
     ``candidates`` is non-empty."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def pick(
         self, state: CycleState, candidates: Sequence[EndpointSnapshot], totals: Sequence[float]
@@ -254,7 +267,8 @@ class Decision:
 class Policy(Protocol):
     """A routing policy. Pure: see the module docstring."""
 
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def decide(
         self,

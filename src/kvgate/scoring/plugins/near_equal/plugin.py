@@ -1,0 +1,65 @@
+"""``near-equal`` picker: best total score, with randomised choice among near-equal candidates.
+
+The near-equal set is every candidate whose total score is at least ``(1 - tolerance)`` x the
+best. One of them is chosen by ``tie_break``:
+
+- ``random``: uniformly, from the injected rng (bursts and several router replicas that see
+  the same state do not all herd onto the same pod);
+- ``least-recent``: the one this router chose least recently (ties: random);
+- ``least-load``: the one with the fewest requests (ties: random).
+
+When no candidate in the near-equal set holds any of the prompt (no prefix hit), ``no_hit_tie_break``
+applies instead (default: same as ``tie_break``): spreading cold requests by recency keeps one
+pod from collecting every new session while the others idle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import Field
+
+from kvgate.scoring.base import CycleState, EndpointSnapshot
+from kvgate.scoring.params import StrictParams
+
+TieBreak = Literal["random", "least-recent", "least-load"]
+
+
+class NearEqualParams(StrictParams):
+    tolerance: float = Field(default=0.0, ge=0, lt=1)
+    """Relative: candidates scoring >= (1 - tolerance) x best are near-equal."""
+    tie_break: TieBreak = "random"
+    no_hit_tie_break: TieBreak | None = None
+
+
+class NearEqualPicker:
+    name = "near-equal"
+
+    def __init__(self, params: NearEqualParams | None = None) -> None:
+        self.params = params or NearEqualParams()
+
+    def pick(
+        self, state: CycleState, candidates: Sequence[EndpointSnapshot], totals: Sequence[float]
+    ) -> EndpointSnapshot:
+        best = max(totals)
+        threshold = best * (1.0 - self.params.tolerance) - 1e-12
+        near = [e for e, t in zip(candidates, totals, strict=True) if t >= threshold]
+        if len(near) == 1:
+            return near[0]
+        est = state.estimates
+        mode = self.params.tie_break
+        if self.params.no_hit_tie_break is not None and all(
+            est[e.id].hit_tokens == 0 for e in near
+        ):
+            mode = self.params.no_hit_tie_break
+        if mode == "least-recent":
+            last = state.history.last_chosen
+            oldest = min(last(e.id) for e in near)
+            near = [e for e in near if last(e.id) == oldest]
+        elif mode == "least-load":
+            lowest = min(est[e.id].load for e in near)
+            near = [e for e in near if est[e.id].load == lowest]
+        if len(near) == 1:
+            return near[0]
+        return near[state.rng.randrange(len(near))]

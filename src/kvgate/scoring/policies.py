@@ -1,0 +1,140 @@
+"""The built-in policies, as pipelines of plugins, with their typed parameters.
+
+- ``round-robin``: healthy -> the candidate least recently chosen. Baseline.
+- ``least-load``: healthy -> ``queue-depth`` -> fewest requests (ties random). Baseline.
+- ``prefix``: healthy -> ``prefix-cache`` -> longest match; ties by load, then random. What the
+  simplest cache-aware routers do; it piles a hot prefix onto one pod.
+- ``kvgate`` (default): healthy -> ``load-bound`` -> ``affinity-cap`` -> ``predicted-ttft`` ->
+  ``near-equal``. Minimises predicted TTFT (queue delay + prefill of the tokens the pod lacks)
+  with guards: no pod above c x mean load, no queue wait above ``max_affinity_wait_seconds``
+  while another pod is within it; near-equal costs (within ``tolerance``) are broken at random,
+  or, when none of them holds any of the prompt, by least recently chosen (spreading cold
+  requests).
+- ``pipeline``: any filters, weighted scorers and picker from the registry, by name.
+
+Every policy carries a ``cost_model`` so that its decisions can be explained (``/debug/route``)
+in the same terms, even when it does not use the costs to choose.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from kvgate.scoring.base import (
+    REASON_LEAST_LOAD,
+    REASON_NO_HIT_SPREAD,
+    REASON_ROUND_ROBIN,
+)
+from kvgate.scoring.cost_model import CostModel, CostModelParams
+from kvgate.scoring.params import StrictParams
+from kvgate.scoring.pipeline import PipelinePolicy, WeightedScorer
+from kvgate.scoring.plugins.affinity_cap import AffinityCapFilter, AffinityCapParams
+from kvgate.scoring.plugins.healthy import HealthyFilter
+from kvgate.scoring.plugins.load_bound import LoadBoundFilter, LoadBoundParams
+from kvgate.scoring.plugins.near_equal.plugin import NearEqualParams, NearEqualPicker, TieBreak
+from kvgate.scoring.plugins.predicted_ttft import PredictedTtftParams, PredictedTtftScorer
+from kvgate.scoring.plugins.prefix_cache import PrefixCacheScorer
+from kvgate.scoring.plugins.queue_depth import QueueDepthScorer
+from kvgate.scoring.plugins.round_robin import RoundRobinPicker
+
+
+class BaselineParams(StrictParams):
+    """Parameters of ``round-robin``, ``least-load`` and ``prefix``: only the explaining model."""
+
+    cost_model: CostModelParams = CostModelParams()
+
+
+class KvgateParams(StrictParams):
+    """Parameters of the default ``kvgate`` policy."""
+
+    cost_model: CostModelParams = CostModelParams()
+    max_affinity_wait_seconds: float = Field(default=2.0, ge=0)
+    """Hard cap on predicted queue wait while another pod is within it (RoutingPolicy maxAffinityWait)."""
+    load_bound: LoadBoundParams = LoadBoundParams()
+    tolerance: float = Field(default=0.1, ge=0, lt=1)
+    """Candidates whose predicted-TTFT score is within this share of the best are near-equal."""
+    ttft_floor_seconds: float = Field(default=0.02, gt=0)
+    """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
+    tie_break: TieBreak = "random"
+    no_hit_tie_break: TieBreak = "least-recent"
+
+
+class PluginRef(StrictParams):
+    name: str
+    params: dict[str, Any] = {}
+
+
+class WeightedPluginRef(PluginRef):
+    weight: float = Field(default=1.0, gt=0)
+
+
+class PipelineParams(StrictParams):
+    """A policy assembled from registered plugins (Gateway API Inference Extension style)."""
+
+    cost_model: CostModelParams = CostModelParams()
+    filters: list[PluginRef] = [PluginRef(name="healthy")]
+    scorers: list[WeightedPluginRef] = []
+    picker: PluginRef = PluginRef(name="near-equal")
+    no_hit_reason: str = REASON_NO_HIT_SPREAD
+
+
+def round_robin_policy(params: BaselineParams) -> PipelinePolicy:
+    return PipelinePolicy(
+        "round-robin",
+        cost_model=CostModel(params.cost_model),
+        filters=[HealthyFilter()],
+        scorers=[],
+        picker=RoundRobinPicker(),
+        fixed_reason=REASON_ROUND_ROBIN,
+    )
+
+
+def least_load_policy(params: BaselineParams) -> PipelinePolicy:
+    return PipelinePolicy(
+        "least-load",
+        cost_model=CostModel(params.cost_model),
+        filters=[HealthyFilter()],
+        scorers=[WeightedScorer(QueueDepthScorer(), 1.0)],
+        picker=NearEqualPicker(NearEqualParams(tie_break="random")),
+        fixed_reason=REASON_LEAST_LOAD,
+    )
+
+
+def prefix_policy(params: BaselineParams) -> PipelinePolicy:
+    return PipelinePolicy(
+        "prefix",
+        cost_model=CostModel(params.cost_model),
+        filters=[HealthyFilter()],
+        scorers=[WeightedScorer(PrefixCacheScorer(), 1.0)],
+        picker=NearEqualPicker(NearEqualParams(tie_break="least-load")),
+        no_hit_reason=REASON_LEAST_LOAD,
+    )
+
+
+def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
+    return PipelinePolicy(
+        "kvgate",
+        cost_model=CostModel(params.cost_model),
+        filters=[
+            HealthyFilter(),
+            LoadBoundFilter(params.load_bound),
+            AffinityCapFilter(
+                AffinityCapParams(max_affinity_wait_seconds=params.max_affinity_wait_seconds)
+            ),
+        ],
+        scorers=[
+            WeightedScorer(
+                PredictedTtftScorer(PredictedTtftParams(floor_seconds=params.ttft_floor_seconds)),
+                1.0,
+            )
+        ],
+        picker=NearEqualPicker(
+            NearEqualParams(
+                tolerance=params.tolerance,
+                tie_break=params.tie_break,
+                no_hit_tie_break=params.no_hit_tie_break,
+            )
+        ),
+    )
