@@ -20,6 +20,7 @@ Semantics shared by every backend (the conformance suite in tests/unit/directory
 
 * pods are opaque non-empty strings; block keys are `bytes` (`kvgate.prefix.BlockKey`);
 * a pod is *known* once it has a generation or an entry; `pods()` lists known pods;
+* a medium is a non-empty string without ","; anything else is a ValueError;
 * order of keys in `add`/`remove` does not matter; adding an entry twice is a no-op, removing an
   absent one is a no-op; a key may be held in several media by the same pod, and is held until
   it has been removed from every one of them;
@@ -32,8 +33,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-# A block key as `kvgate.prefix` computes it (32-byte digest or 8-byte big-endian int form).
-BlockKey = bytes
+from kvgate.prefix import BlockKey
 
 #: The medium an entry is in when the event says nothing (vLLM leaves `medium` unset for GPU).
 DEFAULT_MEDIUM = "GPU"
@@ -139,10 +139,12 @@ class BlockIndex(Protocol):
     async def set_generation(self, pod: str, generation: str) -> bool:
         """Make `generation` the pod's current generation.
 
-        - If it differs from the current one, every entry of the previous generation vanishes
-          at once (as `clear_pod`) and True is returned.
+        - If the pod had a different generation, every entry of that generation vanishes at once
+          (as `clear_pod`) and True is returned.
+        - A pod without a generation (unknown, or known only by generation-less writes) adopts
+          it and keeps its entries; returns True.
         - Setting the current generation again changes nothing and returns False.
-        - Setting it on an unknown pod makes the pod known (returns True).
+        - `generation` must be a non-empty string.
         """
         ...
 

@@ -1,0 +1,316 @@
+"""In-process `BlockIndex`: for one router process, tests and the demo.
+
+Layout. Every known pod owns a *slot*: a bit position. The forward index maps a block key to an
+int bitmask of the slots holding it (exact in any medium, or approximate), so `lookup` of a chain
+is three C-level passes: `map(dict.get)` over the keys, a running AND (`itertools.accumulate`)
+that stops at the first zero, and a binary search per pod for where its bit drops out (the running
+AND only ever loses bits). Each pod also keeps its own entries (the reverse index): exact entries
+as `key -> media bitmask` in insertion order, approximate ones as `key -> expiry` with a heap.
+
+Generations and clearing. Clearing a pod gives it a fresh slot at once, so the old bit stops
+counting in the same instant without touching the forward index; the old bit is then erased from
+the forward index in chunks (O(the pod's entries), yielding to the event loop) and its slot is
+reused only afterwards.
+
+Bounds. At most `max_blocks_per_pod` exact entries per pod (the oldest-inserted go first) and
+`max_approximate_per_pod` approximate ones (the soonest-expiring go first). Expired approximate
+entries are collected lazily on lookup and on writes to the pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import operator
+import time
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from kvgate.directory.base import DEFAULT_MEDIUM, IndexStats
+from kvgate.prefix import BlockKey
+
+_CLEANUP_CHUNK = 8192
+
+
+@dataclass(eq=False, slots=True)
+class _Pod:
+    slot: int
+    generation: str | None
+    exact: dict[BlockKey, int] = field(default_factory=dict)  # key -> media bitmask
+    approx: dict[BlockKey, float] = field(default_factory=dict)  # key -> expiry (clock seconds)
+    heap: list[tuple[float, BlockKey]] = field(default_factory=list)  # may hold stale expiries
+
+    @property
+    def bit(self) -> int:
+        return 1 << self.slot
+
+
+def check_pod(pod: str) -> None:
+    if not isinstance(pod, str) or not pod:
+        raise ValueError(f"pod must be a non-empty string, got {pod!r}")
+
+
+def check_medium(medium: str) -> None:
+    if not isinstance(medium, str) or not medium or "," in medium:
+        raise ValueError(f"medium must be a non-empty string without ',', got {medium!r}")
+
+
+class MemoryBlockIndex:
+    """`BlockIndex` held in this process's memory."""
+
+    def __init__(
+        self,
+        *,
+        max_blocks_per_pod: int = 1_000_000,
+        max_approximate_per_pod: int = 100_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if max_blocks_per_pod < 1 or max_approximate_per_pod < 1:
+            raise ValueError("per-pod caps must be >= 1")
+        self._max_exact = max_blocks_per_pod
+        self._max_approx = max_approximate_per_pod
+        self._clock = clock
+        self._masks: dict[BlockKey, int] = {}
+        self._pods: dict[str, _Pod] = {}
+        self._media: dict[str, int] = {}  # medium name -> bit
+        self._free_slots: list[int] = []
+        self._next_slot = 0
+
+    # -- lookup ------------------------------------------------------------------------------
+
+    async def lookup(
+        self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
+    ) -> dict[str, int]:
+        if pods is None:
+            states = list(self._pods.items())
+        else:
+            states = [(p, s) for p in set(pods) if (s := self._pods.get(p)) is not None]
+        if not states or not keys:
+            return {}
+        now = self._clock()
+        active = 0
+        for _, state in states:
+            self._collect_expired(state, now)
+            active |= state.bit
+        masks = map(self._masks.get, keys, itertools.repeat(0))
+        running = list(
+            itertools.takewhile(bool, itertools.accumulate(masks, operator.and_, initial=active))
+        )
+        # running[i] = slots holding keys[0..i-1]; non-increasing as a set of bits.
+        matched = len(running) - 1
+        result: dict[str, int] = {}
+        if matched == 0:
+            return result
+        last = running[-1]
+        for pod, state in states:
+            bit = state.bit
+            if last & bit:
+                result[pod] = matched
+            elif running[1] & bit:
+                lo, hi = 1, matched  # running[lo] has the bit, running[hi] has not
+                while hi - lo > 1:
+                    mid = (lo + hi) // 2
+                    if running[mid] & bit:
+                        lo = mid
+                    else:
+                        hi = mid
+                result[pod] = lo
+        return result
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def add(
+        self,
+        pod: str,
+        keys: Sequence[BlockKey],
+        *,
+        medium: str = DEFAULT_MEDIUM,
+        generation: str | None = None,
+    ) -> bool:
+        check_pod(pod)
+        check_medium(medium)
+        state = self._pods.get(pod)
+        if state is None:
+            state = self._new_pod(pod, generation)
+        elif generation is not None:
+            if state.generation is None:
+                state.generation = generation
+            elif state.generation != generation:
+                return False
+        medium_bit = self._medium_bit(medium)
+        bit = state.bit
+        masks = self._masks
+        exact = state.exact
+        approx = state.approx
+        for key in keys:
+            held = exact.get(key)
+            if held is None:
+                exact[key] = medium_bit
+                masks[key] = masks.get(key, 0) | bit
+                if approx:
+                    approx.pop(key, None)
+            else:
+                exact[key] = held | medium_bit
+        if len(exact) > self._max_exact:
+            self._evict_exact(state, len(exact) - self._max_exact)
+        return True
+
+    async def remove(
+        self,
+        pod: str,
+        keys: Sequence[BlockKey],
+        *,
+        medium: str = DEFAULT_MEDIUM,
+        generation: str | None = None,
+    ) -> bool:
+        check_pod(pod)
+        check_medium(medium)
+        state = self._pods.get(pod)
+        if state is None:
+            return True
+        if generation is not None and state.generation not in (None, generation):
+            return False
+        medium_bit = self._media.get(medium, 0)
+        exact = state.exact
+        for key in keys:
+            held = exact.get(key)
+            if held is not None:
+                left = held & ~medium_bit
+                if left:
+                    exact[key] = left
+                    continue
+                del exact[key]  # an exact entry never coexists with an approximate one
+            elif state.approx.pop(key, None) is None:
+                continue
+            self._drop_bit(key, state.bit)
+        return True
+
+    async def add_approximate(self, pod: str, keys: Sequence[BlockKey], ttl_seconds: float) -> None:
+        check_pod(pod)
+        if not ttl_seconds > 0:
+            raise ValueError(f"ttl_seconds must be > 0, got {ttl_seconds!r}")
+        state = self._pods.get(pod) or self._new_pod(pod, None)
+        now = self._clock()
+        self._collect_expired(state, now)
+        expiry = now + ttl_seconds
+        bit = state.bit
+        masks = self._masks
+        for key in keys:
+            if key in state.exact:
+                continue
+            if key not in state.approx:
+                masks[key] = masks.get(key, 0) | bit
+            state.approx[key] = expiry
+            heapq.heappush(state.heap, (expiry, key))
+        excess = len(state.approx) - self._max_approx
+        while excess > 0 and state.heap:
+            expiry, key = heapq.heappop(state.heap)
+            if state.approx.get(key) == expiry:
+                del state.approx[key]
+                self._drop_bit(key, bit)
+                excess -= 1
+        if len(state.heap) > 2 * len(state.approx) + 64:
+            state.heap = [(e, k) for k, e in state.approx.items()]
+            heapq.heapify(state.heap)
+
+    # -- pods and generations ----------------------------------------------------------------
+
+    async def clear_pod(self, pod: str) -> None:
+        state = self._pods.get(pod)
+        if state is not None:
+            await self._replace(pod, state, state.generation)
+
+    async def forget_pod(self, pod: str) -> None:
+        state = self._pods.pop(pod, None)
+        if state is not None:
+            await self._erase(state)
+
+    async def set_generation(self, pod: str, generation: str) -> bool:
+        check_pod(pod)
+        if not isinstance(generation, str) or not generation:
+            raise ValueError(f"generation must be a non-empty string, got {generation!r}")
+        state = self._pods.get(pod)
+        if state is None:
+            self._new_pod(pod, generation)
+            return True
+        if state.generation == generation:
+            return False
+        if state.generation is None:
+            state.generation = generation
+            return True
+        await self._replace(pod, state, generation)
+        return True
+
+    async def get_generation(self, pod: str) -> str | None:
+        state = self._pods.get(pod)
+        return None if state is None else state.generation
+
+    async def pods(self) -> set[str]:
+        return set(self._pods)
+
+    async def stats(self) -> IndexStats:
+        return IndexStats(
+            pods=len(self._pods),
+            entries=sum(len(s.exact) for s in self._pods.values()),
+            approximate_entries=sum(len(s.approx) for s in self._pods.values()),
+        )
+
+    async def close(self) -> None:
+        return None
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _new_pod(self, pod: str, generation: str | None) -> _Pod:
+        if self._free_slots:
+            slot = heapq.heappop(self._free_slots)
+        else:
+            slot = self._next_slot
+            self._next_slot += 1
+        state = _Pod(slot=slot, generation=generation)
+        self._pods[pod] = state
+        return state
+
+    async def _replace(self, pod: str, old: _Pod, generation: str | None) -> None:
+        """Give `pod` a fresh, empty slot now; erase the old one's bits afterwards."""
+        del self._pods[pod]
+        self._new_pod(pod, generation)
+        await self._erase(old)
+
+    async def _erase(self, state: _Pod) -> None:
+        """Remove a detached pod state's bit from the forward index, then free its slot."""
+        keys: Iterable[BlockKey] = itertools.chain(state.exact, state.approx)
+        for n, key in enumerate(keys, 1):
+            self._drop_bit(key, state.bit)
+            if n % _CLEANUP_CHUNK == 0:
+                await asyncio.sleep(0)
+        heapq.heappush(self._free_slots, state.slot)
+
+    def _drop_bit(self, key: BlockKey, bit: int) -> None:
+        left = self._masks.get(key, 0) & ~bit
+        if left:
+            self._masks[key] = left
+        else:
+            self._masks.pop(key, None)
+
+    def _medium_bit(self, medium: str) -> int:
+        bit = self._media.get(medium)
+        if bit is None:
+            bit = self._media[medium] = 1 << len(self._media)
+        return bit
+
+    def _evict_exact(self, state: _Pod, count: int) -> None:
+        victims = list(itertools.islice(state.exact, count))
+        for key in victims:
+            del state.exact[key]
+            if key not in state.approx:
+                self._drop_bit(key, state.bit)
+
+    def _collect_expired(self, state: _Pod, now: float) -> None:
+        heap = state.heap
+        while heap and heap[0][0] <= now:
+            expiry, key = heapq.heappop(heap)
+            if state.approx.get(key) == expiry:
+                del state.approx[key]
+                if key not in state.exact:
+                    self._drop_bit(key, state.bit)

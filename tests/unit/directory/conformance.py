@@ -1,0 +1,278 @@
+"""The BlockIndex conformance suite: every backend must pass it unchanged.
+
+A backend's test module subclasses `BlockIndexConformance` and provides two fixtures:
+`clock` (a `FakeClock` that the backend reads for approximate-entry expiry) and `index`
+(a fresh, empty index with `CAP` exact and `APPROX_CAP` approximate entries per pod, reading
+`clock`). The memory run is in tests/unit/directory, the Redis run (against a real
+redis-server) in tests/integration/directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import pytest
+
+from kvgate.directory.base import BlockIndex, IndexStats
+
+CAP = 64
+APPROX_CAP = 8
+
+
+class FakeClock:
+    """A wall clock that only moves when told to."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def chain(n: int, tag: str = "c", size: int = 32) -> list[bytes]:
+    """n distinct block keys (digests of `tag`/i, truncated to `size` bytes)."""
+    return [hashlib.sha256(f"{tag}/{i}".encode()).digest()[:size] for i in range(n)]
+
+
+class BlockIndexConformance:
+    # -- lookup ------------------------------------------------------------------------------
+
+    async def test_empty_index_and_empty_chain(self, index: BlockIndex) -> None:
+        assert await index.lookup(chain(4)) == {}
+        await index.add("a", chain(4))
+        assert await index.lookup([]) == {}
+        assert await index.pods() == {"a"}
+
+    async def test_leading_blocks_per_pod(self, index: BlockIndex) -> None:
+        keys = chain(10)
+        await index.add("a", keys[:10])
+        await index.add("b", keys[:3])
+        await index.add("c", chain(5, "other"))
+        assert await index.lookup(keys) == {"a": 10, "b": 3}
+        assert await index.lookup(keys[:2]) == {"a": 2, "b": 2}
+
+    async def test_a_hole_ends_the_match(self, index: BlockIndex) -> None:
+        keys = chain(6)
+        await index.add("a", [keys[0], keys[1], keys[3], keys[4], keys[5]])
+        assert await index.lookup(keys) == {"a": 2}
+
+    async def test_blocks_after_one_nobody_holds_do_not_count(self, index: BlockIndex) -> None:
+        keys = chain(6)
+        await index.add("a", keys[:2])
+        await index.add("b", [keys[0], *keys[2:]])  # skips keys[1]
+        assert await index.lookup(keys) == {"a": 2, "b": 1}
+        await index.add("c", keys[3:])  # never holds block 0
+        assert await index.lookup(keys) == {"a": 2, "b": 1}
+
+    async def test_pods_filter(self, index: BlockIndex) -> None:
+        keys = chain(4)
+        await index.add("a", keys)
+        await index.add("b", keys[:2])
+        assert await index.lookup(keys, pods={"b"}) == {"b": 2}
+        assert await index.lookup(keys, pods=["b", "nope"]) == {"b": 2}
+        assert await index.lookup(keys, pods=[]) == {}
+
+    async def test_long_chain_full_match(self, index: BlockIndex) -> None:
+        keys = chain(2048, "long")
+        await index.add("a", keys[:CAP])
+        await index.add("b", keys[: CAP // 2])
+        assert await index.lookup(keys) == {"a": CAP, "b": CAP // 2}
+
+    async def test_any_key_bytes_and_pod_names(self, index: BlockIndex) -> None:
+        keys = [b"\x00" * 8, b"{x}:y", bytes(range(256))[:32], b"\xff" * 32]
+        pod = "ns/pod:{1}@kv é"
+        await index.add(pod, keys)
+        assert await index.lookup(keys) == {pod: 4}
+        assert await index.lookup([b"\x00" * 7]) == {}
+
+    # -- add / remove ------------------------------------------------------------------------
+
+    async def test_add_is_idempotent_and_order_free(self, index: BlockIndex) -> None:
+        keys = chain(5)
+        assert await index.add("a", list(reversed(keys)))
+        await index.add("a", [keys[2], keys[2], keys[0]])
+        assert await index.lookup(keys) == {"a": 5}
+        assert (await index.stats()).entries == 5
+
+    async def test_remove(self, index: BlockIndex) -> None:
+        keys = chain(5)
+        await index.add("a", keys)
+        await index.add("b", keys)
+        assert await index.remove("a", [keys[2]])
+        assert await index.lookup(keys) == {"a": 2, "b": 5}
+        await index.remove("a", [keys[2], chain(1, "absent")[0]])  # absent: no-op
+        await index.remove("ghost", keys)  # unknown pod: no-op
+        assert await index.pods() == {"a", "b"}
+        assert await index.lookup(keys) == {"a": 2, "b": 5}
+
+    async def test_media_are_tracked_separately(self, index: BlockIndex) -> None:
+        keys = chain(3)
+        await index.add("a", keys)
+        await index.add("a", keys[:2], medium="CPU")
+        await index.remove("a", keys)  # GPU copies gone, CPU copies of the first two remain
+        assert await index.lookup(keys) == {"a": 2}
+        assert (await index.stats()).entries == 2
+        await index.remove("a", keys[:1], medium="CPU")
+        assert await index.lookup(keys) == {}
+
+    async def test_bad_medium_and_pod_are_rejected(self, index: BlockIndex) -> None:
+        with pytest.raises(ValueError):
+            await index.add("a", chain(1), medium="")
+        with pytest.raises(ValueError):
+            await index.add("a", chain(1), medium="GPU,CPU")
+        with pytest.raises(ValueError):
+            await index.add("", chain(1))
+        assert await index.pods() == set()
+
+    async def test_cap_bounds_exact_entries_per_pod(self, index: BlockIndex) -> None:
+        await index.add("a", chain(CAP + 10, "x"))
+        await index.add("a", chain(20, "y"))
+        await index.add("b", chain(3, "y"))
+        stats = await index.stats()
+        assert stats.entries == CAP + 3
+        got = await index.lookup(chain(CAP + 10, "x"))
+        assert got.get("a", 0) <= CAP
+
+    # -- clear, forget, generations ----------------------------------------------------------
+
+    async def test_clear_pod_keeps_generation(self, index: BlockIndex) -> None:
+        keys = chain(4)
+        await index.add("a", keys, generation="g1")
+        await index.add("b", keys)
+        await index.add_approximate("a", chain(2, "ap"), ttl_seconds=60)
+        await index.clear_pod("a")
+        assert await index.lookup(keys) == {"b": 4}
+        assert await index.lookup(chain(2, "ap")) == {}
+        assert await index.get_generation("a") == "g1"
+        assert await index.pods() == {"a", "b"}
+        assert await index.add("a", keys[:1], generation="g1")
+        assert await index.lookup(keys) == {"a": 1, "b": 4}
+        await index.clear_pod("ghost")
+        assert await index.pods() == {"a", "b"}
+
+    async def test_forget_pod(self, index: BlockIndex) -> None:
+        keys = chain(4)
+        await index.add("a", keys, generation="g1")
+        await index.forget_pod("a")
+        assert await index.pods() == set()
+        assert await index.get_generation("a") is None
+        assert await index.lookup(keys) == {}
+        assert await index.stats() == IndexStats(pods=0, entries=0, approximate_entries=0)
+
+    async def test_new_generation_drops_old_entries(self, index: BlockIndex) -> None:
+        keys = chain(4)
+        assert await index.set_generation("a", "g1")
+        await index.add("a", keys, generation="g1")
+        assert not await index.set_generation("a", "g1")
+        assert await index.lookup(keys) == {"a": 4}
+        assert await index.set_generation("a", "g2")
+        assert await index.lookup(keys) == {}
+        assert (await index.stats()).entries == 0
+        assert await index.get_generation("a") == "g2"
+
+    async def test_stale_writers_are_ignored(self, index: BlockIndex) -> None:
+        keys = chain(4)
+        await index.set_generation("a", "g2")
+        assert not await index.add("a", keys, generation="g1")
+        assert await index.lookup(keys) == {}
+        assert await index.add("a", keys, generation="g2")
+        assert not await index.remove("a", keys, generation="g1")
+        assert await index.lookup(keys) == {"a": 4}
+        assert await index.add("a", keys[:1])  # no generation: writes into the current one
+        assert await index.remove("a", keys[3:], generation="g2")
+        assert await index.lookup(keys) == {"a": 3}
+
+    async def test_first_generation_is_adopted(self, index: BlockIndex) -> None:
+        keys = chain(3)
+        assert await index.add("a", keys)  # no generation yet
+        assert await index.get_generation("a") is None
+        assert await index.add("a", keys[:1], generation="g1")
+        assert await index.get_generation("a") == "g1"
+        assert await index.lookup(keys) == {"a": 3}
+        await index.add("b", keys)
+        assert await index.set_generation("b", "gb")  # adopted: entries kept
+        assert await index.lookup(keys) == {"a": 3, "b": 3}
+        with pytest.raises(ValueError):
+            await index.set_generation("b", "")
+
+    # -- approximate entries -----------------------------------------------------------------
+
+    async def test_approximate_entries_expire(self, index: BlockIndex, clock: FakeClock) -> None:
+        keys = chain(4)
+        await index.add_approximate("a", keys, ttl_seconds=10)
+        assert await index.pods() == {"a"}
+        assert await index.lookup(keys) == {"a": 4}
+        clock.advance(5)
+        await index.add_approximate("a", keys[:2], ttl_seconds=10)  # refresh the first two
+        clock.advance(6)
+        assert await index.lookup(keys) == {"a": 2}
+        clock.advance(5)
+        assert await index.lookup(keys) == {}
+
+    async def test_exact_beats_approximate(self, index: BlockIndex, clock: FakeClock) -> None:
+        keys = chain(4)
+        await index.add_approximate("a", keys[:2], ttl_seconds=1)
+        await index.add("a", keys[:2])
+        await index.add("a", keys[2:])
+        await index.add_approximate("a", keys, ttl_seconds=1)
+        clock.advance(10)
+        assert await index.lookup(keys) == {"a": 4}
+        stats = await index.stats()
+        assert (stats.entries, stats.approximate_entries) == (4, 0)
+        await index.remove("a", keys[3:])
+        assert await index.lookup(keys) == {"a": 3}
+
+    async def test_remove_drops_approximate(self, index: BlockIndex, clock: FakeClock) -> None:
+        keys = chain(3)
+        await index.add_approximate("a", keys, ttl_seconds=100)
+        await index.remove("a", keys[1:2])
+        assert await index.lookup(keys) == {"a": 1}
+
+    async def test_approximate_and_exact_mix_in_one_chain(self, index: BlockIndex) -> None:
+        keys = chain(4)
+        await index.add("a", keys[:2])
+        await index.add_approximate("a", keys[2:], ttl_seconds=30)
+        assert await index.lookup(keys) == {"a": 4}
+
+    async def test_approximate_cap_evicts_soonest_expiring(self, index: BlockIndex) -> None:
+        keys = chain(APPROX_CAP + 1, "ap")
+        await index.add_approximate("a", keys[:1], ttl_seconds=5)
+        await index.add_approximate("a", keys[1:], ttl_seconds=50)
+        stats = await index.stats()
+        assert stats.approximate_entries == APPROX_CAP
+        assert await index.lookup(keys) == {}  # block 0 was the one to go
+        assert await index.lookup(keys[1:]) == {"a": APPROX_CAP}
+
+    async def test_bad_ttl_is_rejected(self, index: BlockIndex) -> None:
+        with pytest.raises(ValueError):
+            await index.add_approximate("a", chain(1), ttl_seconds=0)
+
+    # -- listing, stats, concurrency ---------------------------------------------------------
+
+    async def test_stats(self, index: BlockIndex) -> None:
+        await index.add("a", chain(5))
+        await index.add("b", chain(3))
+        await index.add_approximate("c", chain(2, "ap"), ttl_seconds=60)
+        await index.set_generation("d", "g")
+        assert await index.stats() == IndexStats(pods=4, entries=8, approximate_entries=2)
+        assert await index.pods() == {"a", "b", "c", "d"}
+
+    async def test_concurrent_writers_stay_consistent(self, index: BlockIndex) -> None:
+        keys = chain(40)
+
+        async def writer(pod: str) -> None:
+            for i in range(0, 40, 4):
+                await index.add(pod, keys[i : i + 4])
+            await index.remove(pod, keys[30:])
+
+        await asyncio.gather(*(writer(f"p{i}") for i in range(8)))
+        assert await index.lookup(keys) == {f"p{i}": 30 for i in range(8)}
+        assert (await index.stats()).entries == 8 * 30
+
+    async def test_close_twice(self, index: BlockIndex) -> None:
+        await index.close()
+        await index.close()
