@@ -1,0 +1,171 @@
+"""Multi-turn agent sessions replayed from real SWE-agent trajectories.
+
+Source: the ``history`` list of each ``*.traj`` file (system prompt, task, then alternating
+assistant actions and tool observations). A trajectory becomes one closed-loop session: for every
+assistant message at position *k*, one turn sends ``history[:k]`` (the whole conversation so far,
+resent every turn, as an agent does) to ``/v1/chat/completions`` and asks for as many tokens as the
+recorded assistant message had (about 4 characters a token, capped by ``max_output_len``). After
+each answer the session pauses for an exponential think/tool time of mean ``think_time_s``.
+
+Scaling to many concurrent sessions: session *i* replays trajectory ``i mod T`` (order shuffled by
+``seed``) with ``[session i]`` prepended to its first user message, so sessions of one trajectory
+share the system prompt but not the task; session starts form a Poisson process that spreads
+``num_sessions`` starts over ``ramp_s`` seconds. ``max_turns`` cuts every session short.
+
+Roles other than system/user/assistant (``tool``) are sent as ``user`` messages: the chat template
+renders the observation text either way, and plain roles pass every OpenAI validator.
+
+The bundled copy (``data/swe_agent_histories.jsonl.gz``, MIT, see ``data/LICENSE.SWE-agent``) holds
+only the role and content of each history, so the demo runs from a fresh install.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+from collections.abc import Callable, Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from kvgate.bench.workload import CHAT_COMPLETIONS, BenchRequest, Session, Workload
+
+Message = dict[str, str]
+# Renders messages with the pods' chat template and tokenizes them; None = character stand-ins.
+ChatTokenizer = Callable[[Sequence[Message]], list[int]]
+
+BUNDLED_HISTORIES = "swe_agent_histories.jsonl.gz"
+CHARS_PER_TOKEN = 4
+
+
+class AgentSessionParams(BaseModel):
+    """Parameters of the agent-session workload."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    num_sessions: int = Field(default=32, ge=1, description="concurrent agent sessions to replay")
+    ramp_s: float = Field(default=10.0, ge=0, description="session starts are spread over this")
+    max_turns: int | None = Field(
+        default=None, ge=1, description="cut each session after this many turns"
+    )
+    think_time_s: float = Field(
+        2.0, ge=0, description="mean pause between a turn's answer and the next turn"
+    )
+    max_output_len: int = Field(default=256, ge=1, description="cap on the tokens asked per turn")
+    trajectory_dir: str | None = Field(
+        None, description="folder of *.traj files; default: bundled copy"
+    )
+    seed: int = Field(default=0, description="seed of every random choice")
+
+
+def _message(raw: dict[str, Any]) -> Message:
+    role = str(raw.get("role", "user"))
+    content = raw.get("content", "")
+    if not isinstance(content, str):
+        content = json.dumps(content, ensure_ascii=False)
+    return {"role": role if role in ("system", "user", "assistant") else "user", "content": content}
+
+
+def load_trajectory(path: Path) -> list[Message]:
+    """The message history of one SWE-agent ``.traj`` file."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return [_message(raw) for raw in data.get("history", [])]
+
+
+def load_histories(trajectory_dir: str | None) -> list[list[Message]]:
+    """Histories from ``*.traj`` files in a folder, or from the bundled copy."""
+    if trajectory_dir is not None:
+        paths = sorted(Path(trajectory_dir).glob("*.traj"))
+        if not paths:
+            raise FileNotFoundError(f"no *.traj files in {trajectory_dir}")
+        return [load_trajectory(path) for path in paths]
+    bundled = resources.files("kvgate.bench").joinpath("data", BUNDLED_HISTORIES)
+    with bundled.open("rb") as raw_file, gzip.open(raw_file, "rt", encoding="utf-8") as handle:
+        return [[_message(raw) for raw in json.loads(line)] for line in handle if line.strip()]
+
+
+def character_units(messages: Sequence[Message]) -> list[int]:
+    """Stand-in token ids: the ChatML-like text cut into 4-character chunks (code points)."""
+    text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+    out: list[int] = []
+    for i in range(0, len(text), CHARS_PER_TOKEN):
+        chunk = text[i : i + CHARS_PER_TOKEN]
+        value = 0
+        for char in chunk:
+            value = value * 0x110000 + ord(char)
+        out.append(value)
+    return out
+
+
+def session_turns(
+    session_id: str,
+    history: list[Message],
+    params: AgentSessionParams,
+    rng: random.Random,
+    tokenize: ChatTokenizer | None,
+) -> tuple[BenchRequest, ...]:
+    turns: list[BenchRequest] = []
+    for position, message in enumerate(history):
+        if message["role"] != "assistant" or position == 0:
+            continue
+        if params.max_turns is not None and len(turns) >= params.max_turns:
+            break
+        prompt = history[:position]
+        output = max(1, min(params.max_output_len, len(message["content"]) // CHARS_PER_TOKEN))
+        units = tokenize(prompt) if tokenize is not None else character_units(prompt)
+        think = rng.expovariate(1.0 / params.think_time_s) if params.think_time_s > 0 else 0.0
+        turns.append(
+            BenchRequest(
+                request_id=f"{session_id}-t{len(turns)}",
+                path=CHAT_COMPLETIONS,
+                body={
+                    "messages": [dict(m) for m in prompt],
+                    "max_tokens": output,
+                    "min_tokens": output,
+                    "ignore_eos": True,
+                    "temperature": 0.0,
+                    "user": session_id,
+                },
+                max_tokens=output,
+                prefix_units=tuple(units),
+                session_id=session_id,
+                think_time_s=think,
+            )
+        )
+    return tuple(turns)
+
+
+def build_agent_sessions(
+    params: AgentSessionParams,
+    tokenize: ChatTokenizer | None = None,
+    name: str = "agent-sessions",
+) -> Workload:
+    rng = random.Random(params.seed)
+    histories = [h for h in load_histories(params.trajectory_dir) if len(h) >= 3]
+    order = list(range(len(histories)))
+    rng.shuffle(order)
+    rate = params.num_sessions / params.ramp_s if params.ramp_s > 0 else 0.0
+    sessions: list[Session] = []
+    start = 0.0
+    for index in range(params.num_sessions):
+        history = [dict(m) for m in histories[order[index % len(order)]]]
+        first_user = next(i for i, m in enumerate(history) if m["role"] == "user")
+        history[first_user]["content"] = f"[session {index}] " + history[first_user]["content"]
+        session_id = f"s{index}"
+        turns = session_turns(session_id, history, params, rng, tokenize)
+        if turns:
+            sessions.append(Session(session_id=session_id, start_s=start, turns=turns))
+        if rate > 0:
+            start += rng.expovariate(rate)
+    return Workload(
+        name=name,
+        sessions=tuple(sessions),
+        description=(
+            f"{len(sessions)} SWE-agent sessions from {len(histories)} trajectories, "
+            f"history resent every turn, think time ~{params.think_time_s:g}s"
+        ),
+        params=params.model_dump(),
+    )

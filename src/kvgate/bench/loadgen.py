@@ -1,0 +1,202 @@
+"""Load generator: open-loop arrivals and closed-loop sessions over streaming HTTP.
+
+Every request is sent with ``stream: true`` and ``stream_options.include_usage`` so that one
+response gives both timings and the pod's own token accounting:
+
+- TTFT = first byte of the response body - send time (a vLLM server sends nothing before the
+  first token); end-to-end = last byte - send time; TPOT = (end - first byte) / (tokens - 1);
+- ``usage.prompt_tokens`` and ``usage.prompt_tokens_details.cached_tokens`` from the final chunk
+  (the hit rate is computed from these, i.e. from the pods, not from what the router predicted);
+- the pod chosen, from the ``x-kvgate-endpoint`` response header where the target sets it.
+
+Open loop: one scheduler task sleeps until each request's ``arrival_s`` and starts it as its own
+task, so a slow answer never delays later arrivals. Closed loop: one task per session sends a
+turn, waits for the whole answer, pauses ``think_time_s``, sends the next turn.
+
+The generator checks itself: ``send lag`` (actual - scheduled send time) for every request and
+``loop lag`` from a 50 ms ticker. Both are reported; a large lag means the client, not the target,
+set the pace, and the run says so instead of reporting the client's delay as the router's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from kvgate.bench.records import LATE_SEND_S, GeneratorHealth, RequestRecord
+from kvgate.bench.workload import BenchRequest, Session, Workload
+
+CLASS_HEADER = "x-kvgate-class"
+SESSION_HEADER = "x-session-id"
+ENDPOINT_HEADER = "x-kvgate-endpoint"
+TICK_S = 0.05
+
+ProgressCallback = Callable[[RequestRecord], None]
+
+
+def parse_usage(line: str) -> dict[str, Any] | None:
+    """The ``usage`` object of one SSE ``data:`` line, if it carries one."""
+    if not line.startswith("data:") or '"prompt_tokens"' not in line:
+        return None
+    payload = line[5:].strip()
+    try:
+        chunk = json.loads(payload)
+    except json.JSONDecodeError:
+        return None
+    usage = chunk.get("usage") if isinstance(chunk, dict) else None
+    return usage if isinstance(usage, dict) else None
+
+
+def apply_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
+    record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    record.completion_tokens = int(usage.get("completion_tokens") or 0)
+    details = usage.get("prompt_tokens_details") or {}
+    record.cached_tokens = (
+        int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
+    )
+
+
+class LoadGenerator:
+    """Sends one workload to one OpenAI-compatible base URL and records every request."""
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        base_url: str,
+        model: str,
+        *,
+        duration_s: float | None = None,
+        request_timeout_s: float = 300.0,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        self._client = client
+        self._base_url = base_url.rstrip("/")
+        self._model = model
+        self._duration_s = duration_s
+        self._timeout = request_timeout_s
+        self._progress = progress
+        self._records: list[RequestRecord] = []
+        self._loop_lag_s = 0.0
+        self._t0 = 0.0
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time() - self._t0
+
+    def _in_window(self, at_s: float) -> bool:
+        return self._duration_s is None or at_s <= self._duration_s
+
+    async def run(self, workload: Workload) -> tuple[list[RequestRecord], GeneratorHealth]:
+        self._records = []
+        self._loop_lag_s = 0.0
+        self._t0 = asyncio.get_running_loop().time()
+        ticker = asyncio.create_task(self._tick(), name="loadgen-ticker")
+        try:
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._open_loop(workload.requests))
+                for session in workload.sessions:
+                    group.create_task(self._session(session))
+        finally:
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
+        return list(self._records), self._health()
+
+    def _health(self) -> GeneratorHealth:
+        lags = [r.lag_s for r in self._records]
+        return GeneratorHealth(
+            max_send_lag_s=max(lags, default=0.0),
+            mean_send_lag_s=sum(lags) / len(lags) if lags else 0.0,
+            max_loop_lag_s=self._loop_lag_s,
+            late_sends=sum(1 for lag in lags if lag > LATE_SEND_S),
+        )
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            before = loop.time()
+            await asyncio.sleep(TICK_S)
+            self._loop_lag_s = max(self._loop_lag_s, loop.time() - before - TICK_S)
+
+    async def _sleep_until(self, at_s: float) -> None:
+        delay = at_s - self._now()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _open_loop(self, requests: tuple[BenchRequest, ...]) -> None:
+        async with asyncio.TaskGroup() as group:
+            for request in sorted(requests, key=lambda r: r.arrival_s):
+                if not self._in_window(request.arrival_s):
+                    break
+                await self._sleep_until(request.arrival_s)
+                group.create_task(self.send(request, request.arrival_s))
+
+    async def _session(self, session: Session) -> None:
+        if not self._in_window(session.start_s):
+            return
+        await self._sleep_until(session.start_s)
+        due = session.start_s
+        for turn in session.turns:
+            if not self._in_window(due):
+                return
+            record = await self.send(turn, due)
+            if not record.ok:
+                return  # an agent whose call failed stops; the error is in the record
+            due = self._now() + turn.think_time_s
+            await self._sleep_until(due)
+
+    def _headers(self, request: BenchRequest) -> dict[str, str]:
+        headers = {"content-type": "application/json"}
+        if request.request_class != "online":
+            headers[CLASS_HEADER] = request.request_class
+        if request.session_id is not None:
+            headers[SESSION_HEADER] = request.session_id
+        return headers
+
+    async def send(self, request: BenchRequest, scheduled_s: float) -> RequestRecord:
+        body = dict(request.body)
+        body["model"] = self._model
+        body["stream"] = True
+        body["stream_options"] = {"include_usage": True}
+        record = RequestRecord(
+            request_id=request.request_id,
+            request_class=request.request_class,
+            session_id=request.session_id,
+            scheduled_s=scheduled_s,
+            sent_s=self._now(),
+        )
+        try:
+            async with asyncio.timeout(self._timeout):
+                await self._stream(request.path, body, self._headers(request), record)
+        except TimeoutError:
+            record.error = f"timed out after {self._timeout:g}s"
+        except httpx.HTTPError as exc:
+            record.error = f"{type(exc).__name__}: {exc}"
+        record.end_s = self._now() if record.end_s is None else record.end_s
+        self._records.append(record)
+        if self._progress is not None:
+            self._progress(record)
+        return record
+
+    async def _stream(
+        self, path: str, body: dict[str, Any], headers: dict[str, str], record: RequestRecord
+    ) -> None:
+        url = self._base_url + path
+        async with self._client.stream("POST", url, json=body, headers=headers) as response:
+            record.status = response.status_code
+            record.endpoint = response.headers.get(ENDPOINT_HEADER)
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                record.error = f"HTTP {response.status_code}: {text[:200]}"
+                return
+            async for line in response.aiter_lines():
+                if record.first_byte_s is None:
+                    record.first_byte_s = self._now()
+                usage = parse_usage(line)
+                if usage is not None:
+                    apply_usage(record, usage)
+                elif line.startswith("data:") and '"error"' in line:
+                    record.error = line[5:].strip()[:200]
+            record.end_s = self._now()

@@ -1,0 +1,206 @@
+"""Report math: per-target summaries, the ideal hit-rate bound, report.json and a Markdown table.
+
+Per target, over the requests that completed (``errors`` counts the others):
+
+- ``ttft_mean_s``, ``ttft_p50_s``, ``ttft_p99_s``: time to first byte; percentiles interpolate
+  linearly between order statistics (numpy's default);
+- ``e2e_mean_s``, ``tpot_mean_s``;
+- ``throughput_rps`` = completed requests / makespan and ``output_tps`` = generated tokens /
+  makespan, where makespan runs from the first send to the last byte received;
+- ``hit_rate`` = sum of ``cached_tokens`` / sum of ``prompt_tokens``, from the pods' ``usage``.
+
+Ideal bound: one infinite prefix cache shared by all pods that sees every request in arrival
+order. A request hits every leading full block (``block_size`` tokens) that any earlier request
+had, except that, like vLLM, it always recomputes at least its last token. No router on any number
+of finite pods can beat it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvgate.bench.records import GeneratorHealth, RequestRecord
+from kvgate.bench.workload import BenchRequest
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (0 <= q <= 100); NaN for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100.0
+    low = math.floor(rank)
+    high = math.ceil(rank)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+@dataclass
+class TargetSummary:
+    target: str
+    requests: int
+    completed: int
+    errors: int
+    ttft_mean_s: float
+    ttft_p50_s: float
+    ttft_p90_s: float
+    ttft_p99_s: float
+    e2e_mean_s: float
+    tpot_mean_s: float
+    throughput_rps: float
+    output_tps: float
+    hit_rate: float
+    prompt_tokens: int
+    cached_tokens: int
+    makespan_s: float
+    pods_used: dict[str, int] = field(default_factory=dict)
+    generator: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: _finite(v) for k, v in asdict(self).items()}
+
+
+def _finite(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def summarize(
+    target: str, records: Iterable[RequestRecord], health: GeneratorHealth | None = None
+) -> TargetSummary:
+    records = list(records)
+    done = [r for r in records if r.ok]
+    ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
+    e2es = [r.e2e_s for r in done if r.e2e_s is not None]
+    tpots = [r.tpot_s for r in done if r.tpot_s is not None]
+    start = min((r.sent_s for r in records), default=0.0)
+    end = max((r.end_s for r in done if r.end_s is not None), default=start)
+    makespan = end - start
+    prompt = sum(r.prompt_tokens for r in done)
+    cached = sum(r.cached_tokens for r in done)
+    pods: dict[str, int] = {}
+    for r in done:
+        if r.endpoint:
+            pods[r.endpoint] = pods.get(r.endpoint, 0) + 1
+    return TargetSummary(
+        target=target,
+        requests=len(records),
+        completed=len(done),
+        errors=len(records) - len(done),
+        ttft_mean_s=_mean(ttfts),
+        ttft_p50_s=percentile(ttfts, 50),
+        ttft_p90_s=percentile(ttfts, 90),
+        ttft_p99_s=percentile(ttfts, 99),
+        e2e_mean_s=_mean(e2es),
+        tpot_mean_s=_mean(tpots),
+        throughput_rps=len(done) / makespan if makespan > 0 else math.nan,
+        output_tps=sum(r.completion_tokens for r in done) / makespan if makespan > 0 else math.nan,
+        hit_rate=cached / prompt if prompt else math.nan,
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        makespan_s=makespan,
+        pods_used=dict(sorted(pods.items())),
+        generator=health.to_json() if health is not None else {},
+    )
+
+
+def ideal_hit_rate(requests: Iterable[BenchRequest], block_size: int = 16) -> float:
+    """Hit rate of one infinite prefix cache over ``requests`` in the given order."""
+    seen: set[int] = set()
+    hit_tokens = 0
+    total_tokens = 0
+    for request in requests:
+        units = request.prefix_units
+        total_tokens += len(units)
+        cacheable_blocks = max(0, (len(units) - 1) // block_size)
+        parent = 0
+        hits = 0
+        matching = True
+        for index in range(len(units) // block_size):
+            parent = hash((parent, units[index * block_size : (index + 1) * block_size]))
+            if matching and parent in seen and index < cacheable_blocks:
+                hits += 1
+            else:
+                matching = False
+            seen.add(parent)
+        hit_tokens += hits * block_size
+    return hit_tokens / total_tokens if total_tokens else math.nan
+
+
+def arrival_order(
+    requests: Iterable[BenchRequest], records: Iterable[RequestRecord]
+) -> list[BenchRequest]:
+    """``requests`` in the order a run actually sent them (unsent ones dropped)."""
+    by_id = {r.request_id: r for r in requests}
+    sent = sorted(records, key=lambda r: r.sent_s)
+    return [by_id[r.request_id] for r in sent if r.request_id in by_id]
+
+
+@dataclass
+class BenchReport:
+    workload: str
+    description: str
+    pods: int
+    ideal_hit_rate: float
+    targets: dict[str, TargetSummary]
+    settings: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "workload": self.workload,
+            "description": self.description,
+            "pods": self.pods,
+            "ideal_hit_rate": _finite(self.ideal_hit_rate),
+            "settings": self.settings,
+            "notes": self.notes,
+            "targets": {name: s.to_json() for name, s in self.targets.items()},
+        }
+
+    def write(self, out_dir: Path) -> Path:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        path = out_dir / "report.json"
+        path.write_text(json.dumps(self.to_json(), indent=2) + "\n")
+        (out_dir / "report.md").write_text(markdown_table(self) + "\n")
+        return path
+
+
+def _fmt(value: float, digits: int = 3) -> str:
+    return "n/a" if not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def markdown_table(report: BenchReport) -> str:
+    """One row per target; ratios against the first target (the baseline)."""
+    lines = [
+        f"Workload `{report.workload}` on {report.pods} pods: {report.description}",
+        "",
+        "| target | TTFT mean s | TTFT p50 s | TTFT p99 s | e2e mean s | req/s | out tok/s "
+        f"| hit rate (ideal {_fmt(report.ideal_hit_rate, 2)}) | errors |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in report.targets.items():
+        lines.append(
+            f"| {name} | {_fmt(s.ttft_mean_s)} | {_fmt(s.ttft_p50_s)} | {_fmt(s.ttft_p99_s)} "
+            f"| {_fmt(s.e2e_mean_s)} | {_fmt(s.throughput_rps, 2)} | {_fmt(s.output_tps, 0)} "
+            f"| {_fmt(s.hit_rate, 2)} | {s.errors} |"
+        )
+    names = list(report.targets)
+    if len(names) > 1:
+        base = report.targets[names[0]]
+        lines.append("")
+        for name in names[1:]:
+            s = report.targets[name]
+            if base.ttft_mean_s > 0 and math.isfinite(s.ttft_mean_s):
+                lines.append(
+                    f"- {name}: mean TTFT {s.ttft_mean_s / base.ttft_mean_s:.2f}x {names[0]}'s, "
+                    f"p99 {s.ttft_p99_s / base.ttft_p99_s:.2f}x"
+                )
+    lines.extend(f"- note: {note}" for note in report.notes)
+    return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""What a benchmark sends: requests on an open-loop schedule and closed-loop sessions.
+
+A workload is data, built once before any target runs, so that every target sees exactly the same
+arrivals and bodies:
+
+- ``requests``: open loop. Each :class:`BenchRequest` is sent at ``arrival_s`` seconds after the
+  start, whether or not earlier requests have finished (Poisson or trace timestamps).
+- ``sessions``: closed loop. A :class:`Session` starts at ``start_s`` and sends its turns one after
+  the other: turn *k+1* is sent ``think_time_s`` seconds after turn *k*'s answer has arrived (the
+  agent thinking or its tool running), with the whole history resent every turn.
+
+Each request also carries ``prefix_units``: the token ids the pod will see (or, where the bench has
+no tokenizer, a stand-in sequence with the same prefix structure). The report uses them to compute
+the ideal hit-rate bound, i.e. the hit rate of one infinite cache that saw every request in order.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+COMPLETIONS = "/v1/completions"
+CHAT_COMPLETIONS = "/v1/chat/completions"
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One request: where it goes, what it says, when it is due."""
+
+    request_id: str
+    path: str  # COMPLETIONS or CHAT_COMPLETIONS
+    body: dict[str, Any]  # the OpenAI body without `model` and `stream`, which targets add
+    max_tokens: int
+    prefix_units: tuple[int, ...]  # token ids (or stand-ins) for the ideal hit-rate bound
+    arrival_s: float = 0.0  # open loop only: seconds after the start
+    request_class: str = "online"  # "online" or "batch"
+    session_id: str | None = None
+    think_time_s: float = 0.0  # closed loop only: pause after this turn's answer
+
+
+@dataclass(frozen=True)
+class Session:
+    """A closed-loop conversation: turns sent one after another."""
+
+    session_id: str
+    start_s: float
+    turns: tuple[BenchRequest, ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named, fully materialised workload."""
+
+    name: str
+    requests: tuple[BenchRequest, ...] = ()
+    sessions: tuple[Session, ...] = ()
+    description: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def all_requests(self) -> Iterator[BenchRequest]:
+        """Every request, open-loop ones first, then each session's turns in order."""
+        yield from self.requests
+        for session in self.sessions:
+            yield from session.turns
+
+    @property
+    def size(self) -> int:
+        return len(self.requests) + sum(len(s.turns) for s in self.sessions)
+
+    def nominal_duration_s(self) -> float:
+        """Last open-loop arrival or session start (sessions then run on their own clock)."""
+        last = [r.arrival_s for r in self.requests] + [s.start_s for s in self.sessions]
+        return max(last, default=0.0)
+
+
+def poisson_arrivals(count: int, rate_rps: float, rng: random.Random) -> list[float]:
+    """``count`` arrival times of a Poisson process of ``rate_rps``, starting at 0."""
+    if rate_rps <= 0:
+        raise ValueError("rate_rps must be positive")
+    times: list[float] = []
+    now = 0.0
+    for _ in range(count):
+        times.append(now)
+        now += rng.expovariate(rate_rps)
+    return times
+
+
+def random_tokens(rng: random.Random, count: int, vocab_size: int) -> list[int]:
+    """``count`` token ids drawn uniformly from ``[FIRST_PLAIN_TOKEN, vocab_size)``."""
+    return [rng.randrange(FIRST_PLAIN_TOKEN, vocab_size) for _ in range(count)]
+
+
+# Low ids are often special tokens (BOS/EOS/padding) in real vocabularies: keep away from them.
+FIRST_PLAIN_TOKEN = 1000
+
+
+def completion_request(
+    request_id: str,
+    tokens: Sequence[int],
+    max_tokens: int,
+    arrival_s: float,
+    *,
+    request_class: str = "online",
+    session_id: str | None = None,
+) -> BenchRequest:
+    """A `/v1/completions` request whose prompt is given as token ids."""
+    ids = list(tokens)
+    body: dict[str, Any] = {
+        "prompt": ids,
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+    return BenchRequest(
+        request_id=request_id,
+        path=COMPLETIONS,
+        body=body,
+        max_tokens=max_tokens,
+        prefix_units=tuple(ids),
+        arrival_s=arrival_s,
+        request_class=request_class,
+        session_id=session_id,
+    )

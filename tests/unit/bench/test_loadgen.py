@@ -1,0 +1,81 @@
+"""Load generator against an in-process ASGI-free mock transport (httpx.MockTransport)."""
+
+import json
+
+import httpx
+
+from kvgate.bench.loadgen import LoadGenerator, parse_usage
+from kvgate.bench.workload import Session, Workload, completion_request
+
+
+def _sse(prompt_tokens: int, cached: int, completion: int) -> bytes:
+    chunks = [{"choices": [{"index": 0, "text": "x"}], "usage": None} for _ in range(completion)]
+    chunks.append(
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion,
+                "prompt_tokens_details": {"cached_tokens": cached},
+            },
+        }
+    )
+    body = "".join(f"data: {json.dumps(c)}\n\n" for c in chunks) + "data: [DONE]\n\n"
+    return body.encode()
+
+
+def _handler(seen: list[httpx.Request]):
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        body = json.loads(request.content)
+        if body["prompt"] == [666]:
+            return httpx.Response(503, json={"error": {"message": "busy"}})
+        n = len(body["prompt"])
+        return httpx.Response(
+            200,
+            content=_sse(n, n // 2, body["max_tokens"]),
+            headers={"x-kvgate-endpoint": "pod-a", "content-type": "text/event-stream"},
+        )
+
+    return handle
+
+
+def test_parse_usage_only_from_usage_chunks():
+    assert parse_usage('data: {"choices": [], "usage": null}') is None
+    assert parse_usage("data: [DONE]") is None
+    assert parse_usage('data: {"usage": {"prompt_tokens": 3}}') == {"prompt_tokens": 3}
+
+
+async def test_open_loop_and_sessions_record_usage_headers_and_errors():
+    seen: list[httpx.Request] = []
+    turn1 = completion_request("s-t0", [1, 2], 2, 0, session_id="s")
+    turn2 = completion_request("s-t1", [1, 2, 3, 4], 3, 0, session_id="s")
+    workload = Workload(
+        name="w",
+        requests=(
+            completion_request("a", [1] * 10, 4, 0.0),
+            completion_request("bad", [666], 4, 0.01),
+            completion_request("late", [1], 4, 5.0),  # beyond the duration: never sent
+        ),
+        sessions=(Session("s", 0.0, (turn1, turn2)),),
+    )
+    done = []
+    async with httpx.AsyncClient(transport=httpx.MockTransport(_handler(seen))) as client:
+        gen = LoadGenerator(client, "http://target", "m", duration_s=1.0, progress=done.append)
+        records, health = await gen.run(workload)
+    by_id = {r.request_id: r for r in records}
+    assert set(by_id) == {"a", "bad", "s-t0", "s-t1"}
+    assert len(done) == 4
+    a = by_id["a"]
+    assert a.ok and a.endpoint == "pod-a"
+    assert (a.prompt_tokens, a.cached_tokens, a.completion_tokens) == (10, 5, 4)
+    assert a.ttft_s is not None and a.e2e_s is not None and a.ttft_s <= a.e2e_s
+    assert not by_id["bad"].ok and by_id["bad"].status == 503 and "busy" in by_id["bad"].error
+    assert by_id["s-t1"].sent_s >= by_id["s-t0"].end_s  # closed loop: the next turn waits
+    sent = {json.loads(r.content)["prompt"][0]: r for r in seen}
+    body = json.loads(sent[1].content)
+    assert body["stream"] is True and body["model"] == "m"
+    assert body["stream_options"] == {"include_usage": True}
+    session_requests = [r for r in seen if r.headers.get("x-session-id") == "s"]
+    assert len(session_requests) == 2
+    assert health.max_send_lag_s >= 0 and health.late_sends <= 4
