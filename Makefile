@@ -38,7 +38,7 @@ test: install
 	$(PY) -m pytest -q
 
 crds: install
-	$(KVGATE) crds --out crds
+	$(KVGATE) crds --out crds --docs docs/crds.md
 
 cluster-build:
 	bash hack/cluster/build.sh

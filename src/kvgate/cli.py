@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kvgate.bench.demo_command",
         "run a simulated fleet and compare round robin with kvgate",
     ),
+    "crds": ("kvgate.api.crds_command", "write the generated CRD YAML (crds/*.yaml, docs)"),
 }
 
 

@@ -1,0 +1,153 @@
+"""Building blocks shared by the kvgate custom resources.
+
+Every CRD model derives from :class:`ApiModel`: camelCase field names on the wire (Kubernetes
+convention), snake_case in Python, unknown fields rejected (a typo in an example or a test fails
+loudly instead of being silently pruned). Types that the CRD schema must express in a
+Kubernetes-specific way carry their OpenAPI fragment with them (``Quantity`` is
+``x-kubernetes-int-or-string``; ``FreeForm`` preserves unknown fields), so that the generator in
+:mod:`kvgate.api.crdgen` stays a mechanical translation.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+API_GROUP = "kvgate.io"
+API_VERSION = "v1alpha1"
+GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
+
+JsonDict = dict[str, Any]
+"""A JSON object (a schema fragment, a Kubernetes object)."""
+
+Quantity = Annotated[
+    int | str,
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "description": "A Kubernetes quantity such as 4, 500m, 16Gi.",
+        }
+    ),
+]
+"""A Kubernetes resource quantity (``4``, ``"500m"``, ``"16Gi"``)."""
+
+FreeForm = Annotated[
+    dict[str, Any],
+    WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
+]
+"""An object whose fields the schema does not constrain (plugin parameters)."""
+
+
+def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
+    """One ``x-kubernetes-validations`` entry: a CEL rule and the message shown on rejection."""
+    entry: JsonDict = {"rule": rule, "message": message}
+    if field_path is not None:
+        entry["fieldPath"] = field_path
+    return entry
+
+
+class ApiModel(BaseModel):
+    """Base of every CRD model: camelCase aliases, strict about unknown fields."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+    )
+
+    def to_wire(self) -> dict[str, Any]:
+        """The object as the API server stores it: camelCase, no unset optionals."""
+        return self.model_dump(by_alias=True, exclude_none=True, mode="json")
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(ApiModel):
+    """A standard Kubernetes condition (``metav1.Condition``)."""
+
+    type: str = Field(description="Condition type: Ready, Progressing or Degraded.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        default="", description="CamelCase machine-readable reason for the last transition."
+    )
+    message: str = Field(default="", description="Human-readable detail, what to fix.")
+    last_transition_time: str | None = Field(
+        default=None, description="RFC 3339 time of the last status change."
+    )
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation the condition was computed from."
+    )
+
+
+class ResourceRequirements(ApiModel):
+    """Compute resources of a container, as in ``corev1.ResourceRequirements``."""
+
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="Minimum resources, e.g. {cpu: 4, memory: 32Gi}."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="Maximum resources; extended resources such as nvidia.com/gpu go here.",
+    )
+
+
+class TolerationOperator(StrEnum):
+    EXISTS = "Exists"
+    EQUAL = "Equal"
+
+
+class Toleration(ApiModel):
+    """A pod toleration, as in ``corev1.Toleration``."""
+
+    key: str | None = Field(default=None, description="Taint key; empty matches all keys.")
+    operator: TolerationOperator | None = Field(default=None, description="Exists or Equal.")
+    value: str | None = Field(default=None, description="Taint value for operator Equal.")
+    effect: str | None = Field(
+        default=None, description="NoSchedule, PreferNoSchedule or NoExecute; empty matches all."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated."
+    )
+
+
+class EnvVar(ApiModel):
+    """A plain environment variable for a container."""
+
+    name: str = Field(min_length=1, description="Variable name.")
+    value: str = Field(default="", description="Variable value.")
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the resource's namespace."""
+
+    name: str = Field(min_length=1, description="Secret name (same namespace).")
+    key: str = Field(min_length=1, description="Key within the Secret.")
+
+
+class PodTemplateOverrides(ApiModel):
+    """Metadata and scheduling settings passed through to the pods kvgate creates."""
+
+    labels: dict[str, str] = Field(
+        default_factory=dict, description="Extra labels on the pods (kvgate's own labels win)."
+    )
+    annotations: dict[str, str] = Field(
+        default_factory=dict, description="Extra annotations on the pods."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the pods must run on."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Taints the pods tolerate."
+    )
+    priority_class_name: str | None = Field(default=None, description="PriorityClass of the pods.")
+    service_account_name: str | None = Field(
+        default=None, description="ServiceAccount the pods run as."
+    )

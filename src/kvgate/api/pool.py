@@ -1,0 +1,263 @@
+"""The InferencePool custom resource: a fleet of vLLM engines serving one model.
+
+The operator turns a pool into a Deployment of vLLM pods configured for prefix caching and KV
+events, a Service and a PodDisruptionBudget (see :mod:`kvgate.operator.render`). Everything the
+router must know to compute the engines' block hashes (block size, hash algorithm, hash seed,
+tokenizer) is declared here once, and rendered into both the engine arguments and the router
+configuration, so that the two can never disagree.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import ConfigDict, Field
+
+from kvgate.api.base import (
+    ApiModel,
+    Condition,
+    EnvVar,
+    JsonDict,
+    PodTemplateOverrides,
+    Quantity,
+    ResourceRequirements,
+    cel,
+)
+
+POOL_KIND = "InferencePool"
+POOL_PLURAL = "inferencepools"
+DEFAULT_ENGINE_IMAGE = "vllm/vllm-openai:v0.33.0"
+BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+# Flags the operator renders itself; extraArgs may not repeat them (the rendered values are what
+# the router relies on to compute matching block hashes).
+MANAGED_FLAGS = (
+    "--model",
+    "--served-model-name",
+    "--port",
+    "--block-size",
+    "--enable-prefix-caching",
+    "--no-enable-prefix-caching",
+    "--prefix-caching-hash-algo",
+    "--kv-events-config",
+    "--enable-prompt-tokens-details",
+    "--max-model-len",
+    "--gpu-memory-utilization",
+    "--max-num-seqs",
+)
+
+
+class PoolClass(StrEnum):
+    ONLINE = "online"
+    BATCH = "batch"
+
+
+class HashAlgo(StrEnum):
+    SHA256 = "sha256"
+    SHA256_CBOR = "sha256_cbor"
+    XXHASH = "xxhash"
+    XXHASH_CBOR = "xxhash_cbor"
+
+
+class PullPolicy(StrEnum):
+    ALWAYS = "Always"
+    IF_NOT_PRESENT = "IfNotPresent"
+    NEVER = "Never"
+
+
+def _managed_flags_rule() -> JsonDict:
+    flags = ", ".join(f"'{f}'" for f in MANAGED_FLAGS)
+    return cel(
+        f"self.all(a, ![{flags}].exists(f, a == f || a.startsWith(f + '=')))",
+        "extraArgs may not set flags kvgate manages (--model, --served-model-name, --port, "
+        "--block-size, --enable-prefix-caching, --prefix-caching-hash-algo, --kv-events-config, "
+        "--enable-prompt-tokens-details, --max-model-len, --gpu-memory-utilization, "
+        "--max-num-seqs): use the matching spec.engine field instead",
+    )
+
+
+class EngineSettings(ApiModel):
+    """vLLM engine settings rendered into `vllm serve` arguments."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.maxModelLen) || self.maxModelLen >= self.blockSize",
+                    "maxModelLen must be at least blockSize",
+                )
+            ]
+        }
+    )
+
+    block_size: int = Field(
+        default=16,
+        ge=1,
+        le=256,
+        description="KV cache block size in tokens (--block-size); a power of two, 1 to 256.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    f"self in {list(BLOCK_SIZES)}",
+                    "blockSize must be a power of two between 1 and 256 (vLLM's default is 16)",
+                )
+            ]
+        },
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=1, description="Maximum context length (--max-model-len)."
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="Fraction of GPU memory vLLM may use (--gpu-memory-utilization), in (0, 1].",
+    )
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, description="Maximum sequences per scheduler step (--max-num-seqs)."
+    )
+    extra_args: list[str] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Further `vllm serve` arguments, appended verbatim.",
+        json_schema_extra={
+            "items": {"type": "string", "maxLength": 4096},
+            "x-kubernetes-validations": [_managed_flags_rule()],
+        },
+    )
+    env: list[EnvVar] = Field(
+        default_factory=list, description="Extra environment variables of the engine container."
+    )
+
+
+class CacheSettings(ApiModel):
+    """Prefix-cache hashing: what the router needs to compute the engines' block hashes."""
+
+    hash_algo: HashAlgo = Field(
+        default=HashAlgo.SHA256,
+        description="Block hash algorithm (--prefix-caching-hash-algo).",
+    )
+    hash_seed: int = Field(
+        default=0,
+        ge=0,
+        le=4294967295,
+        description="PYTHONHASHSEED of the engines; seeds the hash chain (NONE_HASH).",
+    )
+
+
+class TokenizerSource(ApiModel):
+    """Where the router finds the pool's tokenizer; without one it routes on approximate blocks."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!(has(self.path) && has(self.configMap))",
+                    "give at most one of tokenizer.path and tokenizer.configMap",
+                )
+            ]
+        }
+    )
+
+    path: str | None = Field(
+        default=None,
+        description="Directory inside the router image holding tokenizer.json (and a chat "
+        "template).",
+    )
+    config_map: str | None = Field(
+        default=None,
+        description="ConfigMap holding tokenizer.json (and a chat template), mounted into the "
+        "router.",
+    )
+    chat_template: str | None = Field(
+        default=None,
+        description="File name of the chat template inside the tokenizer directory; default: the "
+        "template shipped with the tokenizer.",
+    )
+    approximate_chars_per_block: int | None = Field(
+        default=None,
+        ge=1,
+        description="Characters per block in approximate mode (no tokenizer).",
+    )
+
+
+class InferencePoolSpec(ApiModel):
+    """Desired state of an InferencePool."""
+
+    model: str = Field(
+        min_length=1,
+        description="Model to serve: a Hugging Face repository id or a path inside the image.",
+    )
+    served_model_name: str | None = Field(
+        default=None,
+        description="Name clients put in the request's `model` field; defaults to `model`.",
+    )
+    replicas: int = Field(default=1, ge=0, description="Number of engine pods.")
+    pool_class: PoolClass = Field(
+        default=PoolClass.ONLINE,
+        description="online (latency-sensitive) or batch (throughput; may borrow idle online "
+        "capacity).",
+    )
+    image: str = Field(
+        default=DEFAULT_ENGINE_IMAGE, min_length=1, description="Engine container image."
+    )
+    image_pull_policy: PullPolicy | None = Field(
+        default=None, description="Always, IfNotPresent or Never."
+    )
+    command: list[str] = Field(
+        default_factory=lambda: ["vllm", "serve"],
+        min_length=1,
+        description="Engine command; the rendered flags follow it.",
+        json_schema_extra={"default": ["vllm", "serve"]},
+    )
+    engine: EngineSettings = Field(
+        default_factory=EngineSettings,
+        description="vLLM engine settings.",
+        json_schema_extra={"default": {}},
+    )
+    cache: CacheSettings = Field(
+        default_factory=CacheSettings,
+        description="Prefix-cache hashing settings.",
+        json_schema_extra={"default": {}},
+    )
+    tokenizer: TokenizerSource | None = Field(
+        default=None, description="Tokenizer the router uses for this pool."
+    )
+    gpus: int = Field(
+        default=1,
+        ge=0,
+        description="GPUs per pod (the nvidia.com/gpu limit); 0 for CPU or simulated engines.",
+    )
+    resources: ResourceRequirements = Field(
+        default_factory=ResourceRequirements,
+        description="Further compute resources of the engine container.",
+    )
+    pod: PodTemplateOverrides = Field(
+        default_factory=PodTemplateOverrides,
+        description="Labels, annotations, node selector and tolerations of the engine pods.",
+    )
+    max_unavailable: Quantity = Field(
+        default=1,
+        description="PodDisruptionBudget maxUnavailable: a count or a percentage such as 25%.",
+    )
+
+    @property
+    def served_name(self) -> str:
+        return self.served_model_name or self.model
+
+
+class InferencePoolStatus(ApiModel):
+    """Observed state of an InferencePool, computed from its Deployment."""
+
+    observed_generation: int | None = Field(
+        default=None, description="metadata.generation last reconciled."
+    )
+    replicas: int = Field(default=0, description="Engine pods that exist.")
+    ready_replicas: int = Field(default=0, description="Engine pods that are ready.")
+    updated_replicas: int = Field(default=0, description="Pods running the current template.")
+    endpoints: int = Field(default=0, description="Ready endpoints the router can use.")
+    selector: str = Field(default="", description="Label selector of the engine pods.")
+    served_model_name: str = Field(default="", description="Model name the engines serve.")
+    conditions: list[Condition] = Field(
+        default_factory=list, description="Ready, Progressing and Degraded."
+    )

@@ -1,0 +1,176 @@
+"""What the API server does with a spec: apply schema defaults, then run the CEL rules.
+
+The CEL rules are compiled and evaluated with cel-python (standard CEL, which is what the rules
+use), on the same defaulted object the API server would see; the pydantic models must agree with
+the schema on what is valid.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import celpy
+import pytest
+from pydantic import ValidationError
+
+from kvgate.api.crdgen import all_crds
+from kvgate.api.policy import RoutingPolicySpec
+from kvgate.api.pool import InferencePoolSpec
+
+Json = Any
+
+
+def _spec_schema(name: str) -> Json:
+    crd = all_crds()[name]
+    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def apply_defaults(schema: Json, obj: Json) -> Json:
+    """Structural defaulting, as the API server does it (defaults of absent properties)."""
+    if isinstance(obj, dict) and "properties" in schema:
+        for name, sub in schema["properties"].items():
+            if name not in obj and "default" in sub:
+                obj[name] = copy.deepcopy(sub["default"])
+            if name in obj:
+                obj[name] = apply_defaults(sub, obj[name])
+    elif isinstance(obj, list) and "items" in schema:
+        return [apply_defaults(schema["items"], item) for item in obj]
+    return obj
+
+
+def cel_failures(schema: Json, obj: Json) -> list[str]:
+    """Messages of the rules that ``obj`` violates."""
+    env = celpy.Environment()
+    failures: list[str] = []
+
+    def walk(node: Json, value: Json) -> None:
+        for rule in node.get("x-kubernetes-validations", []):
+            program = env.program(env.compile(rule["rule"]))
+            if not bool(program.evaluate({"self": celpy.json_to_cel(value)})):
+                failures.append(rule["message"])
+        if isinstance(value, dict):
+            for name, sub in node.get("properties", {}).items():
+                if name in value:
+                    walk(sub, value[name])
+        elif isinstance(value, list) and "items" in node:
+            for item in value:
+                walk(node["items"], item)
+
+    walk(schema, obj)
+    return failures
+
+
+def _check(name: str, spec: Json) -> list[str]:
+    schema = _spec_schema(name)
+    return cel_failures(schema, apply_defaults(schema, copy.deepcopy(spec)))
+
+
+POOL = "kvgate.io_inferencepools.yaml"
+POLICY = "kvgate.io_routingpolicies.yaml"
+
+
+def test_every_rule_compiles() -> None:
+    env = celpy.Environment()
+    count = 0
+    for crd in all_crds().values():
+        text = str(crd)
+        for rule in _rules(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]):
+            env.compile(rule)
+            count += 1
+        assert "x-kubernetes-validations" in text
+    assert count >= 5
+
+
+def _rules(node: Json) -> list[str]:
+    found = [r["rule"] for r in node.get("x-kubernetes-validations", [])]
+    for sub in node.get("properties", {}).values():
+        found += _rules(sub)
+    if isinstance(node.get("items"), dict):
+        found += _rules(node["items"])
+    return found
+
+
+def test_a_minimal_pool_passes_and_defaults_fill_in() -> None:
+    spec = {"model": "Qwen/Qwen3-0.6B"}
+    schema = _spec_schema(POOL)
+    defaulted = apply_defaults(schema, copy.deepcopy(spec))
+    assert defaulted["engine"]["blockSize"] == 16
+    assert defaulted["cache"] == {"hashAlgo": "sha256", "hashSeed": 0}
+    assert defaulted["command"] == ["vllm", "serve"]
+    assert cel_failures(schema, defaulted) == []
+    # The pydantic model fills in exactly the same defaults.
+    assert InferencePoolSpec.model_validate(spec).to_wire()["engine"]["blockSize"] == 16
+
+
+@pytest.mark.parametrize("block_size", [3, 12, 48, 100])
+def test_block_size_not_a_power_of_two_is_rejected(block_size: int) -> None:
+    failures = _check(POOL, {"model": "m", "engine": {"blockSize": block_size}})
+    assert any("power of two" in f for f in failures)
+
+
+@pytest.mark.parametrize("block_size", [1, 8, 16, 32, 256])
+def test_powers_of_two_pass(block_size: int) -> None:
+    assert _check(POOL, {"model": "m", "engine": {"blockSize": block_size}}) == []
+
+
+def test_max_model_len_below_block_size_is_rejected() -> None:
+    failures = _check(POOL, {"model": "m", "engine": {"blockSize": 32, "maxModelLen": 16}})
+    assert failures == ["maxModelLen must be at least blockSize"]
+    assert _check(POOL, {"model": "m", "engine": {"maxModelLen": 4096}}) == []
+
+
+@pytest.mark.parametrize("arg", ["--port", "--port=9000", "--kv-events-config={}", "--block-size"])
+def test_extra_args_cannot_override_managed_flags(arg: str) -> None:
+    failures = _check(POOL, {"model": "m", "engine": {"extraArgs": ["--seed", "1", arg]}})
+    assert len(failures) == 1 and "use the matching spec.engine field" in failures[0]
+
+
+def test_other_extra_args_pass() -> None:
+    spec = {"model": "m", "engine": {"extraArgs": ["--enforce-eager", "--portable=1"]}}
+    assert _check(POOL, spec) == []
+
+
+def test_tokenizer_path_and_configmap_are_exclusive() -> None:
+    spec = {"model": "m", "tokenizer": {"path": "/t", "configMap": "tok"}}
+    assert _check(POOL, spec) == ["give at most one of tokenizer.path and tokenizer.configMap"]
+    with pytest.raises(ValidationError):
+        InferencePoolSpec.model_validate({"model": "m", "replicas": -1})
+
+
+def test_a_policy_must_name_a_pool() -> None:
+    message = (
+        "a RoutingPolicy must name at least one pool: set spec.pools or "
+        "spec.poolSelector.matchLabels"
+    )
+    assert _check(POLICY, {}) == [message]
+    assert _check(POLICY, {"pools": []}) == [message]
+    assert _check(POLICY, {"poolSelector": {}}) == [message]
+    assert _check(POLICY, {"poolSelector": {"matchLabels": {}}}) == [message]
+    assert _check(POLICY, {"pools": ["llama"]}) == []
+    assert _check(POLICY, {"poolSelector": {"matchLabels": {"team": "a"}}}) == []
+
+
+def test_tenant_names_must_be_unique() -> None:
+    tenants = {"items": [{"name": "a"}, {"name": "b"}, {"name": "a"}]}
+    assert _check(POLICY, {"pools": ["p"], "tenants": tenants}) == ["tenant names must be unique"]
+    tenants = {"items": [{"name": "a"}, {"name": "b"}]}
+    assert _check(POLICY, {"pools": ["p"], "tenants": tenants}) == []
+
+
+def test_policy_defaults_mirror_the_router_config() -> None:
+    from kvgate.api import router_config as rc
+
+    spec = RoutingPolicySpec.model_validate({"pools": ["p"]})
+    assert spec.borrowing.max_kv_cache_usage == rc.BorrowingConfig().max_kv_cache_usage
+    assert spec.scoring.max_affinity_wait_seconds == rc.PolicyConfig().max_affinity_wait_seconds
+    assert spec.sessions.header == rc.SessionsConfig().header
+    schema = _spec_schema(POLICY)
+    defaulted = apply_defaults(schema, {"pools": ["p"]})
+    assert defaulted["borrowing"]["maxKvCacheUsage"] == rc.BorrowingConfig().max_kv_cache_usage
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5])
+def test_borrowing_limit_outside_unit_interval_is_rejected_by_the_model(value: float) -> None:
+    with pytest.raises(ValidationError):
+        RoutingPolicySpec.model_validate({"pools": ["p"], "borrowing": {"maxKvCacheUsage": value}})
