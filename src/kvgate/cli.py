@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run a simulated fleet and compare round robin with kvgate",
     ),
     "crds": ("kvgate.api.crds_command", "write the generated CRD YAML (crds/*.yaml, docs)"),
+    "hash": ("kvgate.prefix.hash_command", "print vLLM's block hashes of a list of token ids"),
 }
 
 
