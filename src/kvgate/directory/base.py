@@ -163,3 +163,21 @@ class BlockIndex(Protocol):
     async def close(self) -> None:
         """Release connections. The index must not be used afterwards; closing twice is fine."""
         ...
+
+
+def check_pod(pod: str) -> None:
+    """Raise ValueError unless `pod` is a non-empty string."""
+    if not isinstance(pod, str) or not pod:
+        raise ValueError(f"pod must be a non-empty string, got {pod!r}")
+
+
+def check_medium(medium: str) -> None:
+    """Raise ValueError unless `medium` is a non-empty string without ','."""
+    if not isinstance(medium, str) or not medium or "," in medium:
+        raise ValueError(f"medium must be a non-empty string without ',', got {medium!r}")
+
+
+def check_generation(generation: str) -> None:
+    """Raise ValueError unless `generation` is a non-empty string."""
+    if not isinstance(generation, str) or not generation:
+        raise ValueError(f"generation must be a non-empty string, got {generation!r}")

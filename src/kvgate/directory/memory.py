@@ -27,7 +27,13 @@ import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from kvgate.directory.base import DEFAULT_MEDIUM, IndexStats
+from kvgate.directory.base import (
+    DEFAULT_MEDIUM,
+    IndexStats,
+    check_generation,
+    check_medium,
+    check_pod,
+)
 from kvgate.prefix import BlockKey
 
 _CLEANUP_CHUNK = 8192
@@ -44,16 +50,6 @@ class _Pod:
     @property
     def bit(self) -> int:
         return 1 << self.slot
-
-
-def check_pod(pod: str) -> None:
-    if not isinstance(pod, str) or not pod:
-        raise ValueError(f"pod must be a non-empty string, got {pod!r}")
-
-
-def check_medium(medium: str) -> None:
-    if not isinstance(medium, str) or not medium or "," in medium:
-        raise ValueError(f"medium must be a non-empty string without ',', got {medium!r}")
 
 
 class MemoryBlockIndex:
@@ -228,8 +224,7 @@ class MemoryBlockIndex:
 
     async def set_generation(self, pod: str, generation: str) -> bool:
         check_pod(pod)
-        if not isinstance(generation, str) or not generation:
-            raise ValueError(f"generation must be a non-empty string, got {generation!r}")
+        check_generation(generation)
         state = self._pods.get(pod)
         if state is None:
             self._new_pod(pod, generation)

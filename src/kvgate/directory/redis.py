@@ -1,0 +1,195 @@
+"""`BlockIndex` in Redis: shared by many router replicas and indexers.
+
+Layout (`keys.py`): per pool a registry HASH pod -> generation; per pod a HASH of the block keys
+it holds exactly (value: the media) and a ZSET of approximate entries scored by expiry. Every
+operation is one Lua script (`redis_scripts.py`), hence one round trip and atomic:
+
+* lookup probes each candidate pod's HASH with HMGET over growing chunks of the chain and drops
+  a pod at its first missing block (see `redis_scripts.LOOKUP`);
+* a new generation or a clear UNLINKs the pod's two keys: the old entries vanish at once and
+  Redis frees them off its main thread; nothing ever SCANs or FLUSHes;
+* memory is bounded by a per-pod cap on exact entries (random eviction over the cap: an
+  over-full pod has missed removals and any victim is as good) and on approximate entries
+  (soonest-expiring first), by collecting expired approximate entries on each write, and by a
+  TTL on each approximate ZSET (an idle pool's routing history disappears entirely).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Collection, Sequence
+
+import redis.asyncio as aioredis
+
+from kvgate.directory import redis_scripts
+from kvgate.directory.base import (
+    DEFAULT_MEDIUM,
+    IndexStats,
+    check_generation,
+    check_medium,
+    check_pod,
+)
+from kvgate.directory.keys import DEFAULT_PREFIX, PoolKeys
+from kvgate.prefix import BlockKey
+
+_Arg = str | bytes | int | float
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class RedisBlockIndex:
+    """`BlockIndex` for one pool, stored in Redis under that pool's hash tag."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        pool_key: str,
+        *,
+        key_prefix: str = DEFAULT_PREFIX,
+        max_blocks_per_pod: int = 1_000_000,
+        max_approximate_per_pod: int = 100_000,
+        clock: Callable[[], float] = time.time,
+        owns_client: bool = False,
+    ) -> None:
+        if max_blocks_per_pod < 1 or max_approximate_per_pod < 1:
+            raise ValueError("per-pod caps must be >= 1")
+        self._client = client
+        self._owns_client = owns_client
+        self._keys = PoolKeys.for_pool(pool_key, key_prefix)
+        self._max_exact = max_blocks_per_pod
+        self._max_approx = max_approximate_per_pod
+        self._clock = clock
+        self._lookup = client.register_script(redis_scripts.LOOKUP)
+        self._add = client.register_script(redis_scripts.ADD)
+        self._remove = client.register_script(redis_scripts.REMOVE)
+        self._add_approximate = client.register_script(redis_scripts.ADD_APPROXIMATE)
+        self._set_generation = client.register_script(redis_scripts.SET_GENERATION)
+        self._closed = False
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        pool_key: str,
+        *,
+        password: str | None = None,
+        socket_timeout_seconds: float | None = None,
+        **kwargs: object,
+    ) -> RedisBlockIndex:
+        """An index owning a new connection pool to `url` (closed by `close`)."""
+        client = aioredis.Redis.from_url(
+            url,
+            password=password,
+            socket_timeout=socket_timeout_seconds,
+            socket_connect_timeout=socket_timeout_seconds,
+            decode_responses=False,
+        )
+        return cls(client, pool_key, owns_client=True, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def keys(self) -> PoolKeys:
+        return self._keys
+
+    def _pod_keys(self, pod: str) -> list[str]:
+        return [self._keys.registry, self._keys.exact(pod), self._keys.approximate(pod)]
+
+    async def lookup(
+        self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
+    ) -> dict[str, int]:
+        if not keys or (pods is not None and not pods):
+            return {}
+        wanted = [] if pods is None else sorted(set(pods))
+        args: list[_Arg] = [
+            self._keys.base,
+            repr(float(self._clock())),
+            -1 if pods is None else len(wanted),
+            *wanted,
+            *keys,
+        ]
+        flat = await self._lookup(keys=[self._keys.registry], args=args)
+        return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
+
+    async def add(
+        self,
+        pod: str,
+        keys: Sequence[BlockKey],
+        *,
+        medium: str = DEFAULT_MEDIUM,
+        generation: str | None = None,
+    ) -> bool:
+        check_pod(pod)
+        check_medium(medium)
+        args: list[_Arg] = [pod, generation or "", medium, self._max_exact, *keys]
+        return bool(await self._add(keys=self._pod_keys(pod), args=args))
+
+    async def remove(
+        self,
+        pod: str,
+        keys: Sequence[BlockKey],
+        *,
+        medium: str = DEFAULT_MEDIUM,
+        generation: str | None = None,
+    ) -> bool:
+        check_pod(pod)
+        check_medium(medium)
+        args: list[_Arg] = [pod, generation or "", medium, *keys]
+        return bool(await self._remove(keys=self._pod_keys(pod), args=args))
+
+    async def add_approximate(self, pod: str, keys: Sequence[BlockKey], ttl_seconds: float) -> None:
+        check_pod(pod)
+        if not ttl_seconds > 0:
+            raise ValueError(f"ttl_seconds must be > 0, got {ttl_seconds!r}")
+        now = float(self._clock())
+        args: list[_Arg] = [
+            pod,
+            repr(now),
+            repr(now + ttl_seconds),
+            self._max_approx,
+            math.ceil(ttl_seconds * 1000),
+            *keys,
+        ]
+        await self._add_approximate(keys=self._pod_keys(pod), args=args)
+
+    async def clear_pod(self, pod: str) -> None:
+        await self._client.unlink(self._keys.exact(pod), self._keys.approximate(pod))
+
+    async def forget_pod(self, pod: str) -> None:
+        async with self._client.pipeline(transaction=True) as pipe:
+            pipe.unlink(self._keys.exact(pod), self._keys.approximate(pod))
+            pipe.hdel(self._keys.registry, pod)
+            await pipe.execute()
+
+    async def set_generation(self, pod: str, generation: str) -> bool:
+        check_pod(pod)
+        check_generation(generation)
+        return bool(await self._set_generation(keys=self._pod_keys(pod), args=[pod, generation]))
+
+    async def get_generation(self, pod: str) -> str | None:
+        value = await self._client.hget(self._keys.registry, pod)
+        return _text(value) if value else None
+
+    async def pods(self) -> set[str]:
+        return {_text(p) for p in await self._client.hkeys(self._keys.registry)}
+
+    async def stats(self) -> IndexStats:
+        pods = await self.pods()
+        if not pods:
+            return IndexStats(pods=0, entries=0, approximate_entries=0)
+        async with self._client.pipeline(transaction=False) as pipe:
+            for pod in pods:
+                pipe.hlen(self._keys.exact(pod))
+                pipe.zcard(self._keys.approximate(pod))
+            counts = await pipe.execute()
+        return IndexStats(
+            pods=len(pods), entries=sum(counts[0::2]), approximate_entries=sum(counts[1::2])
+        )
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            await self._client.aclose()

@@ -1,0 +1,114 @@
+"""The Redis backend against the conformance suite on a real redis-server, plus Redis-only checks."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+from tests.unit.directory.conformance import (
+    APPROX_CAP,
+    CAP,
+    BlockIndexConformance,
+    FakeClock,
+    chain,
+)
+
+from kvgate.directory.base import BlockIndex
+from kvgate.directory.redis import RedisBlockIndex
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def index(redis_url: str, clock: FakeClock) -> AsyncIterator[RedisBlockIndex]:
+    idx = RedisBlockIndex.from_url(
+        redis_url,
+        "ns/pool",
+        key_prefix="test",
+        max_blocks_per_pod=CAP,
+        max_approximate_per_pod=APPROX_CAP,
+        clock=clock,
+    )
+    yield idx
+    await idx.close()
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+class TestRedisConformance(BlockIndexConformance):
+    pass
+
+
+def test_satisfies_protocol(index: RedisBlockIndex) -> None:
+    assert isinstance(index, BlockIndex)
+
+
+async def test_every_key_is_under_the_prefix_and_hash_tag(
+    index: RedisBlockIndex, raw: aioredis.Redis
+) -> None:
+    await index.add("a", chain(3), generation="g")
+    await index.add_approximate("b", chain(2), ttl_seconds=60)
+    names = sorted(k.decode() for k in await raw.keys("*"))
+    assert names == ["test:{ns/pool}:a:b", "test:{ns/pool}:pods", "test:{ns/pool}:x:a"]
+
+
+async def test_pools_are_isolated(redis_url: str) -> None:
+    one = RedisBlockIndex.from_url(redis_url, "ns/one")
+    two = RedisBlockIndex.from_url(redis_url, "ns/two")
+    try:
+        await one.add("a", chain(3))
+        assert await two.lookup(chain(3)) == {}
+        await two.forget_pod("a")
+        assert await one.lookup(chain(3)) == {"a": 3}
+    finally:
+        await one.close()
+        await two.close()
+
+
+async def test_two_clients_share_one_directory(index: RedisBlockIndex, redis_url: str) -> None:
+    other = RedisBlockIndex.from_url(redis_url, "ns/pool", key_prefix="test")
+    try:
+        await index.add("a", chain(4), generation="g1")
+        assert await other.lookup(chain(4)) == {"a": 4}
+        await other.set_generation("a", "g2")
+        assert await index.lookup(chain(4)) == {}
+    finally:
+        await other.close()
+
+
+async def test_lookup_is_one_round_trip(index: RedisBlockIndex, raw: aioredis.Redis) -> None:
+    keys = chain(2048, "long")
+    for pod in range(4):
+        await index.add(f"p{pod}", keys[:CAP])
+    await raw.config_resetstat()
+    assert await index.lookup(keys) == {f"p{pod}": CAP for pod in range(4)}
+    info = await raw.info("commandstats")
+    client_calls = {
+        k: v["calls"] for k, v in info.items() if k in {"cmdstat_evalsha", "cmdstat_eval"}
+    }
+    assert sum(client_calls.values()) == 1
+
+
+async def test_approximate_entries_expire_in_redis_too(
+    index: RedisBlockIndex, raw: aioredis.Redis
+) -> None:
+    await index.add_approximate("a", chain(2), ttl_seconds=30)
+    ttl_ms = await raw.pttl("test:{ns/pool}:a:a")
+    assert 0 < ttl_ms <= 30_000
+
+
+def test_bad_pool_key_or_prefix() -> None:
+    client = aioredis.Redis()
+    with pytest.raises(ValueError):
+        RedisBlockIndex(client, "ns/{pool}")
+    with pytest.raises(ValueError):
+        RedisBlockIndex(client, "ns/pool", key_prefix="")
