@@ -1,0 +1,111 @@
+"""The TTFT cost model: each term, and the break-even that decides replication of a hot prefix."""
+
+from __future__ import annotations
+
+import pytest
+from scoring_helpers import endpoint, request
+
+from kvgate.scoring.base import EngineLoad
+from kvgate.scoring.cost_model import CostModel, CostModelParams
+
+RATE = 10_000.0
+
+
+def model(**kw: float) -> CostModel:
+    return CostModel(CostModelParams(prior_prefill_tokens_per_second=RATE, **kw))
+
+
+def test_cold_idle_pod_costs_the_full_prefill() -> None:
+    est = model().estimate(request(4096), endpoint(0), 0, now=0.0)
+    assert est.hit_tokens == 0
+    assert est.uncached_tokens == 4096
+    assert est.queue_seconds == 0.0
+    assert est.prefill_seconds == pytest.approx(4096 / RATE)
+    assert est.ttft_seconds == pytest.approx(4096 / RATE)
+
+
+def test_hit_is_whole_blocks_and_never_the_last_token() -> None:
+    m = model()
+    # 4096 tokens = 256 blocks; vLLM recomputes at least the last token -> at most 255 blocks.
+    assert m.hit_tokens(request(4096), 256) == 255 * 16
+    assert m.hit_tokens(request(4096), 10) == 160
+    assert m.hit_tokens(request(4100), 1000) == 256 * 16
+    assert m.hit_tokens(request(1), 5) == 0
+    assert m.hit_tokens(request(4096), 0) == 0
+
+
+def test_approximate_keys_are_discounted() -> None:
+    m = model(approximate_hit_discount=0.5)
+    assert m.hit_tokens(request(4096, keys_exact=False), 100) == 800
+    assert m.hit_tokens(request(4096, keys_exact=True), 100) == 1600
+
+
+def test_pending_prefill_tokens_queue_ahead() -> None:
+    est = model().estimate(request(1000), endpoint(0, pending_prefill_tokens=20_000), 0, now=0.0)
+    assert est.queue_seconds == pytest.approx(2.0)
+    assert est.ttft_seconds == pytest.approx(2.1)
+
+
+def test_learned_rate_replaces_prior() -> None:
+    ep = endpoint(0, prefill_tokens_per_second=20_000.0, pending_prefill_tokens=20_000)
+    est = model().estimate(request(2000), ep, 0, now=0.0)
+    assert est.queue_seconds == pytest.approx(1.0)
+    assert est.prefill_seconds == pytest.approx(0.1)
+
+
+def test_foreign_waiting_requests_count_beyond_our_own() -> None:
+    eng = EngineLoad(waiting=5, running=0, kv_cache_usage=0.1, observed_at=0.0)
+    ep = endpoint(0, engine=eng, pending_prefill_requests=2, pending_prefill_tokens=4000)
+    est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0, now=0.0)
+    # our 4000 pending tokens + 3 foreign waiting requests x 1000 tokens
+    assert est.queue_seconds == pytest.approx(7000 / RATE)
+    assert est.load == 5
+
+
+def test_stale_engine_report_is_ignored() -> None:
+    eng = EngineLoad(waiting=50, running=100, kv_cache_usage=0.99, observed_at=0.0)
+    ep = endpoint(0, engine=eng, in_flight=3)
+    fresh = model().estimate(request(1000), ep, 0, now=1.0)
+    stale = model().estimate(request(1000), ep, 0, now=10.0)
+    assert fresh.queue_seconds > 1.0 and fresh.load == 150
+    assert stale.queue_seconds == 0.0 and stale.load == 3
+    assert stale.prefill_seconds == pytest.approx(0.1)
+
+
+def test_running_decodes_slow_prefill() -> None:
+    eng = EngineLoad(waiting=0, running=4096, kv_cache_usage=0.1, observed_at=0.0)
+    est = model(max_num_batched_tokens=8192).estimate(
+        request(1000), endpoint(0, engine=eng), 0, 0.0
+    )
+    assert est.prefill_tokens_per_second == pytest.approx(RATE / 2)
+    assert est.prefill_seconds == pytest.approx(0.2)
+
+
+def test_full_batch_adds_slot_wait() -> None:
+    eng = EngineLoad(waiting=2, running=8, kv_cache_usage=0.1, observed_at=0.0)
+    ep = endpoint(0, engine=eng, max_num_seqs=8)
+    est = model(slot_wait_seconds=0.5, foreign_request_tokens=0).estimate(request(16), ep, 0, 0.0)
+    # running 8 + 2 queued + this one = 11 > 8 -> 3 slots to wait for
+    assert est.queue_seconds == pytest.approx(1.5)
+
+
+def test_kv_pressure_penalty_above_threshold() -> None:
+    def queue(usage: float) -> float:
+        eng = EngineLoad(waiting=0, running=0, kv_cache_usage=usage, observed_at=0.0)
+        m = model(kv_pressure_threshold=0.8, kv_pressure_seconds=2.0)
+        return m.estimate(request(16), endpoint(0, engine=eng), 0, 0.0).queue_seconds
+
+    assert queue(0.5) == 0.0
+    assert queue(0.9) == pytest.approx(1.0)
+    assert queue(1.0) == pytest.approx(2.0)
+
+
+def test_holder_wins_until_its_extra_queue_exceeds_the_hit_prefill_time() -> None:
+    """A holder of H tokens beats an idle pod until queue > H / rate: the replication rule."""
+    m = model()
+    req = request(8192)
+    hit_blocks = 256  # 4096 tokens held
+    idle = m.estimate(req, endpoint(1), 0, 0.0).ttft_seconds
+    below = m.estimate(req, endpoint(0, pending_prefill_tokens=4000), hit_blocks, 0.0)
+    above = m.estimate(req, endpoint(0, pending_prefill_tokens=4200), hit_blocks, 0.0)
+    assert below.ttft_seconds < idle < above.ttft_seconds

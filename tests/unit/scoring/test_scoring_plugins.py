@@ -1,0 +1,199 @@
+"""Contracts of every plugin: scores in [0, 1], purity, filter/picker invariants, and each one's rule."""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import Counter
+
+import pytest
+from scoring_helpers import cycle_state, endpoint, fleet, random_case, request
+
+from kvgate.scoring.base import ChoiceHistory, EngineLoad
+from kvgate.scoring.plugins.affinity_cap import AffinityCapFilter, AffinityCapParams
+from kvgate.scoring.plugins.healthy import HealthyFilter
+from kvgate.scoring.plugins.kv_cache_usage import KvCacheUsageParams, KvCacheUsageScorer
+from kvgate.scoring.plugins.load_bound import LoadBoundFilter, LoadBoundParams
+from kvgate.scoring.plugins.near_equal import NearEqualParams, NearEqualPicker
+from kvgate.scoring.plugins.predicted_ttft import PredictedTtftScorer
+from kvgate.scoring.plugins.prefix_cache import PrefixCacheScorer
+from kvgate.scoring.plugins.queue_depth import QueueDepthScorer
+from kvgate.scoring.plugins.round_robin import RoundRobinPicker
+from kvgate.scoring.registry import default_registry
+
+REGISTRY = default_registry()
+CASES = 300
+
+
+@pytest.mark.parametrize("name", REGISTRY.names("scorer"))
+def test_scores_are_in_unit_interval_and_inputs_unchanged(name: str) -> None:
+    scorer = REGISTRY.scorer(name)
+    assert scorer.category in ("affinity", "balance", "hybrid")
+    rng = random.Random(name)
+    for _ in range(CASES):
+        req, eps, matched, now = random_case(rng)
+        state = cycle_state(req, eps, matched, now)
+        before = (copy.deepcopy(eps), dict(matched), req)
+        scores = scorer.score(state, eps)
+        assert len(scores) == len(eps)
+        assert all(0.0 <= s <= 1.0 for s in scores), (name, scores)
+        assert (eps, matched, req) == before
+
+
+@pytest.mark.parametrize("name", REGISTRY.names("filter"))
+def test_filters_return_a_subsequence_and_guards_never_empty(name: str) -> None:
+    flt = REGISTRY.filter(name)
+    rng = random.Random(name)
+    for _ in range(CASES):
+        req, eps, matched, now = random_case(rng)
+        state = cycle_state(req, eps, matched, now)
+        before = copy.deepcopy(eps)
+        kept = list(flt.filter(state, eps))
+        assert eps == before
+        it = iter(eps)
+        assert all(any(k is e for e in it) for k in kept), "not an order-preserving subsequence"
+        if flt.reason is not None:
+            assert kept, f"guard {name} emptied the candidates"
+
+
+@pytest.mark.parametrize("name", REGISTRY.names("picker"))
+def test_pickers_choose_a_candidate_deterministically_for_a_seed(name: str) -> None:
+    picker = REGISTRY.picker(name)
+    rng = random.Random(name)
+    for _ in range(CASES):
+        req, eps, matched, now = random_case(rng)
+        totals = [rng.random() for _ in eps]
+        a = picker.pick(cycle_state(req, eps, matched, now, seed=5), eps, totals)
+        b = picker.pick(cycle_state(req, eps, matched, now, seed=5), eps, totals)
+        assert a in eps and a == b
+
+
+def test_healthy_drops_unhealthy_and_draining_and_may_empty() -> None:
+    eps = [endpoint(0), endpoint(1, healthy=False), endpoint(2, draining=True)]
+    state = cycle_state(request(), eps, {})
+    assert [e.id for e in HealthyFilter().filter(state, eps)] == ["pod-0"]
+    assert list(HealthyFilter().filter(state, eps[1:])) == []
+
+
+def test_load_bound_drops_pods_above_c_times_mean() -> None:
+    eps = [endpoint(0, in_flight=30), endpoint(1, in_flight=10), endpoint(2, in_flight=10)]
+    state = cycle_state(request(), eps, {})
+    flt = LoadBoundFilter(LoadBoundParams(factor=1.25, slack_requests=0))
+    # mean with this request = 51/3 = 17, bound 21.25: pod-0 (31 > 21.25) is out
+    assert [e.id for e in flt.filter(state, eps)] == ["pod-1", "pod-2"]
+
+
+def test_load_bound_slack_keeps_low_loads_together() -> None:
+    eps = [endpoint(0, in_flight=2), endpoint(1), endpoint(2)]
+    state = cycle_state(request(), eps, {})
+    assert len(LoadBoundFilter(LoadBoundParams(slack_requests=4)).filter(state, eps)) == 3
+    assert len(LoadBoundFilter(LoadBoundParams(slack_requests=0)).filter(state, eps)) == 2
+
+
+def test_load_bound_uses_engine_reported_load() -> None:
+    eng = EngineLoad(waiting=40, running=20, kv_cache_usage=0.5, observed_at=0.0)
+    eps = [endpoint(0, engine=eng), endpoint(1), endpoint(2)]
+    state = cycle_state(request(), eps, {})
+    assert [e.id for e in LoadBoundFilter().filter(state, eps)] == ["pod-1", "pod-2"]
+
+
+def test_affinity_cap_drops_long_queues_only_when_another_pod_is_within() -> None:
+    eps = [endpoint(0, pending_prefill_tokens=50_000), endpoint(1, pending_prefill_tokens=1000)]
+    state = cycle_state(request(), eps, {"pod-0": 200})
+    flt = AffinityCapFilter(AffinityCapParams(max_affinity_wait_seconds=2.0))
+    assert [e.id for e in flt.filter(state, eps)] == ["pod-1"]
+    both_long = [
+        endpoint(0, pending_prefill_tokens=50_000),
+        endpoint(1, pending_prefill_tokens=30_000),
+    ]
+    state = cycle_state(request(), both_long, {})
+    assert len(flt.filter(state, both_long)) == 2
+
+
+def test_prefix_cache_scores_share_of_prompt_held() -> None:
+    eps = fleet(3)
+    state = cycle_state(request(1600), eps, {"pod-0": 50, "pod-1": 100})
+    assert PrefixCacheScorer().score(state, eps) == [0.5, pytest.approx(99 * 16 / 1600), 0.0]
+
+
+def test_queue_depth_scores_relative_to_least_loaded() -> None:
+    eps = [endpoint(0, in_flight=0), endpoint(1, in_flight=1), endpoint(2, in_flight=3)]
+    assert QueueDepthScorer().score(cycle_state(request(), eps, {}), eps) == [1.0, 0.5, 0.25]
+
+
+def test_kv_cache_usage_scores_fresh_reports_and_neutral_when_unknown() -> None:
+    fresh = EngineLoad(waiting=0, running=0, kv_cache_usage=0.25, observed_at=9.5)
+    stale = EngineLoad(waiting=0, running=0, kv_cache_usage=0.25, observed_at=1.0)
+    eps = [endpoint(0, engine=fresh), endpoint(1, engine=stale), endpoint(2)]
+    scorer = KvCacheUsageScorer(KvCacheUsageParams(unknown_score=0.4))
+    assert scorer.score(cycle_state(request(), eps, {}, now=10.0), eps) == [0.75, 0.4, 0.4]
+
+
+def test_predicted_ttft_best_is_one_and_order_follows_cost() -> None:
+    eps = [endpoint(0, pending_prefill_tokens=40_000), endpoint(1), endpoint(2)]
+    state = cycle_state(request(8192), eps, {"pod-1": 400})
+    scores = PredictedTtftScorer().score(state, eps)
+    assert scores[1] == 1.0
+    assert scores[0] < scores[2] < scores[1]
+
+
+def test_near_equal_randomises_among_near_equal_only() -> None:
+    eps = fleet(4)
+    picker = NearEqualPicker(NearEqualParams(tolerance=0.1))
+    counts: Counter[str] = Counter()
+    for seed in range(400):
+        state = cycle_state(request(), eps, {}, seed=seed)
+        counts[picker.pick(state, eps, [1.0, 0.95, 0.5, 0.91]).id] += 1
+    assert set(counts) == {"pod-0", "pod-1", "pod-3"}
+    assert min(counts.values()) > 80  # roughly uniform over the three
+
+
+def test_near_equal_zero_tolerance_takes_the_best() -> None:
+    eps = fleet(3)
+    state = cycle_state(request(), eps, {})
+    assert NearEqualPicker().pick(state, eps, [0.2, 0.9, 0.8]).id == "pod-1"
+
+
+def test_near_equal_tie_breaks() -> None:
+    eps = [endpoint(0, in_flight=3), endpoint(1, in_flight=1), endpoint(2, in_flight=2)]
+    history = ChoiceHistory()
+    for eid in ["pod-2", "pod-1", "pod-0"]:
+        history.record(eid)
+    state = cycle_state(request(), eps, {}, history=history)
+    ties = [1.0, 1.0, 1.0]
+    assert NearEqualPicker(NearEqualParams(tie_break="least-load")).pick(state, eps, ties).id == (
+        "pod-1"
+    )
+    assert NearEqualPicker(NearEqualParams(tie_break="least-recent")).pick(state, eps, ties).id == (
+        "pod-2"
+    )
+
+
+def test_near_equal_no_hit_tie_break_applies_only_without_hits() -> None:
+    eps = fleet(3)
+    history = ChoiceHistory()
+    history.record("pod-0")
+    history.record("pod-1")
+    picker = NearEqualPicker(NearEqualParams(tie_break="random", no_hit_tie_break="least-recent"))
+    cold = cycle_state(request(), eps, {}, history=history)
+    assert {picker.pick(cold, eps, [1.0] * 3).id for _ in range(20)} == {"pod-2"}
+    warm_ids = set()
+    for seed in range(50):
+        warm = cycle_state(request(), eps, {e.id: 10 for e in eps}, history=history, seed=seed)
+        warm_ids.add(picker.pick(warm, eps, [1.0] * 3).id)
+    assert warm_ids == {"pod-0", "pod-1", "pod-2"}
+
+
+def test_round_robin_cycles_and_takes_newcomers_first() -> None:
+    eps = fleet(3)
+    history = ChoiceHistory()
+    picker = RoundRobinPicker()
+    order = []
+    for _ in range(6):
+        chosen = picker.pick(cycle_state(request(), eps, {}, history=history), eps, [1.0] * 3)
+        history.record(chosen.id)
+        order.append(chosen.id)
+    assert order == ["pod-0", "pod-1", "pod-2"] * 2
+    eps2 = [*eps, endpoint(9)]
+    chosen = picker.pick(cycle_state(request(), eps2, {}, history=history), eps2, [1.0] * 4)
+    assert chosen.id == "pod-9"

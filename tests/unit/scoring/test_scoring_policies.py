@@ -1,0 +1,241 @@
+"""Behaviour of the built-in policies: what a user of the router would notice."""
+
+from __future__ import annotations
+
+import copy
+import json
+import random
+from collections import Counter
+
+import pytest
+from scoring_helpers import endpoint, fleet, random_case, request
+
+from kvgate.scoring.base import ChoiceHistory, EndpointSnapshot, NoEligibleEndpointError
+from kvgate.scoring.registry import build_policy, default_registry
+
+RATE = 10_000.0  # the default prior prefill rate, tokens/s
+
+
+def decide(policy_name: str, req, eps, matched, *, seed=0, history=None, params=None):  # type: ignore[no-untyped-def]
+    policy = build_policy(policy_name, params or {})
+    return policy.decide(
+        req, eps, matched, now=0.0, rng=random.Random(seed), history=history or ChoiceHistory()
+    )
+
+
+@pytest.mark.parametrize("name", default_registry().names("policy"))
+def test_every_policy_is_pure_and_deterministic_for_a_seed(name: str) -> None:
+    policy = build_policy(name)
+    rng = random.Random(name)
+    for _ in range(100):
+        req, eps, matched, now = random_case(rng)
+        history = ChoiceHistory()
+        for e in eps[::2]:
+            history.record(e.id)
+        before = (copy.deepcopy(eps), dict(matched), len(history), history.last_chosen("pod-0"))
+        try:
+            a = policy.decide(req, eps, matched, now=now, rng=random.Random(3), history=history)
+        except NoEligibleEndpointError:
+            assert all(not e.healthy or e.draining for e in eps)
+            continue
+        b = policy.decide(req, eps, matched, now=now, rng=random.Random(3), history=history)
+        assert a == b
+        assert (eps, matched, len(history), history.last_chosen("pod-0")) == before
+        chosen = next(e for e in eps if e.id == a.endpoint_id)
+        assert chosen.healthy and not chosen.draining
+        assert {c.estimate.endpoint_id for c in a.candidates} == {e.id for e in eps}
+        json.dumps(a.to_dict())
+
+
+def test_no_endpoints_or_none_healthy_raises() -> None:
+    with pytest.raises(NoEligibleEndpointError):
+        decide("kvgate", request(), [], {})
+    with pytest.raises(NoEligibleEndpointError):
+        decide("kvgate", request(), [endpoint(0, healthy=False), endpoint(1, draining=True)], {})
+
+
+def test_multi_turn_session_stays_on_its_holder() -> None:
+    policy = build_policy("kvgate")
+    eps = fleet(4)
+    history, rng = ChoiceHistory(), random.Random(1)
+    holder, held_blocks = None, 0
+    for turn in range(8):
+        prompt = 2000 + turn * 1500  # the history grows each turn
+        matched = {holder: held_blocks} if holder else {}
+        d = policy.decide(request(prompt), eps, matched, now=0.0, rng=rng, history=history)
+        history.record(d.endpoint_id)
+        if holder is None:
+            assert d.reason == "no-hit-spread"
+            holder = d.endpoint_id
+        else:
+            assert d.endpoint_id == holder, f"turn {turn} left the holder"
+            assert d.reason == "prefix-hit"
+            assert d.predicted_hit_tokens == held_blocks * 16
+        held_blocks = prompt // 16
+
+
+def test_session_moves_when_another_pod_is_faster() -> None:
+    req = request(8192)
+    matched = {"pod-0": 256}  # pod-0 holds 4096 tokens: worth 0.41 s of prefill
+    stay = [endpoint(0, pending_prefill_tokens=3000), endpoint(1), endpoint(2)]
+    d = decide("kvgate", req, stay, matched)
+    assert (d.endpoint_id, d.reason) == ("pod-0", "prefix-hit")
+    move = [endpoint(0, pending_prefill_tokens=6000), endpoint(1), endpoint(2)]
+    d = decide("kvgate", req, move, matched)
+    assert d.endpoint_id in {"pod-1", "pod-2"}
+    assert d.reason == "load-spill"
+    assert d.predicted_hit_tokens == 0
+    holder = next(c for c in d.candidates if c.estimate.endpoint_id == "pod-0")
+    assert holder.estimate.ttft_seconds > d.predicted_ttft_seconds
+
+
+def test_affinity_cap_overrides_a_large_cache_win() -> None:
+    req = request(100_000)  # recomputing costs 10 s; the holder's queue is 2.5 s
+    eps = [endpoint(0, pending_prefill_tokens=25_000), endpoint(1)]
+    matched = {"pod-0": 6000}
+    assert (
+        decide("kvgate", req, eps, matched, params={"max_affinity_wait_seconds": 5}).endpoint_id
+        == "pod-0"
+    )
+    d = decide("kvgate", req, eps, matched, params={"max_affinity_wait_seconds": 2})
+    assert (d.endpoint_id, d.reason) == ("pod-1", "affinity-cap")
+    dropped = {c.estimate.endpoint_id: c.dropped_by for c in d.candidates}
+    assert dropped == {"pod-0": "affinity-cap", "pod-1": None}
+
+
+def test_load_bound_moves_off_an_overloaded_holder() -> None:
+    # pod-0 holds the prefix and has no prefill queued, but 40 requests decoding vs 2 elsewhere.
+    eps = [endpoint(0, in_flight=40), endpoint(1, in_flight=2), endpoint(2, in_flight=2)]
+    d = decide("kvgate", request(4096), eps, {"pod-0": 200})
+    assert d.endpoint_id != "pod-0"
+    assert d.reason == "load-bound"
+    d = decide("kvgate", request(4096), eps, {"pod-0": 200}, params={"load_bound": {"factor": 5}})
+    assert d.endpoint_id == "pod-0"
+
+
+def test_no_hit_requests_spread_evenly() -> None:
+    policy = build_policy("kvgate")
+    eps = fleet(4)
+    history, rng = ChoiceHistory(), random.Random(2)
+    counts: Counter[str] = Counter()
+    for _ in range(40):
+        d = policy.decide(request(512), eps, {}, now=0.0, rng=rng, history=history)
+        history.record(d.endpoint_id)
+        counts[d.endpoint_id] += 1
+        assert d.reason == "no-hit-spread"
+    assert counts == {f"pod-{i}": 10 for i in range(4)}
+
+
+def test_no_hit_requests_prefer_the_less_loaded_pod() -> None:
+    eps = [
+        endpoint(0, pending_prefill_tokens=20_000),
+        endpoint(1),
+        endpoint(2, pending_prefill_tokens=20_000),
+    ]
+    assert decide("kvgate", request(512), eps, {}).endpoint_id == "pod-1"
+
+
+def test_near_equal_costs_are_broken_at_random() -> None:
+    # pod-0 and pod-1 both hold the prefix; pod-1 is marginally busier: near-equal.
+    eps = [endpoint(0), endpoint(1, pending_prefill_tokens=50), endpoint(2)]
+    matched = {"pod-0": 200, "pod-1": 200}
+    chosen = Counter(
+        decide("kvgate", request(4096), eps, matched, seed=s).endpoint_id for s in range(200)
+    )
+    assert set(chosen) == {"pod-0", "pod-1"}
+    assert min(chosen.values()) > 60
+    strict = Counter(
+        decide("kvgate", request(4096), eps, matched, seed=s, params={"tolerance": 0}).endpoint_id
+        for s in range(50)
+    )
+    assert strict == {"pod-0": 50}
+
+
+def test_router_replicas_seeing_the_same_state_do_not_herd() -> None:
+    """A burst of cold requests from 4 replicas with the same (stale) view spreads out."""
+    eps = fleet(8)
+    policy = build_policy("kvgate")
+    chosen: Counter[str] = Counter()
+    for replica in range(4):
+        history, rng = ChoiceHistory(), random.Random(replica)
+        for _ in range(2):
+            d = policy.decide(request(512), eps, {}, now=0.0, rng=rng, history=history)
+            history.record(d.endpoint_id)
+            chosen[d.endpoint_id] += 1
+    assert len(chosen) >= 5
+    assert max(chosen.values()) <= 3
+
+
+def simulate_hot_prefix(policy_name: str, n_requests: int) -> dict[str, int]:
+    """Requests sharing one 2048-token system prompt, each with a 256-token unique suffix.
+
+    No request completes during the burst: each routed request adds its uncached tokens to the
+    chosen pod's pending prefill, and a pod holds the shared prefix from its first request on.
+    """
+    policy = build_policy(policy_name)
+    pending = {f"pod-{i}": 0 for i in range(4)}
+    holders: set[str] = set()
+    history, rng = ChoiceHistory(), random.Random(0)
+    req = request(2048 + 256)
+    for _ in range(n_requests):
+        eps = [
+            endpoint(pid, pending_prefill_tokens=tok, pending_prefill_requests=1 if tok else 0)
+            for pid, tok in pending.items()
+        ]
+        d = policy.decide(req, eps, {h: 128 for h in holders}, now=0.0, rng=rng, history=history)
+        history.record(d.endpoint_id)
+        pending[d.endpoint_id] += req.prompt_tokens - d.predicted_hit_tokens
+        holders.add(d.endpoint_id)
+    return pending
+
+
+def test_hot_prefix_replicates_once_queueing_costs_more_than_recomputing() -> None:
+    prefix_pending = simulate_hot_prefix("prefix", 60)
+    assert sorted(prefix_pending.values())[:3] == [0, 0, 0]  # piles onto one pod
+    kv_pending = simulate_hot_prefix("kvgate", 60)
+    assert all(v > 0 for v in kv_pending.values())  # replicated to every pod
+    # The prefix pays once per pod, and the queues end up balanced.
+    assert max(kv_pending.values()) < 1.5 * min(kv_pending.values())
+    # kvgate's worst queue is far shorter than piling everything on the holder.
+    assert max(kv_pending.values()) < max(prefix_pending.values()) / 2
+
+
+def test_round_robin_rotates_over_healthy_pods() -> None:
+    policy = build_policy("round-robin")
+    eps = [*fleet(3), endpoint(3, healthy=False)]
+    history = ChoiceHistory()
+    order = []
+    for _ in range(6):
+        d = policy.decide(
+            request(), eps, {"pod-2": 100}, now=0.0, rng=random.Random(0), history=history
+        )
+        history.record(d.endpoint_id)
+        order.append(d.endpoint_id)
+        assert d.reason == "round-robin"
+    assert order == ["pod-0", "pod-1", "pod-2"] * 2
+
+
+def test_least_load_picks_fewest_requests() -> None:
+    eps = [endpoint(0, in_flight=5), endpoint(1, in_flight=1), endpoint(2, in_flight=3)]
+    d = decide("least-load", request(), eps, {"pod-0": 250})
+    assert (d.endpoint_id, d.reason) == ("pod-1", "least-load")
+
+
+def test_prefix_policy_longest_match_ties_by_load() -> None:
+    eps = [endpoint(0, in_flight=9), endpoint(1, in_flight=4), endpoint(2, in_flight=1)]
+    d = decide("prefix", request(4096), eps, {"pod-0": 200, "pod-1": 200, "pod-2": 100})
+    assert (d.endpoint_id, d.reason) == ("pod-1", "prefix-hit")
+    d = decide("prefix", request(4096), eps, {})
+    assert (d.endpoint_id, d.reason) == ("pod-2", "least-load")
+
+
+def test_decision_explains_every_candidate() -> None:
+    eps: list[EndpointSnapshot] = [endpoint(0), endpoint(1, healthy=False), endpoint(2)]
+    d = decide("kvgate", request(4096), eps, {"pod-0": 100})
+    body = d.to_dict()
+    assert body["endpoint"] == "pod-0" and body["reason"] == "prefix-hit"
+    assert body["predicted_hit_tokens"] == 1600
+    by_id = {c["endpoint"]: c for c in body["candidates"]}
+    assert by_id["pod-1"]["dropped_by"] == "healthy"
+    assert by_id["pod-0"]["scores"]["predicted-ttft"] == 1.0
+    assert by_id["pod-2"]["predicted_ttft_seconds"] == pytest.approx(4096 / RATE, rel=1e-4)
