@@ -1,0 +1,64 @@
+"""``kvgate podrunner``: run the pods of KWOK's fake nodes as local processes.
+
+Started by hack/cluster/up.sh inside the cluster's network namespace, where every pod IP is a
+local address. SIGTERM or SIGINT stops every pod process, then the runner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import shutil
+import signal
+from pathlib import Path
+
+from kubernetes_asyncio import client, config
+
+from kvgate.podrunner.runner import PodRunner, RunnerConfig
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", required=True, help="kubeconfig of the cluster")
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        required=True,
+        help="directory for the pods' volumes, credentials and container logs",
+    )
+    parser.add_argument(
+        "--kvgate",
+        default=shutil.which("kvgate") or "kvgate",
+        help="the kvgate command run for vLLM (`kvgate sim serve`) and kvgate images",
+    )
+
+
+def _read_ca(path: str | None, state_dir: Path) -> bytes:
+    state_dir.mkdir(parents=True, exist_ok=True)
+    return Path(path).read_bytes() if path else b""
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    configuration = client.Configuration()
+    await config.load_kube_config(config_file=args.kubeconfig, client_configuration=configuration)
+    ca_cert = _read_ca(configuration.ssl_ca_cert, args.state_dir)
+    runner_config = RunnerConfig(
+        state_dir=args.state_dir.resolve(),
+        kvgate=args.kvgate,
+        api_server=str(configuration.host),
+        ca_cert=ca_cert,
+    )
+    async with client.ApiClient(configuration) as api:
+        runner = PodRunner(api, runner_config)
+        task = asyncio.create_task(runner.run(), name="podrunner")
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    print("podrunner: stopped")
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    return asyncio.run(_serve(args))
