@@ -22,7 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 RequestClass = Literal["online", "batch"]
-HashAlgo = Literal["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]
+HashAlgo = Literal["sha256", "sha256_cbor"]  # what kvgate can reproduce exactly
 
 
 class _Model(BaseModel):
@@ -186,7 +186,6 @@ class ClassRule(_Model):
     model: str | None = None
     header: str | None = None  # header name (case-insensitive)
     header_value: str | None = None  # None = the header being present is enough
-    min_prompt_tokens: int | None = Field(default=None, ge=0)
 
 
 class ClassesConfig(_Model):
@@ -237,7 +236,7 @@ class TenantsConfig(_Model):
 class SessionsConfig(_Model):
     header: str | None = "x-session-id"  # None: only OpenAI `user` identifies a session
     use_openai_user: bool = True
-    max_sessions: int = Field(default=100_000, ge=0)  # LRU for prefix-break detection
+    max_sessions: int = Field(default=10_000, ge=0)  # LRU for prefix-break detection
     ttl_seconds: float = Field(default=3600.0, gt=0)
 
 

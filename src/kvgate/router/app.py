@@ -1,0 +1,288 @@
+"""The router's ASGI application (raw ASGI: the hot path has no framework layers).
+
+Routes:
+- `POST /v1/chat/completions`, `POST /v1/completions`: route and proxy (`proxy.py`);
+- `GET /v1/models`: the union of the models of every pool;
+- `GET /health` (process alive), `GET /ready` (at least one endpoint in rotation);
+- `GET /metrics`: Prometheus text from the app's own registry;
+- `GET|POST /debug/route`: the decision for a body, explained, without sending it;
+- `POST /admin/warm`: bearer-token authenticated prefix warming (`admin.py`).
+
+Every error is an OpenAI-shaped JSON error; client mistakes are 4xx. A client that disconnects
+cancels the request, which closes the upstream connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kvgate.router.admin import warm
+from kvgate.router.errors import RouterError, bad_request, error_bytes
+from kvgate.router.proxy import plan_headers
+from kvgate.router.runtime import RouterRuntime
+from kvgate.router.sessions import SessionTracker
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+_KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+_JSON = [(b"content-type", b"application/json")]
+
+
+class RouterApp:
+    """`RouterApp(runtime)` is an ASGI callable; lifespan starts and stops the runtime."""
+
+    def __init__(self, runtime: RouterRuntime) -> None:
+        self.runtime = runtime
+        cfg = runtime.config.sessions
+        self.sessions = SessionTracker(runtime.metrics, cfg.max_sessions, cfg.ttl_seconds)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.runtime.start()
+                except Exception as exc:
+                    log.exception("router failed to start")
+                    await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.runtime.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        try:
+            if path in _KINDS:
+                if method != "POST":
+                    raise RouterError(405, f"use POST for {path}", code="method_not_allowed")
+                await self._completions(scope, receive, send, _KINDS[path])
+            elif path == "/v1/models" and method == "GET":
+                await _json(send, 200, self._models())
+            elif path == "/health":
+                await _json(send, 200, {"status": "ok"})
+            elif path == "/ready":
+                ready = self.runtime.ready()
+                await _json(send, 200 if ready else 503, {"ready": ready})
+            elif path == "/metrics" and method == "GET":
+                payload = generate_latest(self.runtime.metrics.registry)
+                await _raw(send, 200, payload, [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+            elif path == "/debug/route" and method in ("GET", "POST"):
+                await self._debug_route(scope, receive, send)
+            elif path == "/admin/warm" and method == "POST":
+                await self._admin_warm(scope, receive, send)
+            else:
+                raise RouterError(404, f"no route {method} {path}", code="not_found")
+        except RouterError as err:
+            await _raw(send, err.status, error_bytes(err.message, err.type, err.code), _JSON)
+
+    def _models(self) -> dict[str, Any]:
+        created = int(time.time())
+        names = self.runtime.router.state.classifier.models()
+        return {
+            "object": "list",
+            "data": [
+                {"id": n, "object": "model", "created": created, "owned_by": "kvgate"}
+                for n in names
+            ],
+        }
+
+    async def _read_json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
+        return (await self._read_body(scope, receive))[1]
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, dict[str, Any]]:
+        limit = self.runtime.config.limits.max_body_bytes
+        declared = _header(scope, b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise RouterError(413, f"request body over {limit} bytes", code="body_too_large")
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise asyncio.CancelledError
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise RouterError(413, f"request body over {limit} bytes", code="body_too_large")
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                break
+        raw = b"".join(parts)
+        if not raw:
+            raise bad_request("request body is empty")
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise bad_request(f"request body is not valid JSON: {exc}") from exc
+        if not isinstance(body, dict):
+            raise bad_request("request body must be a JSON object")
+        return raw, body
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send, kind: str) -> None:
+        raw, body = await self._read_body(scope, receive)
+        headers = _headers(scope)
+        request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        router = self.runtime.router
+        plan = await router.plan(body, headers, kind)
+        stream = body.get("stream") is True
+        forward, strip_usage = _forward_body(raw, body, plan.classification.cache_salt, stream)
+        self.runtime.learner.routed(plan)
+        if plan.classification.session_id is not None:
+            self.sessions.observe(plan, body)
+
+        async def replan(tried: list[str]) -> Any:
+            return await router.plan(
+                body, headers, kind, exclude=tried, classification=plan.classification
+            )
+
+        work = asyncio.create_task(
+            self.runtime.proxy.forward(
+                plan,
+                scope["path"],
+                forward,
+                stream=stream,
+                strip_usage=strip_usage,
+                request_id=request_id,
+                send=send,
+                replan=replan,
+            )
+        )
+        watcher = asyncio.create_task(_wait_disconnect(receive))
+        try:
+            done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        finally:
+            watcher.cancel()
+        if work not in done:
+            work.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await work
+            log.info("request %s: client disconnected; upstream cancelled", request_id)
+            return
+        outcome = work.result()  # RouterError propagates to the error response
+        self.runtime.learner.finished(outcome)
+
+    async def _debug_route(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await self._read_json(scope, receive)
+        kind = "chat" if "messages" in body else "completion"
+        headers = _headers(scope)
+        router = self.runtime.router
+        plan = await router.plan(body, headers, kind)
+        # An explanation is not a decision: undo its effect on round-robin history.
+        router.history.forget(plan.endpoint.id)
+        cls = plan.classification
+        result = {
+            "model": cls.model,
+            "request_class": cls.request_class,
+            "tenant": cls.tenant,
+            "session": cls.session_id,
+            "prompt_tokens": plan.keys.prompt_tokens,
+            "blocks": len(plan.keys.block_keys),
+            "keys_exact": plan.keys.exact,
+            "decision": plan.decision.to_dict(),
+            "decision_seconds": round(plan.decision_seconds, 6),
+        }
+        await _json(send, 200, result, plan_headers(plan, uuid.uuid4().hex))
+
+    async def _admin_warm(self, scope: Scope, receive: Receive, send: Send) -> None:
+        token_ref = self.runtime.config.admin.token
+        if token_ref is None:
+            raise RouterError(404, "the admin API is disabled", code="not_found")
+        given = _headers(scope).get("authorization", "")
+        if not _constant_time_equal(given, "Bearer " + token_ref.read()):
+            raise RouterError(401, "admin token required", type="authentication_error")
+        body = await self._read_json(scope, receive)
+        result = await warm(self.runtime, body, _headers(scope))
+        await _json(send, 200, result)
+
+
+def _forward_body(
+    raw: bytes, body: dict[str, Any], salt: str | None, stream: bool
+) -> tuple[bytes, bool]:
+    """The body sent to the pod: tenant salt injected, usage requested for streams."""
+    changed = False
+    if salt is not None and body.get("cache_salt") != salt:
+        body = {**body, "cache_salt": salt}
+        changed = True
+    elif salt is None and "cache_salt" in body:
+        body = {k: v for k, v in body.items() if k != "cache_salt"}
+        changed = True
+    strip_usage = False
+    if stream:
+        options = body.get("stream_options")
+        if not (isinstance(options, dict) and options.get("include_usage") is True):
+            merged = dict(options) if isinstance(options, dict) else {}
+            merged["include_usage"] = True
+            body = {**body, "stream_options": merged}
+            strip_usage = changed = True
+    if not changed:
+        return raw, False
+    return json.dumps(body, separators=(",", ":")).encode(), strip_usage
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope["headers"]:
+        if k.lower() == name:
+            return str(v.decode("latin-1"))
+    return None
+
+
+def _constant_time_equal(a: str, b: str) -> bool:
+    import hmac
+
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+async def _json(
+    send: Send, status: int, obj: Any, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await _raw(send, status, json.dumps(obj).encode(), _JSON + (extra or []))
+
+
+async def _raw(send: Send, status: int, payload: bytes, headers: list[tuple[bytes, bytes]]) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [*headers, (b"content-length", str(len(payload)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})

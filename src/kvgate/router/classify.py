@@ -1,0 +1,179 @@
+"""Classify a request: candidate pools, request class, tenant and cache salt, session.
+
+- **Model → pools**: every pool that serves the requested model name (its model or an alias).
+- **Tenant**: the bearer API key maps to a tenant (keys from config, files or env). With tenants
+  configured the router *always* sets the request's `cache_salt` to the tenant's salt, overriding
+  any salt the client sent, so a client cannot read another tenant's cache by guessing its salt.
+  A tenant's salt is configured, or derived as HMAC-SHA256(salt_secret, tenant name).
+  Without tenants, a client's own `cache_salt` passes through (and is hashed with).
+- **Class**: the class header (if enabled and valid) wins, then the first matching rule, then
+  the tenant's default class, then the configured default.
+- **Session**: the session header, else (if enabled) the OpenAI `user` field; scoped by tenant.
+- **Pools for a class**: online → online pools (batch pools only if no online pool has a ready
+  endpoint and that is allowed); batch → batch pools plus online pools as borrowable (the caller
+  admits an online endpoint for batch only while its load is under the borrowing limits).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.api.router_config import PoolConfig, RequestClass, RouterConfig
+from kvgate.router.errors import RouterError
+
+
+@dataclass(frozen=True)
+class Classification:
+    model: str
+    request_class: RequestClass
+    tenant: str | None
+    cache_salt: str | None  # the salt the forwarded body carries and the keys are hashed with
+    session_id: str | None
+    home_pools: tuple[PoolConfig, ...]  # pools of the request's class
+    borrow_pools: tuple[PoolConfig, ...]  # pools usable only under the borrowing limits
+
+
+def derive_salt(secret: str, tenant: str) -> str:
+    return hmac.new(secret.encode(), tenant.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+class Classifier:
+    """Built from a config (resolving secrets once); `classify` is pure and fast."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self._config = config
+        tenants = config.tenants
+        secret = tenants.salt_secret.read() if tenants.salt_secret else "kvgate"
+        self._tenant_by_key: dict[str, str] = {}
+        self._salt_by_tenant: dict[str, str] = {}
+        self._class_by_tenant: dict[str, RequestClass] = {}
+        for tenant in tenants.tenants:
+            for ref in tenant.api_keys:
+                key = ref.read()
+                if key in self._tenant_by_key and self._tenant_by_key[key] != tenant.name:
+                    raise ValueError(f"an API key is listed for two tenants ({tenant.name})")
+                self._tenant_by_key[key] = tenant.name
+            self._salt_by_tenant[tenant.name] = (
+                tenant.cache_salt.read() if tenant.cache_salt else derive_salt(secret, tenant.name)
+            )
+            if tenant.request_class:
+                self._class_by_tenant[tenant.name] = tenant.request_class
+        self._tenants_enabled = bool(tenants.tenants)
+        self._anonymous_salt = derive_salt(secret, tenants.anonymous_tenant)
+        self._pools_by_model: dict[str, list[PoolConfig]] = {}
+        for pool in config.pools:
+            for name in pool.model_names:
+                self._pools_by_model.setdefault(name, []).append(pool)
+
+    def models(self) -> list[str]:
+        return list(self._pools_by_model)
+
+    def pools_for_model(self, model: str) -> list[PoolConfig]:
+        return list(self._pools_by_model.get(model, ()))
+
+    def tenant_salt(self, tenant: str) -> str | None:
+        return self._salt_by_tenant.get(tenant)
+
+    def classify(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> Classification:
+        """`headers` must have lower-case names. Raises RouterError for client mistakes."""
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise RouterError(400, "`model` is required", code="missing_model", param="model")
+        pools = self._pools_by_model.get(model)
+        if not pools:
+            raise RouterError(
+                404,
+                f"The model `{model}` does not exist. Known: {sorted(self._pools_by_model)}",
+                code="model_not_found",
+                param="model",
+            )
+        tenant, salt = self._tenant(body, headers)
+        request_class = self._request_class(model, tenant, headers)
+        session = self._session(body, headers, tenant)
+        if request_class == "online":
+            home = tuple(p for p in pools if p.pool_class == "online")
+            borrow = (
+                tuple(p for p in pools if p.pool_class == "batch")
+                if self._config.borrowing.online_may_use_batch_pools or not home
+                else ()
+            )
+        else:
+            home = tuple(p for p in pools if p.pool_class == "batch")
+            borrow = (
+                tuple(p for p in pools if p.pool_class == "online")
+                if self._config.borrowing.enabled or not home
+                else ()
+            )
+        return Classification(model, request_class, tenant, salt, session, home, borrow)
+
+    def _tenant(
+        self, body: Mapping[str, Any], headers: Mapping[str, str]
+    ) -> tuple[str | None, str | None]:
+        client_salt = body.get("cache_salt")
+        if client_salt is not None and not isinstance(client_salt, str):
+            raise RouterError(400, "`cache_salt` must be a string", param="cache_salt")
+        if not self._tenants_enabled:
+            return None, client_salt if self._config.tenants.pass_client_salt else None
+        key = _bearer(headers)
+        tenant = self._tenant_by_key.get(key) if key else None
+        if tenant is not None:
+            return tenant, self._salt_by_tenant[tenant]
+        if self._config.tenants.unknown_key == "reject":
+            raise RouterError(
+                401,
+                "Incorrect or missing API key",
+                type="authentication_error",
+                code="invalid_api_key",
+            )
+        return self._config.tenants.anonymous_tenant, self._anonymous_salt
+
+    def _request_class(
+        self, model: str, tenant: str | None, headers: Mapping[str, str]
+    ) -> RequestClass:
+        classes = self._config.classes
+        if classes.header:
+            asked = headers.get(classes.header.lower())
+            if asked is not None:
+                if asked not in ("online", "batch"):
+                    raise RouterError(
+                        400,
+                        f"header {classes.header} must be `online` or `batch`",
+                        code="bad_class",
+                    )
+                return "online" if asked == "online" else "batch"
+        for rule in classes.rules:
+            if rule.tenant is not None and rule.tenant != tenant:
+                continue
+            if rule.model is not None and rule.model != model:
+                continue
+            if rule.header is not None:
+                value = headers.get(rule.header.lower())
+                if value is None or (rule.header_value is not None and value != rule.header_value):
+                    continue
+            return rule.request_class
+        if tenant is not None and tenant in self._class_by_tenant:
+            return self._class_by_tenant[tenant]
+        return classes.default
+
+    def _session(
+        self, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None
+    ) -> str | None:
+        sessions = self._config.sessions
+        session = headers.get(sessions.header.lower()) if sessions.header else None
+        if session is None and sessions.use_openai_user:
+            user = body.get("user")
+            session = user if isinstance(user, str) and user else None
+        if session is None:
+            return None
+        return f"{tenant}/{session}" if tenant else session
+
+
+def _bearer(headers: Mapping[str, str]) -> str | None:
+    auth = headers.get("authorization")
+    if auth and auth[:7].lower() == "bearer ":
+        return auth[7:].strip() or None
+    return headers.get("api-key")

@@ -1,0 +1,131 @@
+"""Endpoints (engine pods) the router knows, and their live state.
+
+An `EndpointSpec` is what discovery reports: identity, URLs, generation. An `Endpoint` adds what
+the router observes: load scraped from the pod's /metrics, the router's own in-flight requests and
+pending prefill tokens, and passive health (consecutive failures eject a pod for a while).
+
+`EndpointSet` holds the endpoints of every pool. Discovery replaces one pool's list at a time;
+the set diffs it against what it had and tells its listeners which endpoints came and went, so
+that the indexer subscribes/unsubscribes and the directory clears departed pods at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    """An engine pod as discovery sees it."""
+
+    id: str  # directory pod identity: `<namespace>/<pod>` or `host:port`
+    pool: str  # pool key `<namespace>/<name>`
+    url: str  # http base URL without trailing slash
+    kv_events: str | None = None  # ZMQ PUB endpoint; None = approximate mode
+    kv_replay: str | None = None
+    generation: str = ""  # pod UID (+ engine epoch); a new one invalidates directory entries
+
+
+@dataclass
+class LoadSample:
+    """The pod's own view of its load, from /metrics."""
+
+    waiting: float = 0.0
+    running: float = 0.0
+    kv_cache_usage: float = 0.0
+    scraped_at: float = 0.0  # monotonic seconds; 0 = never
+
+
+@dataclass
+class Endpoint:
+    spec: EndpointSpec
+    load: LoadSample = field(default_factory=LoadSample)
+    inflight: int = 0  # requests this router has sent and not finished
+    pending_prefill_requests: int = 0  # sent, no first byte yet
+    pending_prefill_tokens: int = 0  # predicted uncached prompt tokens of those
+    draining: bool = False  # leaving: no new requests, in-flight ones finish
+    consecutive_failures: int = 0
+    ejected_until: float = 0.0  # monotonic seconds
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def pool(self) -> str:
+        return self.spec.pool
+
+    def healthy(self, now: float) -> bool:
+        return now >= self.ejected_until
+
+    def load_fresh(self, now: float, stale_after: float) -> bool:
+        return self.load.scraped_at > 0 and now - self.load.scraped_at <= stale_after
+
+    def record_success(self) -> None:
+        self.consecutive_failures = 0
+
+    def record_failure(self, now: float, eject_after: int, eject_seconds: float) -> bool:
+        """Count a failure; returns True when this failure ejects the pod."""
+        self.consecutive_failures += 1
+        if self.consecutive_failures >= eject_after:
+            self.ejected_until = now + eject_seconds
+            self.consecutive_failures = 0
+            return True
+        return False
+
+
+Listener = Callable[[list[Endpoint], list[Endpoint]], Awaitable[None]]
+
+
+class EndpointSet:
+    """All endpoints, by pool. Not thread-safe: used from the event loop only."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._by_pool: dict[str, dict[str, Endpoint]] = {}
+        self._listeners: list[Listener] = []
+        self._clock = clock
+
+    def add_listener(self, listener: Listener) -> None:
+        """`listener(added, removed)` is awaited after every change."""
+        self._listeners.append(listener)
+
+    def pools(self) -> list[str]:
+        return list(self._by_pool)
+
+    def in_pool(self, pool: str) -> list[Endpoint]:
+        return list(self._by_pool.get(pool, {}).values())
+
+    def all(self) -> list[Endpoint]:
+        return [ep for eps in self._by_pool.values() for ep in eps.values()]
+
+    def get(self, endpoint_id: str) -> Endpoint | None:
+        for eps in self._by_pool.values():
+            found = eps.get(endpoint_id)
+            if found is not None:
+                return found
+        return None
+
+    async def replace_pool(self, pool: str, specs: Iterable[EndpointSpec]) -> None:
+        """Make `pool`'s endpoints exactly `specs`; keep live state of endpoints that stay."""
+        current = self._by_pool.setdefault(pool, {})
+        wanted = {s.id: s for s in specs}
+        added: list[Endpoint] = []
+        removed: list[Endpoint] = []
+        for endpoint_id, ep in list(current.items()):
+            spec = wanted.get(endpoint_id)
+            if spec is None or spec != ep.spec:
+                removed.append(current.pop(endpoint_id))
+        for endpoint_id, spec in wanted.items():
+            if endpoint_id not in current:
+                ep = Endpoint(spec)
+                current[endpoint_id] = ep
+                added.append(ep)
+        if added or removed:
+            for listener in self._listeners:
+                await listener(added, removed)
+
+    async def drop_pool(self, pool: str) -> None:
+        await self.replace_pool(pool, [])
+        self._by_pool.pop(pool, None)

@@ -1,0 +1,53 @@
+"""Errors in the OpenAI shape: `{"error": {"message", "type", "code", "param"}}` with a status.
+
+Client mistakes are 4xx (`invalid_request_error`, `authentication_error`, ...); the router's or
+the pods' failures are 5xx (`server_error`, `upstream_error`, `service_unavailable`).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+class RouterError(Exception):
+    """An error answered to the client. Raise it anywhere on the request path."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.code = code
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.code, self.param)
+
+
+def error_body(
+    message: str, type: str, code: str | None = None, param: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "code": code, "param": param}}
+
+
+def error_bytes(message: str, type: str, code: str | None = None) -> bytes:
+    return json.dumps(error_body(message, type, code)).encode()
+
+
+def bad_request(
+    message: str, *, code: str = "invalid_request", param: str | None = None
+) -> RouterError:
+    return RouterError(400, message, code=code, param=param)
+
+
+def unavailable(message: str, *, code: str = "no_endpoint") -> RouterError:
+    return RouterError(503, message, type="service_unavailable", code=code)

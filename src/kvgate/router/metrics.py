@@ -1,0 +1,163 @@
+"""The router's Prometheus metrics, registered into one registry that the app owns.
+
+Names follow `kvgate_router_<what>_<unit>`; counters end in `_total`. Label values are bounded:
+pools and endpoints come from configuration/discovery, `decision` is the policy's short reason
+kind, never free text.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (
+    0.00005,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+)
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class RouterMetrics:
+    """Every metric the router exports. One instance per app, with its own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "kvgate_router_requests_total",
+            "Requests answered, by pool, endpoint, class, decision and HTTP status",
+            ["pool", "endpoint", "request_class", "decision", "code"],
+            registry=r,
+        )
+        self.decision_latency = Histogram(
+            "kvgate_router_decision_latency_seconds",
+            "Time to classify, tokenize, hash, look up and score one request",
+            ["pool"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.predicted_hit_tokens = Counter(
+            "kvgate_router_predicted_prefix_hit_tokens_total",
+            "Prompt tokens the router predicted the chosen pod holds",
+            ["pool", "endpoint"],
+            registry=r,
+        )
+        self.cached_tokens = Counter(
+            "kvgate_router_cached_tokens_total",
+            "Prompt tokens served from the prefix cache, as the engine reported in usage",
+            ["pool", "endpoint"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "kvgate_router_prompt_tokens_total",
+            "Prompt tokens, as the engine reported in usage",
+            ["pool", "endpoint"],
+            registry=r,
+        )
+        self.saved_prefill_seconds = Counter(
+            "kvgate_router_saved_prefill_seconds_total",
+            "Estimated GPU prefill seconds saved by cache hits (cached tokens / prefill rate)",
+            ["pool"],
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "kvgate_router_ttft_seconds",
+            "Router-measured time to the first response byte",
+            ["pool", "request_class"],
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.duration = Histogram(
+            "kvgate_router_request_duration_seconds",
+            "Router-measured time to the last response byte",
+            ["pool", "request_class"],
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter(
+            "kvgate_router_retries_total",
+            "Requests re-sent to another pod after a failure before the first byte",
+            ["pool"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "kvgate_router_upstream_errors_total",
+            "Failures talking to a pod, by kind (connect, timeout, status, stream)",
+            ["pool", "endpoint", "kind"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "kvgate_router_inflight_requests",
+            "Requests this router has in flight to each pod",
+            ["pool", "endpoint"],
+            registry=r,
+        )
+        self.endpoints = Gauge(
+            "kvgate_router_endpoints",
+            "Endpoints known to the router, by state (ready, ejected)",
+            ["pool", "state"],
+            registry=r,
+        )
+        self.directory_blocks = Gauge(
+            "kvgate_router_directory_blocks",
+            "Blocks held in the directory per pod (as indexed)",
+            ["pool", "endpoint"],
+            registry=r,
+        )
+        self.directory_errors = Counter(
+            "kvgate_router_directory_errors_total",
+            "Directory operations that failed (the router fell back to its local view)",
+            ["operation"],
+            registry=r,
+        )
+        self.directory_degraded = Gauge(
+            "kvgate_router_directory_degraded",
+            "1 while the shared directory is unreachable and the local view is used",
+            registry=r,
+        )
+        self.kv_events = Counter(
+            "kvgate_router_kv_events_total",
+            "KV events applied to the directory, by type",
+            ["pool", "type"],
+            registry=r,
+        )
+        self.kv_event_lag = Histogram(
+            "kvgate_router_kv_event_lag_seconds",
+            "Time from an event batch's timestamp to its application",
+            ["pool"],
+            buckets=(*_LATENCY_BUCKETS, 0.25, 0.5, 1.0, 5.0),
+            registry=r,
+        )
+        self.evictions = Counter(
+            "kvgate_router_evicted_blocks_total",
+            "Blocks removed from pods' caches (BlockRemoved), and pods cleared",
+            ["pool"],
+            registry=r,
+        )
+        self.prefix_breaks = Counter(
+            "kvgate_router_prefix_breaks_total",
+            "Session turns whose prompt diverged from the previous turn's prompt",
+            ["pool", "field"],
+            registry=r,
+        )
+        self.scrape_errors = Counter(
+            "kvgate_router_scrape_errors_total",
+            "Failed scrapes of a pod's /metrics",
+            ["pool", "endpoint"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "kvgate_router_config_reloads_total",
+            "Configuration reloads, by result (ok, error)",
+            ["result"],
+            registry=r,
+        )

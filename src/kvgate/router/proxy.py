@@ -1,0 +1,326 @@
+"""Send a planned request to its pod and stream the answer back; retry before the first byte.
+
+One attempt:
+1. Account the request on the pod: in-flight +1, pending prefill +1 request / +uncached tokens.
+2. POST the body; wait for the response head and its first body chunk (bounded by
+   `first_byte_timeout`). Nothing has reached the client yet, so a connection failure, a timeout
+   or a 5xx from the pod is retried on another pod (re-planned without the pods already tried),
+   up to `max_retries` times. The failing pod gets a passive-health failure.
+3. At the first body byte: TTFT is measured, pending prefill is released (non-streaming answers
+   release it at their predicted TTFT instead, since their first byte is their last), the
+   response head goes to the client with the `x-kvgate-*` headers.
+4. The rest streams through as it arrives (each gap bounded by `read_timeout`). Usage is read on
+   the way (`usage.py`). A pod failing after the first byte ends the client's response; it cannot
+   be retried without duplicating output.
+
+Cancellation (the client went away) propagates into the upstream request, which closes the
+connection to the pod, and vLLM aborts the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+
+from kvgate.api.router_config import LimitsConfig
+from kvgate.router.endpoints import Endpoint
+from kvgate.router.errors import RouterError, error_bytes
+from kvgate.router.metrics import RouterMetrics
+from kvgate.router.routing import RoutePlan
+from kvgate.router.usage import SseUsageTap, Usage, usage_from_json_body
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[dict[str, object]], Awaitable[None]]
+Replan = Callable[[list[str]], Awaitable[RoutePlan]]
+
+_DROP_RESPONSE_HEADERS = {
+    b"content-length",
+    b"transfer-encoding",
+    b"connection",
+    b"keep-alive",
+    b"date",
+    b"server",
+}
+
+
+@dataclass
+class Outcome:
+    """What the learner needs to know about a finished request."""
+
+    plan: RoutePlan
+    status: int
+    ttft_seconds: float | None  # streaming only: first byte of the stream
+    duration_seconds: float
+    usage: Usage | None
+    retries: int
+    queued_ahead: int  # router-known requests ahead on the pod when sent
+    completed: bool  # the whole response reached the client
+
+
+class _Retryable(Exception):
+    def __init__(self, kind: str, detail: str, status: int = 502, body: bytes = b"") -> None:
+        super().__init__(detail)
+        self.kind = kind
+        self.status = status
+        self.body = body
+
+
+class Proxy:
+    def __init__(
+        self, client: httpx.AsyncClient, metrics: RouterMetrics, limits: LimitsConfig
+    ) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.limits = limits
+
+    async def forward(
+        self,
+        plan: RoutePlan,
+        path: str,
+        body: bytes,
+        *,
+        stream: bool,
+        strip_usage: bool,
+        request_id: str,
+        send: Send,
+        replan: Replan,
+    ) -> Outcome:
+        tried: list[str] = []
+        retries = 0
+        started = time.perf_counter()
+        while True:
+            ep = plan.endpoint
+            tried.append(ep.id)
+            try:
+                return await self._attempt(
+                    plan, path, body, stream, strip_usage, request_id, send, started, retries
+                )
+            except _Retryable as failure:
+                self.metrics.upstream_errors.labels(plan.pool.key, ep.id, failure.kind).inc()
+                if ep.record_failure(
+                    time.monotonic(), self.limits.eject_after_failures, self.limits.eject_seconds
+                ):
+                    log.warning("endpoint %s ejected after repeated failures", ep.id)
+                log.warning(
+                    "request %s: %s failed before the first byte (%s: %s)",
+                    request_id,
+                    ep.id,
+                    failure.kind,
+                    failure,
+                )
+                if retries >= self.limits.max_retries:
+                    raise self._final_error(failure) from None
+                try:
+                    plan = await replan(tried)
+                except RouterError:
+                    raise self._final_error(failure) from None
+                retries += 1
+                self.metrics.retries.labels(plan.pool.key).inc()
+
+    @staticmethod
+    def _final_error(failure: _Retryable) -> RouterError:
+        if failure.kind == "timeout":
+            return RouterError(504, f"upstream timed out: {failure}", type="upstream_error")
+        return RouterError(502, f"upstream failed: {failure}", type="upstream_error")
+
+    async def _attempt(
+        self,
+        plan: RoutePlan,
+        path: str,
+        body: bytes,
+        stream: bool,
+        strip_usage: bool,
+        request_id: str,
+        send: Send,
+        started: float,
+        retries: int,
+    ) -> Outcome:
+        ep = plan.endpoint
+        limits = self.limits
+        uncached = plan.uncached_tokens
+        queued_ahead = ep.pending_prefill_requests
+        ep.inflight += 1
+        ep.pending_prefill_requests += 1
+        ep.pending_prefill_tokens += uncached
+        inflight_gauge = self.metrics.inflight.labels(plan.pool.key, ep.id)
+        inflight_gauge.inc()
+        released = False
+        release_timer: asyncio.TimerHandle | None = None
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                ep.pending_prefill_requests -= 1
+                ep.pending_prefill_tokens -= uncached
+
+        sent_start = False
+        try:
+            timeout = httpx.Timeout(
+                connect=limits.connect_timeout_seconds,
+                read=limits.first_byte_timeout_seconds,
+                write=limits.connect_timeout_seconds,
+                pool=limits.connect_timeout_seconds,
+            )
+            request = self.client.build_request(
+                "POST",
+                ep.spec.url + path,
+                content=body,
+                headers={"content-type": "application/json", "x-request-id": request_id},
+                timeout=timeout,
+            )
+            try:
+                response = await self.client.send(request, stream=True)
+            except httpx.TimeoutException as exc:
+                raise _Retryable("timeout", repr(exc)) from exc
+            except (httpx.TransportError, OSError) as exc:
+                raise _Retryable("connect", repr(exc)) from exc
+            try:
+                if response.status_code >= 500:
+                    try:
+                        err_body = await response.aread()
+                    except httpx.HTTPError:
+                        err_body = b""
+                    raise _Retryable(
+                        "status", f"HTTP {response.status_code}", response.status_code, err_body
+                    )
+                chunks = response.aiter_raw()
+                try:
+                    first = await anext(chunks)
+                except StopAsyncIteration:
+                    first = b""
+                except httpx.TimeoutException as exc:
+                    raise _Retryable("timeout", repr(exc)) from exc
+                except httpx.HTTPError as exc:
+                    raise _Retryable("stream", repr(exc)) from exc
+                first_byte_at = time.perf_counter()
+                ep.record_success()
+                is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+                if stream and is_sse:
+                    release()
+                else:
+                    delay = max(0.0, plan.decision.predicted_ttft_seconds)
+                    release_timer = asyncio.get_running_loop().call_later(delay, release)
+                headers = self._response_headers(response, plan, request_id)
+                if stream and is_sse:
+                    tap = SseUsageTap(strip_usage_chunk=strip_usage)
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": response.status_code,
+                            "headers": headers,
+                        }
+                    )
+                    sent_start = True
+                    completed = await self._stream(first, chunks, tap, send, plan)
+                    usage = tap.usage
+                    ttft: float | None = first_byte_at - started
+                else:
+                    parts = [first]
+                    try:
+                        async for chunk in chunks:
+                            parts.append(chunk)
+                    except httpx.HTTPError as exc:
+                        raise _Retryable("stream", repr(exc)) from exc
+                    payload = b"".join(parts)
+                    usage = usage_from_json_body(payload) if response.status_code == 200 else None
+                    headers.append((b"content-length", str(len(payload)).encode()))
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": response.status_code,
+                            "headers": headers,
+                        }
+                    )
+                    sent_start = True
+                    await send({"type": "http.response.body", "body": payload})
+                    completed = True
+                    ttft = None
+                return Outcome(
+                    plan=plan,
+                    status=response.status_code,
+                    ttft_seconds=ttft,
+                    duration_seconds=time.perf_counter() - started,
+                    usage=usage,
+                    retries=retries,
+                    queued_ahead=queued_ahead,
+                    completed=completed,
+                )
+            finally:
+                await response.aclose()
+        except _Retryable:
+            if sent_start:  # cannot happen by construction; never retry after bytes went out
+                raise RuntimeError("retry after response start") from None
+            raise
+        finally:
+            if release_timer is not None and not released:
+                release_timer.cancel()
+            release()
+            ep.inflight -= 1
+            inflight_gauge.dec()
+
+    async def _stream(
+        self,
+        first: bytes,
+        chunks: object,
+        tap: SseUsageTap,
+        send: Send,
+        plan: RoutePlan,
+    ) -> bool:
+        assert hasattr(chunks, "__anext__")
+        read_timeout = self.limits.read_timeout_seconds
+        out = tap.feed(first)
+        if out:
+            await send({"type": "http.response.body", "body": out, "more_body": True})
+        ep: Endpoint = plan.endpoint
+        while True:
+            try:
+                async with asyncio.timeout(read_timeout):
+                    chunk = await chunks.__anext__()
+            except StopAsyncIteration:
+                break
+            except (TimeoutError, httpx.HTTPError) as exc:
+                kind = "timeout" if isinstance(exc, TimeoutError) else "stream"
+                self.metrics.upstream_errors.labels(plan.pool.key, ep.id, kind).inc()
+                log.warning("stream from %s broke after the first byte: %r", ep.id, exc)
+                with contextlib.suppress(Exception):
+                    await send({"type": "http.response.body", "body": tap.flush()})
+                return False
+            out = tap.feed(chunk)
+            if out:
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+        await send({"type": "http.response.body", "body": tap.flush()})
+        return True
+
+    @staticmethod
+    def _response_headers(
+        response: httpx.Response, plan: RoutePlan, request_id: str
+    ) -> list[tuple[bytes, bytes]]:
+        headers = [
+            (k, v)
+            for k, v in response.headers.raw
+            if k.lower() not in _DROP_RESPONSE_HEADERS and not k.lower().startswith(b"x-kvgate-")
+        ]
+        headers.extend(plan_headers(plan, request_id))
+        return headers
+
+
+def plan_headers(plan: RoutePlan, request_id: str) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"x-kvgate-endpoint", plan.endpoint.id.encode()),
+        (b"x-kvgate-pool", plan.pool.key.encode()),
+        (b"x-kvgate-decision", plan.decision.reason.encode()),
+        (b"x-kvgate-prefix-hit-tokens", str(plan.decision.predicted_hit_tokens).encode()),
+        (b"x-request-id", request_id.encode()),
+    ]
+
+
+def error_response_parts(err: RouterError) -> tuple[int, bytes]:
+    return err.status, error_bytes(err.message, err.type, err.code)

@@ -1,0 +1,246 @@
+"""Choose a pod for one request: classify → keys → directory lookup → policy.
+
+1. Classify (`classify.py`): candidate pools, class, tenant salt, session.
+2. Candidates: ready, non-ejected, non-draining endpoints of the class's home pools; plus, for
+   batch requests, online endpoints whose load is under the borrowing limits (so online traffic
+   never waits behind batch); plus, for online requests with no home endpoint, batch endpoints.
+3. Pools are grouped by hashing identity (`keys.keyer_identity`); each group's keys are computed
+   once, its pools' directories are looked up, and the policy decides over the group. With
+   several groups (pools with different tokenizers or block sizes) the decision with the lowest
+   predicted TTFT wins.
+4. The caller (`proxy.py`) sends the request, then `learn` records what happened.
+
+Everything here is in memory except the directory lookup (a Redis round trip with the redis
+backend, which `FallbackIndex` turns into a local lookup while Redis is down).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.api.router_config import PoolConfig, RouterConfig
+from kvgate.directory.base import BlockIndex
+from kvgate.router.classify import Classification, Classifier
+from kvgate.router.endpoints import Endpoint, EndpointSet
+from kvgate.router.errors import RouterError, unavailable
+from kvgate.router.keys import Keyer, RequestKeys, keyer_identity
+from kvgate.scoring.base import (
+    ChoiceHistory,
+    Decision,
+    EndpointSnapshot,
+    EngineLoad,
+    NoEligibleEndpointError,
+    Policy,
+    RoutingRequest,
+)
+from kvgate.scoring.prefill_rate import PrefillRateEstimator
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """Everything decided about one request before it is sent."""
+
+    classification: Classification
+    kind: str  # "chat" | "completion"
+    keys: RequestKeys
+    decision: Decision
+    endpoint: Endpoint
+    pool: PoolConfig
+    decision_seconds: float
+
+    @property
+    def uncached_tokens(self) -> int:
+        return max(0, self.keys.prompt_tokens - self.decision.predicted_hit_tokens)
+
+
+class RouterState:
+    """What a config file determines; replaced whole on reload (in-flight requests keep theirs)."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        policy: Policy,
+        keyer_factory: Callable[[PoolConfig], Keyer],
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.classifier = Classifier(config)
+        self.pools = {p.key: p for p in config.pools}
+        self._keyers: dict[tuple[Any, ...], Keyer] = {}
+        self.keyer_by_pool: dict[str, Keyer] = {}
+        for pool in config.pools:
+            ident = keyer_identity(pool.engine)
+            if ident not in self._keyers:
+                self._keyers[ident] = keyer_factory(pool)
+            self.keyer_by_pool[pool.key] = self._keyers[ident]
+
+
+class Router:
+    """Routing decisions over live endpoint state. One per process; not thread-safe."""
+
+    def __init__(
+        self,
+        state: RouterState,
+        endpoints: EndpointSet,
+        indexes: Mapping[str, BlockIndex],
+        *,
+        estimator: PrefillRateEstimator | None = None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.state = state
+        self.endpoints = endpoints
+        self.indexes = indexes  # pool key -> index (owned by the app)
+        self.estimator = estimator or PrefillRateEstimator()
+        self.history = ChoiceHistory()
+        self.rng = rng or random.Random(state.config.policy.seed)
+        self.clock = clock
+
+    async def plan(
+        self,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        kind: str,
+        *,
+        exclude: Iterable[str] = (),
+        classification: Classification | None = None,
+        keys_by_pool: dict[str, RequestKeys] | None = None,
+    ) -> RoutePlan:
+        """Decide. `exclude`: endpoint ids already tried (retries). Raises RouterError."""
+        started = time.perf_counter()
+        state = self.state
+        cls = classification or state.classifier.classify(body, headers)
+        now = self.clock()
+        excluded = set(exclude)
+        groups = self._candidate_groups(cls, now, excluded)
+        if not groups:
+            raise unavailable(f"no ready endpoint serves model `{cls.model}`")
+        keys_cache: dict[int, RequestKeys] = {}
+        best: tuple[Decision, RequestKeys] | None = None
+        for keyer, members in groups:
+            keys = keys_cache.get(id(keyer))
+            if keys is None:
+                pool_key = members[0].pool
+                keys = keys_by_pool.get(pool_key) if keys_by_pool else None
+                if keys is None:
+                    keys = keyer.keys(body, kind, cls.cache_salt)
+                keys_cache[id(keyer)] = keys
+                if keys_by_pool is not None:
+                    keys_by_pool[pool_key] = keys
+            matched = await self._lookup(keys, members)
+            request = RoutingRequest(
+                model=cls.model,
+                prompt_tokens=keys.prompt_tokens,
+                block_tokens=keys.block_tokens,
+                block_keys=keys.block_keys,
+                keys_exact=keys.exact,
+                request_class=cls.request_class,
+                tenant=cls.tenant,
+                session_id=cls.session_id,
+            )
+            snapshots = [self.snapshot(ep, now) for ep in members]
+            try:
+                decision = state.policy.decide(
+                    request, snapshots, matched, now=now, rng=self.rng, history=self.history
+                )
+            except NoEligibleEndpointError:
+                continue
+            if best is None or decision.predicted_ttft_seconds < best[0].predicted_ttft_seconds:
+                best = (decision, keys)
+        if best is None:
+            raise unavailable(f"no eligible endpoint for model `{cls.model}`")
+        decision, keys = best
+        endpoint = self.endpoints.get(decision.endpoint_id)
+        if endpoint is None:  # the policy returned an id it was not given: a bug, not the client's
+            raise RouterError(500, "policy chose an unknown endpoint", type="server_error")
+        self.history.record(decision.endpoint_id)
+        return RoutePlan(
+            classification=cls,
+            kind=kind,
+            keys=keys,
+            decision=decision,
+            endpoint=endpoint,
+            pool=state.pools[endpoint.pool],
+            decision_seconds=time.perf_counter() - started,
+        )
+
+    def snapshot(self, ep: Endpoint, now: float) -> EndpointSnapshot:
+        pool = self.state.pools.get(ep.pool)
+        stale = self.state.config.load_metrics.stale_after_seconds
+        load = ep.load
+        engine = (
+            EngineLoad(
+                waiting=int(load.waiting),
+                running=int(load.running),
+                kv_cache_usage=load.kv_cache_usage,
+                observed_at=load.scraped_at,
+            )
+            if ep.load_fresh(now, stale)
+            else None
+        )
+        return EndpointSnapshot(
+            id=ep.id,
+            pool=ep.pool,
+            pool_class=pool.pool_class if pool else "online",
+            healthy=ep.healthy(now),
+            draining=ep.draining,
+            in_flight=ep.inflight,
+            pending_prefill_requests=ep.pending_prefill_requests,
+            pending_prefill_tokens=ep.pending_prefill_tokens,
+            engine=engine,
+            prefill_tokens_per_second=self.estimator.rate(ep.id),
+        )
+
+    def _candidate_groups(
+        self, cls: Classification, now: float, excluded: set[str]
+    ) -> list[tuple[Keyer, list[Endpoint]]]:
+        state = self.state
+
+        def usable(pool: PoolConfig) -> list[Endpoint]:
+            return [
+                ep
+                for ep in self.endpoints.in_pool(pool.key)
+                if ep.id not in excluded and ep.healthy(now) and not ep.draining
+            ]
+
+        chosen: list[Endpoint] = [ep for pool in cls.home_pools for ep in usable(pool)]
+        if cls.request_class == "batch":
+            for pool in cls.borrow_pools:
+                chosen.extend(ep for ep in usable(pool) if self._borrowable(ep, now))
+        elif not chosen:
+            chosen = [ep for pool in cls.borrow_pools for ep in usable(pool)]
+        groups: dict[int, tuple[Keyer, list[Endpoint]]] = {}
+        for ep in chosen:
+            keyer = state.keyer_by_pool[ep.pool]
+            groups.setdefault(id(keyer), (keyer, []))[1].append(ep)
+        return list(groups.values())
+
+    def _borrowable(self, ep: Endpoint, now: float) -> bool:
+        """An online pod takes batch work only while it has room (unknown load = no room)."""
+        limits = self.state.config.borrowing
+        if not ep.load_fresh(now, self.state.config.load_metrics.stale_after_seconds):
+            return False
+        load = ep.load
+        running = max(load.running, float(ep.inflight))
+        return (
+            load.waiting <= limits.max_waiting_requests
+            and load.kv_cache_usage <= limits.max_kv_cache_usage
+            and running < limits.max_running_requests
+        )
+
+    async def _lookup(self, keys: RequestKeys, members: list[Endpoint]) -> dict[str, int]:
+        if not keys.block_keys:
+            return {}
+        by_pool: dict[str, list[str]] = {}
+        for ep in members:
+            by_pool.setdefault(ep.pool, []).append(ep.id)
+        matched: dict[str, int] = {}
+        for pool, pods in by_pool.items():
+            index = self.indexes.get(pool)
+            if index is not None:
+                matched.update(await index.lookup(keys.block_keys, pods))
+        return matched

@@ -1,0 +1,213 @@
+"""Assemble the router's parts from a config, own their background tasks, and reload.
+
+`RouterRuntime` owns: the HTTP client to the pods (pooled keep-alive connections), one directory
+index per pool, the endpoint set fed by discovery, the load scraper, the embedded indexer, the
+config-file watcher, and background directory writes. `start()` starts them; `stop()` cancels and
+awaits every task and closes every connection.
+
+Reload: a new config builds a new `RouterState` (classifier, keyers, policy) and swaps it in
+atomically; requests already in flight keep the state they started with. Pools that remain keep
+their directory and endpoints; new pools get them; removed pools are dropped and their pods
+forgotten. A config that fails to load or validate leaves the old one in place (counted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from kvgate.api.router_config import PoolConfig, RouterConfig, load_router_config
+from kvgate.directory.base import BlockIndex
+from kvgate.router.discovery import Discovery, build_discovery
+from kvgate.router.endpoints import Endpoint, EndpointSet
+from kvgate.router.learn import BackgroundWrites, Learner
+from kvgate.router.metrics import RouterMetrics
+from kvgate.router.proxy import Proxy
+from kvgate.router.routing import Router, RouterState
+from kvgate.router.scrape import LoadScraper
+from kvgate.router.setup import build_index, build_keyer, build_policy
+
+log = logging.getLogger(__name__)
+
+
+def build_state(config: RouterConfig) -> RouterState:
+    """Everything the config determines that is pure; raises ValueError on a bad config."""
+    return RouterState(config, build_policy(config), build_keyer)
+
+
+class RouterRuntime:
+    def __init__(
+        self,
+        config: RouterConfig,
+        *,
+        config_path: str | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        metrics: RouterMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.metrics = metrics or RouterMetrics()
+        self.config_path = config_path
+        state = build_state(config)
+        limits = config.limits
+        self.client = httpx.AsyncClient(
+            transport=transport,
+            limits=httpx.Limits(
+                max_connections=None,
+                max_keepalive_connections=limits.max_connections_per_endpoint,
+                keepalive_expiry=30.0,
+            ),
+            timeout=httpx.Timeout(limits.first_byte_timeout_seconds),
+        )
+        self.endpoints = EndpointSet(clock)
+        self.indexes: dict[str, BlockIndex] = {}
+        self.router = Router(state, self.endpoints, self.indexes, clock=clock)
+        self.writes = BackgroundWrites(self.metrics)
+        self.learner = Learner(
+            self.metrics,
+            self.router.estimator,
+            self.indexes,
+            self.writes,
+            approximate_ttl_seconds=config.directory.approximate_ttl_seconds,
+        )
+        self.proxy = Proxy(self.client, self.metrics, limits)
+        self.scraper = LoadScraper(
+            self.endpoints,
+            self.client,
+            self.metrics,
+            interval=config.load_metrics.scrape_interval_seconds,
+            timeout=config.load_metrics.scrape_timeout_seconds,
+            path=config.load_metrics.path,
+            eject_after=limits.eject_after_failures,
+            eject_seconds=limits.eject_seconds,
+            clock=clock,
+        )
+        self.discoveries: dict[str, Discovery] = {}
+        self.endpoints.add_listener(self._endpoints_changed)
+        self._indexer: object | None = None
+        self._watch_task: asyncio.Task[None] | None = None
+        self.started = False
+
+    @property
+    def config(self) -> RouterConfig:
+        return self.router.state.config
+
+    async def start(self) -> None:
+        await self._sync_pools(self.config)
+        self.scraper.start()
+        if self.config_path is not None:
+            self._watch_task = asyncio.create_task(self._watch_config(), name="kvgate-config")
+        self.started = True
+
+    async def stop(self) -> None:
+        if self._watch_task is not None:
+            self._watch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch_task
+        for discovery in self.discoveries.values():
+            await discovery.stop()
+        await self.scraper.stop()
+        await self.writes.close()
+        for index in self.indexes.values():
+            await index.close()
+        await self.client.aclose()
+        self.started = False
+
+    def ready(self) -> bool:
+        """At least one endpoint is in rotation."""
+        now = time.monotonic()
+        return self.started and any(ep.healthy(now) for ep in self.endpoints.all())
+
+    async def reload(self, config: RouterConfig) -> None:
+        """Swap in a new configuration (see the module docstring). Raises ValueError."""
+        state = build_state(config)
+        self.router.state = state
+        self.learner.ttl = config.directory.approximate_ttl_seconds
+        self.proxy.limits = config.limits
+        await self._sync_pools(config)
+        log.info("configuration reloaded: %d pools", len(config.pools))
+
+    async def _sync_pools(self, config: RouterConfig) -> None:
+        wanted = {p.key: p for p in config.pools}
+        for key in list(self.discoveries):
+            if key not in wanted or self.discoveries[key].pool != wanted[key]:
+                await self.discoveries.pop(key).stop()
+                if key not in wanted:
+                    await self.endpoints.drop_pool(key)
+                    index = self.indexes.pop(key, None)
+                    if index is not None:
+                        await index.close()
+        for key, pool in wanted.items():
+            if key not in self.indexes:
+                self.indexes[key] = build_index(config.directory, pool, self.metrics)
+            if key not in self.discoveries:
+                discovery = build_discovery(pool, self.endpoints)
+                self.discoveries[key] = discovery
+                await discovery.start()
+
+    async def _endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        for ep in removed:
+            self.router.estimator.forget(ep.id)
+            self.router.history.forget(ep.id)
+            index = self.indexes.get(ep.pool)
+            if index is not None:
+                try:
+                    await index.forget_pod(ep.id)
+                except Exception as exc:  # the directory being down must not stop discovery
+                    self.metrics.directory_errors.labels("forget_pod").inc()
+                    log.warning("could not forget pod %s: %r", ep.id, exc)
+            log.info("endpoint %s left pool %s", ep.id, ep.pool)
+        for ep in added:
+            index = self.indexes.get(ep.pool)
+            if index is not None and ep.spec.generation:
+                try:
+                    await index.set_generation(ep.id, ep.spec.generation)
+                except Exception as exc:
+                    self.metrics.directory_errors.labels("set_generation").inc()
+                    log.warning("could not set generation of %s: %r", ep.id, exc)
+            log.info("endpoint %s joined pool %s (%s)", ep.id, ep.pool, ep.spec.url)
+        self._update_endpoint_gauges()
+
+    def _update_endpoint_gauges(self) -> None:
+        now = time.monotonic()
+        for pool in self.endpoints.pools():
+            eps = self.endpoints.in_pool(pool)
+            ready = sum(1 for ep in eps if ep.healthy(now))
+            self.metrics.endpoints.labels(pool, "ready").set(ready)
+            self.metrics.endpoints.labels(pool, "ejected").set(len(eps) - ready)
+
+    async def _watch_config(self, interval: float = 1.0) -> None:
+        assert self.config_path is not None
+        path = Path(self.config_path)
+        last = _stat_key(path)
+        while True:
+            await asyncio.sleep(interval)
+            current = _stat_key(path)
+            if current == last:
+                continue
+            last = current
+            try:
+                config = await asyncio.to_thread(load_router_config, path)
+                await self.reload(config)
+            except Exception as exc:
+                self.metrics.config_reloads.labels("error").inc()
+                log.error("configuration reload failed; keeping the previous one: %s", exc)
+            else:
+                self.metrics.config_reloads.labels("ok").inc()
+
+
+def _stat_key(path: Path) -> tuple[float, int, int] | None:
+    # Kubernetes updates a mounted ConfigMap by swapping a symlink: compare the resolved file.
+    try:
+        st = path.resolve().stat()
+    except OSError:
+        return None
+    return (st.st_mtime, st.st_size, st.st_ino)
+
+
+__all__ = ["PoolConfig", "RouterRuntime", "build_state"]

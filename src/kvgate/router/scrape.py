@@ -1,0 +1,128 @@
+"""Scrape every endpoint's vLLM /metrics for load, and use the result as an active health check.
+
+Every `interval` the scraper fetches all endpoints' /metrics concurrently (each bounded by a
+timeout), parses the three gauges routing needs (`vllm:num_requests_waiting`,
+`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, summed over label sets) and stores them
+on the endpoint with the time of the scrape. A failed scrape counts as a health failure; enough of
+them in a row eject the pod until it answers again. Load older than `stale_after` is treated as
+unknown by the scoring snapshot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+
+from kvgate.router.endpoints import Endpoint, EndpointSet, LoadSample
+from kvgate.router.metrics import RouterMetrics
+
+log = logging.getLogger(__name__)
+
+_WANTED = {
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:num_requests_running": "running",
+    "vllm:kv_cache_usage_perc": "kv_cache_usage",
+    # vLLM < 0.10 spelled it gpu_cache_usage_perc.
+    "vllm:gpu_cache_usage_perc": "kv_cache_usage",
+}
+
+
+def parse_load(text: str, now: float) -> LoadSample:
+    """Extract the load gauges from Prometheus text exposition; missing ones read as 0."""
+    values = {"waiting": 0.0, "running": 0.0, "kv_cache_usage": 0.0}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        cuts = [i for i in (line.find("{"), line.find(" ")) if i >= 0]
+        if not cuts:
+            continue
+        field = _WANTED.get(line[: min(cuts)])
+        if field is None:
+            continue
+        # The value follows the label set (if any); a timestamp may follow the value.
+        parts = line[line.rfind("}") + 1 :].split() if "}" in line else line.split()[1:]
+        if not parts:
+            continue
+        try:
+            values[field] += float(parts[0])
+        except ValueError:
+            continue
+    return LoadSample(
+        waiting=values["waiting"],
+        running=values["running"],
+        kv_cache_usage=values["kv_cache_usage"],
+        scraped_at=now,
+    )
+
+
+class LoadScraper:
+    """An owned background task: start() once, stop() on shutdown."""
+
+    def __init__(
+        self,
+        endpoints: EndpointSet,
+        client: httpx.AsyncClient,
+        metrics: RouterMetrics,
+        *,
+        interval: float,
+        timeout: float,
+        path: str = "/metrics",
+        eject_after: int = 3,
+        eject_seconds: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._endpoints = endpoints
+        self._client = client
+        self._metrics = metrics
+        self.interval = interval
+        self.timeout = timeout
+        self.path = path
+        self._eject_after = eject_after
+        self._eject_seconds = eject_seconds
+        self._clock = clock
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="kvgate-load-scraper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def scrape_once(self) -> None:
+        endpoints = self._endpoints.all()
+        if endpoints:
+            await asyncio.gather(*(self._scrape(ep) for ep in endpoints))
+
+    async def _run(self) -> None:
+        while True:
+            started = self._clock()
+            try:
+                await self.scrape_once()
+            except Exception:  # a bug here must not stop load tracking for good
+                log.exception("load scrape round failed")
+            await asyncio.sleep(max(0.0, self.interval - (self._clock() - started)))
+
+    async def _scrape(self, ep: Endpoint) -> None:
+        try:
+            resp = await self._client.get(ep.spec.url + self.path, timeout=self.timeout)
+            resp.raise_for_status()
+        except (httpx.HTTPError, OSError) as exc:
+            self._metrics.scrape_errors.labels(ep.pool, ep.id).inc()
+            if ep.record_failure(self._clock(), self._eject_after, self._eject_seconds):
+                log.warning("endpoint %s ejected: /metrics failing (%s)", ep.id, exc)
+            return
+        ep.load = parse_load(resp.text, self._clock())
+        if not ep.healthy(self._clock()):
+            log.info("endpoint %s answers again; back in rotation", ep.id)
+            ep.ejected_until = 0.0
+        ep.record_success()

@@ -1,0 +1,96 @@
+"""Read `usage` (prompt tokens, cached tokens) out of responses on their way to the client.
+
+Non-streaming responses are JSON with a top-level `usage`. Streaming responses are Server-Sent
+Events; vLLM sends usage only when the client set `stream_options.include_usage`, in one last
+chunk whose `choices` is empty. The router wants usage for every request (cached tokens are the
+ground truth of its predictions), so when a streaming client did not ask for usage the router
+asks for it and `SseUsageTap` strips that extra chunk back out: the client sees exactly the stream
+it asked for. Events pass through as soon as they are complete; only a partial event at the end of
+a network chunk is held back until the rest of it arrives.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    cached_tokens: int | None  # None: the engine did not report prompt_tokens_details
+    completion_tokens: int
+
+
+def usage_from_obj(obj: Any) -> Usage | None:
+    if not isinstance(obj, dict):
+        return None
+    usage = obj.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    prompt = usage.get("prompt_tokens")
+    if not isinstance(prompt, int):
+        return None
+    details = usage.get("prompt_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    completion = usage.get("completion_tokens")
+    return Usage(
+        prompt_tokens=prompt,
+        cached_tokens=cached if isinstance(cached, int) else None,
+        completion_tokens=completion if isinstance(completion, int) else 0,
+    )
+
+
+def usage_from_json_body(body: bytes) -> Usage | None:
+    try:
+        return usage_from_obj(json.loads(body))
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+class SseUsageTap:
+    """Feed upstream SSE bytes, forward what `feed` returns; `usage` holds the last usage seen."""
+
+    __slots__ = ("_pending", "strip_usage_chunk", "usage")
+
+    def __init__(self, *, strip_usage_chunk: bool) -> None:
+        self.strip_usage_chunk = strip_usage_chunk
+        self.usage: Usage | None = None
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        data = self._pending + chunk if self._pending else chunk
+        end = data.rfind(b"\n\n")
+        if end < 0:
+            self._pending = data
+            return b""
+        complete, self._pending = data[: end + 2], data[end + 2 :]
+        if b'"usage"' not in complete:
+            return complete
+        out: list[bytes] = []
+        for event in complete.split(b"\n\n")[:-1]:
+            if b'"usage"' in event and self._inspect(event):
+                continue
+            out.append(event + b"\n\n")
+        return b"".join(out)
+
+    def flush(self) -> bytes:
+        """What is left at the end of the stream (an unterminated last event)."""
+        rest, self._pending = self._pending, b""
+        return rest
+
+    def _inspect(self, event: bytes) -> bool:
+        """Record usage from one event; True when the event should be dropped."""
+        payload = b"".join(
+            line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")
+        )
+        try:
+            obj = json.loads(payload)
+        except (ValueError, UnicodeDecodeError):
+            return False
+        usage = usage_from_obj(obj)
+        if usage is None:
+            return False
+        self.usage = usage
+        return self.strip_usage_chunk and obj.get("choices") == []

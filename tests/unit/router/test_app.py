@@ -1,0 +1,126 @@
+import json
+
+from tests.unit.router.conftest import FakePods, make_config
+
+from kvgate.router.metrics import RouterMetrics
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello " * 200}]}
+
+
+async def test_chat_is_proxied_with_decision_headers(router_app):
+    pods = FakePods()
+    client, _ = await router_app(make_config(), pods)
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 3
+    assert resp.headers["x-kvgate-endpoint"] in ("pod0:8000", "pod1:8000")
+    assert resp.headers["x-kvgate-pool"] == "default/p"
+    assert resp.headers["x-kvgate-decision"]
+    assert int(resp.headers["x-kvgate-prefix-hit-tokens"]) >= 0
+    assert len(pods.requests) == 1
+
+
+async def test_streaming_usage_is_requested_and_stripped(router_app):
+    pods = FakePods()
+    client, _ = await router_app(make_config(), pods)
+    resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+    assert resp.status_code == 200
+    assert pods.requests[0][1]["stream_options"] == {"include_usage": True}
+    assert '"usage"' not in resp.text
+    assert resp.text.endswith("data: [DONE]\n\n")
+    metrics = (await client.get("/metrics")).text
+    assert "kvgate_router_cached_tokens_total{endpoint=" in metrics
+
+
+async def test_streaming_usage_kept_when_client_asked(router_app):
+    pods = FakePods()
+    client, _ = await router_app(make_config(), pods)
+    body = {**CHAT, "stream": True, "stream_options": {"include_usage": True}}
+    resp = await client.post("/v1/chat/completions", json=body)
+    assert '"usage"' in resp.text
+
+
+async def test_second_turn_follows_the_first(router_app):
+    pods = FakePods()
+    client, _ = await router_app(make_config(4), pods)
+    first = await client.post("/v1/chat/completions", json=CHAT)
+    turn2 = {
+        "model": "m",
+        "messages": [
+            *CHAT["messages"],
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": "more"},
+        ],
+    }
+    second = await client.post("/v1/chat/completions", json=turn2)
+    assert second.headers["x-kvgate-endpoint"] == first.headers["x-kvgate-endpoint"]
+    assert int(second.headers["x-kvgate-prefix-hit-tokens"]) > 0
+
+
+async def test_connect_failure_is_retried_on_another_pod(router_app):
+    pods = FakePods(fail={"pod0:8000"})
+    client, _ = await router_app(make_config(2), pods)
+    for _ in range(4):
+        resp = await client.post("/v1/chat/completions", json=CHAT)
+        assert resp.status_code == 200
+        assert resp.headers["x-kvgate-endpoint"] == "pod1:8000"
+
+
+async def test_5xx_is_retried_and_exhaustion_is_502(router_app):
+    pods = FakePods(status={"pod0:8000": 500, "pod1:8000": 503})
+    client, _ = await router_app(make_config(2), pods)
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status_code == 502
+    assert resp.json()["error"]["type"] == "upstream_error"
+    assert len(pods.requests) == 2
+
+
+async def test_client_mistakes_are_4xx_in_openai_shape(router_app):
+    client, _ = await router_app(make_config(), FakePods())
+    cases = [
+        (b"not json", 400),
+        (b"[1,2]", 400),
+        (json.dumps({"messages": []}).encode(), 400),
+        (
+            json.dumps({"model": "nope", "messages": [{"role": "user", "content": "x"}]}).encode(),
+            404,
+        ),
+        (json.dumps({"model": "m", "messages": "x"}).encode(), 400),
+        (json.dumps({"model": "m", "messages": [1]}).encode(), 400),
+        (json.dumps({"model": "m", "messages": [{"role": "user"}], "cache_salt": 5}).encode(), 400),
+    ]
+    for payload, status in cases:
+        resp = await client.post(
+            "/v1/chat/completions", content=payload, headers={"content-type": "application/json"}
+        )
+        assert resp.status_code == status, (payload, resp.text)
+        assert set(resp.json()["error"]) >= {"message", "type", "code"}
+    assert (await client.get("/v1/chat/completions")).status_code == 405
+    assert (await client.get("/nope")).status_code == 404
+
+
+async def test_body_size_limit(router_app):
+    config = make_config(limits={"max_body_bytes": 2048})
+    client, _ = await router_app(config, FakePods())
+    big = {"model": "m", "messages": [{"role": "user", "content": "x" * 4096}]}
+    resp = await client.post("/v1/chat/completions", json=big)
+    assert resp.status_code == 413
+
+
+async def test_models_health_ready_debug(router_app):
+    client, _ = await router_app(make_config(), FakePods())
+    models = (await client.get("/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == ["m"]
+    assert (await client.get("/health")).status_code == 200
+    assert (await client.get("/ready")).json() == {"ready": True}
+    resp = await client.post("/debug/route", json=CHAT)
+    assert resp.status_code == 200
+    explained = resp.json()
+    assert explained["decision"]["endpoint"] == resp.headers["x-kvgate-endpoint"]
+    assert len(explained["decision"]["candidates"]) == 2
+
+
+def test_metrics_names_are_prefixed():
+    metrics = RouterMetrics()
+    names = {m.name for m in metrics.registry.collect()}
+    assert names and all(n.startswith("kvgate_router_") for n in names)
