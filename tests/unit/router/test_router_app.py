@@ -1,6 +1,6 @@
 import json
 
-from tests.unit.router.conftest import FakePods, make_config
+from tests.unit.router.fakes import FakePods, make_config
 
 from kvgate.router.metrics import RouterMetrics
 

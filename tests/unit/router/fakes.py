@@ -1,0 +1,80 @@
+"""Fake pods behind httpx.MockTransport, and a config for them (router unit tests)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from kvgate.api.router_config import RouterConfig
+
+
+def _resp(status: int, data: bytes, content_type: str = "application/json") -> httpx.Response:
+    # A real stream (not pre-read content), as a network transport would give.
+    return httpx.Response(
+        status, headers={"content-type": content_type}, stream=httpx.ByteStream(data)
+    )
+
+
+@dataclass
+class FakePods:
+    """Pods answering completions (non-streaming JSON or SSE) and /metrics; records requests."""
+
+    fail: set[str] = field(default_factory=set)  # hosts that refuse connections
+    status: dict[str, int] = field(default_factory=dict)  # host -> forced HTTP status
+    waiting: dict[str, int] = field(default_factory=dict)
+    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    cached_tokens: int = 3
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        host = request.url.netloc.decode()
+        if host in self.fail:
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.path == "/metrics":
+            text = (
+                "# HELP vllm:num_requests_waiting x\n"
+                f'vllm:num_requests_waiting{{model_name="m"}} {self.waiting.get(host, 0)}\n'
+                'vllm:num_requests_running{model_name="m"} 1.0\n'
+                'vllm:kv_cache_usage_perc{model_name="m"} 0.25\n'
+            )
+            return _resp(200, text.encode(), "text/plain")
+        body = json.loads(request.content)
+        self.requests.append((host, body))
+        if host in self.status:
+            return _resp(self.status[host], b'{"error": {"message": "boom"}}')
+        usage = {
+            "prompt_tokens": 10,
+            "completion_tokens": 2,
+            "total_tokens": 12,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+        if body.get("stream"):
+            events = [
+                {"id": "1", "choices": [{"index": 0, "delta": {"content": "hi"}}]},
+                {"id": "1", "choices": [{"index": 0, "delta": {"content": "!"}}]},
+            ]
+            if (body.get("stream_options") or {}).get("include_usage"):
+                events.append({"id": "1", "choices": [], "usage": usage})
+            text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+            return _resp(200, text.encode(), "text/event-stream")
+        answer = {"id": "1", "object": "chat.completion", "choices": [], "usage": usage}
+        return _resp(200, json.dumps(answer).encode())
+
+
+def make_config(n: int = 2, **overrides: Any) -> RouterConfig:
+    data: dict[str, Any] = {
+        "pools": [
+            {
+                "name": "p",
+                "model": "m",
+                "endpoints": {
+                    "static": [{"url": f"http://pod{i}:8000"} for i in range(n)],
+                },
+            }
+        ],
+        "policy": {"seed": 1},
+    }
+    data.update(overrides)
+    return RouterConfig.model_validate(data)
