@@ -1,0 +1,164 @@
+"""KV event decoding against payloads produced by vLLM's own classes, and bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pytest
+
+from kvgate.directory.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    EventDecodeError,
+    decode_batch,
+    encode_batch,
+    event_to_json,
+)
+
+DATA = Path(__file__).parents[2] / "data" / "events"
+MANIFEST = json.loads((DATA / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("case", MANIFEST, ids=[c["file"] for c in MANIFEST])
+def test_vllm_payloads_decode_as_vllm_meant(case: dict[str, Any]) -> None:
+    batch = decode_batch((DATA / case["file"]).read_bytes())
+    assert batch.rejected == []
+    assert batch.ts == case["ts"]
+    assert batch.data_parallel_rank == case["data_parallel_rank"]
+    assert [event_to_json(e) for e in batch.events] == case["events"]
+
+
+def test_both_event_encodings_are_covered() -> None:
+    assert {c["event_encoding"] for c in MANIFEST} == {"map", "array"}
+
+
+def test_keys_from_bytes_and_int_hashes() -> None:
+    batch = decode_batch((DATA / "vllm-0.33.0-int_hashes.msgpack").read_bytes())
+    stored = batch.events[0]
+    assert isinstance(stored, BlockStored)
+    assert all(isinstance(h, int) for h in stored.block_hashes)
+    assert stored.keys == [h.to_bytes(8, "big") for h in stored.block_hashes]  # type: ignore[union-attr]
+    batch = decode_batch((DATA / "vllm-0.33.0-stored_bytes.msgpack").read_bytes())
+    stored = batch.events[0]
+    assert isinstance(stored, BlockStored)
+    assert stored.keys == stored.block_hashes and all(len(k) == 32 for k in stored.keys)
+
+
+def test_lora_and_group_fields() -> None:
+    batch = decode_batch((DATA / "vllm-0.33.0-stored_lora_child.msgpack").read_bytes())
+    (stored,) = batch.events
+    assert isinstance(stored, BlockStored)
+    assert (stored.lora_id, stored.lora_name, stored.group_idx) == (3, "sql-adapter", 0)
+
+
+def test_real_publisher_frames_decode() -> None:
+    frames = json.loads((DATA / "zmq_frames.json").read_text())
+    for topic, seq, payload in frames["published"]:
+        assert bytes.fromhex(topic) == b"kv@pod@m"
+        batch = decode_batch(bytes.fromhex(payload))
+        assert isinstance(batch.events[0], BlockStored)
+        assert int(seq, 16) < 3
+
+
+@pytest.mark.parametrize("tagged_arrays", [False, True])
+def test_encode_decode_round_trip(tagged_arrays: bool) -> None:
+    batch = EventBatch(
+        ts=5.0,
+        events=[
+            BlockStored([b"\x01" * 32], None, list(range(16)), 16, medium="CPU"),
+            BlockStored([7, 8], 6, list(range(32)), 16, lora_id=2, lora_name="x", group_idx=1),
+            BlockRemoved([b"\x02" * 16]),
+            AllBlocksCleared(),
+        ],
+        data_parallel_rank=2,
+    )
+    assert decode_batch(encode_batch(batch, tagged_arrays=tagged_arrays)) == batch
+
+
+def _payload(events: list[Any]) -> bytes:
+    out: bytes = msgpack.packb([1.0, events, 0], use_bin_type=True)
+    return out
+
+
+GOOD = {"type": "BlockRemoved", "block_hashes": [b"\x03" * 32], "medium": "GPU"}
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"", "truncated"),
+        ((DATA / "vllm-0.33.0-stored_bytes.msgpack").read_bytes()[:40], "truncated"),
+        (b"\xc1\xc1\xc1", "malformed"),
+        (msgpack.packb(42), "malformed"),
+        (msgpack.packb([1.0]), "malformed"),
+        (msgpack.packb(["ts", []]), "malformed"),
+        (msgpack.packb([1.0, {"a": 1}]), "malformed"),
+        (msgpack.packb([1.0, [], "rank"]), "malformed"),
+        ((DATA / "vllm-0.33.0-stored_bytes.msgpack").read_bytes() + b"\x00", "malformed"),
+    ],
+)
+def test_bad_payloads_raise_one_error_type(payload: bytes, reason: str) -> None:
+    with pytest.raises(EventDecodeError) as exc:
+        decode_batch(payload)
+    assert exc.value.reason == reason
+
+
+@pytest.mark.parametrize(
+    ("event", "reason"),
+    [
+        ({"type": "BlockEvicted", "block_hashes": []}, "unknown_type"),
+        (["Mystery", 1, 2], "unknown_type"),
+        ({"type": "BlockRemoved", "block_hashes": [b"\x01" * 31]}, "bad_hash"),
+        ({"type": "BlockRemoved", "block_hashes": [-5]}, "bad_hash"),
+        ({"type": "BlockRemoved", "block_hashes": [True]}, "bad_hash"),
+        ({"type": "BlockRemoved", "block_hashes": ["ab"]}, "bad_hash"),
+        ({"type": "BlockRemoved", "block_hashes": b"\x01" * 32}, "bad_field"),
+        ({"type": "BlockRemoved", "block_hashes": [], "medium": "G,C"}, "bad_field"),
+        ({"type": "BlockRemoved", "block_hashes": [], "medium": 3}, "bad_field"),
+        (["BlockStored", [b"\x01" * 32], None, [1, 2]], "bad_field"),  # no block_size
+        (["BlockStored", [b"\x01" * 32], None, [1, "x"], 16], "bad_field"),
+        (
+            {
+                "type": "BlockStored",
+                "block_hashes": [],
+                "token_ids": [],
+                "block_size": 16,
+                "parent_block_hash": b"short",
+            },
+            "bad_hash",
+        ),
+        (17, "malformed_event"),
+        ({"no": "type"}, "malformed_event"),
+        ([], "malformed_event"),
+    ],
+)
+def test_bad_events_are_rejected_and_the_rest_kept(event: Any, reason: str) -> None:
+    batch = decode_batch(_payload([GOOD, event, GOOD]))
+    assert [r.reason for r in batch.rejected] == [reason]
+    assert batch.events == [BlockRemoved([b"\x03" * 32], "GPU")] * 2
+
+
+def test_optional_trailing_fields_may_be_absent() -> None:
+    batch = decode_batch(
+        _payload(
+            [["BlockStored", [1], None, [1, 2], 2], ["BlockRemoved", [1]], ["AllBlocksCleared"]]
+        )
+    )
+    assert batch.events == [
+        BlockStored([1], None, [1, 2], 2),
+        BlockRemoved([1]),
+        AllBlocksCleared(),
+    ]
+    batch = decode_batch(msgpack.packb([2.0, []]))
+    assert batch.data_parallel_rank is None
+
+
+def test_hash_must_fit_64_bits() -> None:
+    # msgpack cannot even carry larger ints; the top of the range is fine
+    batch = decode_batch(_payload([["BlockRemoved", [2**64 - 1, 0]]]))
+    assert batch.events == [BlockRemoved([2**64 - 1, 0])]
