@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "crds": ("kvgate.api.crds_command", "write the generated CRD YAML (crds/*.yaml, docs)"),
     "hash": ("kvgate.prefix.hash_command", "print vLLM's block hashes of a list of token ids"),
+    "sim": ("kvgate.sim.serve_command", "simulated vLLM pods: `sim serve` (one) or `sim fleet`"),
     "podrunner": (
         "kvgate.podrunner.command",
         "run the pods of KWOK's fake nodes as local processes (test cluster only)",

@@ -1,0 +1,229 @@
+"""OpenAI-compatible request parsing and response bodies, shaped like vLLM 0.33's.
+
+Parsing is strict about the fields the simulator uses (types, ranges) and ignores every other
+field, as vLLM does. Bad requests raise :class:`BadRequest`, rendered with vLLM's error shape
+``{"error": {"message", "type": "BadRequestError", "param", "code": 400}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.sim.text import TextCodec
+
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # vLLM and OpenAI default for /v1/completions
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400, err_type: str = "BadRequestError"):
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.err_type = err_type
+
+
+def error_body(message: str, status: int = 400, err_type: str = "BadRequestError") -> bytes:
+    return json.dumps(
+        {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    ).encode()
+
+
+@dataclass
+class ParsedRequest:
+    chat: bool
+    model: str
+    prompt_token_ids: list[int]
+    max_tokens: int | None
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    cache_salt: str | None
+
+
+def _int_field(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"'{name}' must be an integer, got {value!r}")
+    return value
+
+
+def _bool_field(body: dict[str, Any], name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise BadRequest(f"'{name}' must be a boolean, got {value!r}")
+    return value
+
+
+def _token_list(value: Any) -> list[int] | None:
+    if (
+        isinstance(value, list)
+        and value
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    ):
+        return value
+    return None
+
+
+def parse_request(raw: bytes, chat: bool, codec: TextCodec) -> ParsedRequest:
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"JSON decode error: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise BadRequest("'messages' must be a non-empty list of messages")
+        if not all(isinstance(m, dict) for m in messages):
+            raise BadRequest("each message must be an object with 'role' and 'content'")
+        try:
+            tokens = codec.render_chat(messages)
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(str(exc)) from exc
+        max_tokens = _int_field(body, "max_completion_tokens")
+        if max_tokens is None:
+            max_tokens = _int_field(body, "max_tokens")
+    else:
+        tokens = _completion_prompt(body.get("prompt"), codec)
+        max_tokens = _int_field(body, "max_tokens")
+        if max_tokens is None:
+            max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
+    n = _int_field(body, "n")
+    if n is not None and n != 1:
+        raise BadRequest("the simulator supports n=1 only")
+    stream = _bool_field(body, "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object")
+    if options and not stream:
+        raise BadRequest("Stream options can only be defined when `stream=True`.")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
+    return ParsedRequest(
+        chat=chat,
+        model=model or "",
+        prompt_token_ids=tokens,
+        max_tokens=max_tokens,
+        stream=stream,
+        include_usage=_bool_field(options, "include_usage"),
+        continuous_usage=_bool_field(options, "continuous_usage_stats"),
+        cache_salt=salt,
+    )
+
+
+def _completion_prompt(prompt: Any, codec: TextCodec) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one prompt
+    if isinstance(prompt, str):
+        if not prompt:
+            raise BadRequest("The prompt cannot be empty.")
+        return codec.encode(prompt)
+    tokens = _token_list(prompt)
+    if tokens is not None:
+        return tokens
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise BadRequest("the simulator serves one prompt per request")
+    raise BadRequest("'prompt' must be a string or a list of token ids")
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached: int | None) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None if cached is None else {"cached_tokens": cached},
+    }
+
+
+def completion_body(
+    request_id: str, created: int, model: str, text: str, finish: str, usage_: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+                "prompt_logprobs": None,
+            }
+        ],
+        "usage": usage_,
+    }
+
+
+def chat_body(
+    request_id: str, created: int, model: str, text: str, finish: str, usage_: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text, "tool_calls": []},
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
+        ],
+        "usage": usage_,
+    }
+
+
+def stream_chunk(
+    chat: bool,
+    request_id: str,
+    created: int,
+    model: str,
+    text: str | None,
+    finish: str | None,
+    first: bool = False,
+    usage_: dict[str, Any] | None = None,
+) -> bytes:
+    """One SSE event (``data: {...}\\n\\n``); ``text=None`` makes a usage-only chunk."""
+    choices: list[dict[str, Any]] = []
+    if text is not None:
+        if chat:
+            delta: dict[str, Any] = (
+                {"role": "assistant", "content": text} if first else {"content": text}
+            )
+            choices.append({"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish})
+        else:
+            choices.append(
+                {
+                    "index": 0,
+                    "text": text,
+                    "logprobs": None,
+                    "finish_reason": finish,
+                    "stop_reason": None,
+                }
+            )
+    chunk: dict[str, Any] = {
+        "id": request_id,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+    }
+    if usage_ is not None:
+        chunk["usage"] = usage_
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"

@@ -1,0 +1,309 @@
+"""The simulated pod's HTTP API: a raw ASGI app (no framework on the hot path).
+
+Routes (as vLLM 0.33 serves them): ``POST /v1/completions``, ``POST /v1/chat/completions``
+(streaming SSE or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /version``,
+``POST /reset_prefix_cache``, ``GET /server_info`` and ``GET /model_info`` (plus the
+``/get_server_info`` and ``/get_model_info`` spellings the SGLang router asks for).
+Simulator-only: ``POST /sim/restart`` restarts the engine (KV event seq back to 0).
+
+Non-streaming responses carry ``x-sim-arrival-seconds`` and ``x-sim-ttft-seconds``: the virtual
+arrival time and TTFT of the request, to compare with the discrete-event mode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from kvgate.sim.driver import RequestStream
+from kvgate.sim.engine import RequestRejected
+from kvgate.sim.openai import (
+    BadRequest,
+    ParsedRequest,
+    chat_body,
+    completion_body,
+    error_body,
+    parse_request,
+    stream_chunk,
+    usage,
+)
+from kvgate.sim.pod import SimPod
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+
+VLLM_VERSION = "0.33.0"
+_JSON = [(b"content-type", b"application/json")]
+_SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+async def _respond(
+    send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers or _JSON})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ConnectionError("client disconnected")
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+class SimApp:
+    """ASGI application serving one :class:`SimPod`."""
+
+    def __init__(self, pod: SimPod) -> None:
+        self.pod = pod
+        self.model = pod.config.served_model_name
+        self._names = set(pod.config.served_model_names or [pod.config.model])
+        self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
+            ("GET", "/health"): self._health,
+            ("GET", "/metrics"): self._metrics,
+            ("GET", "/version"): self._version,
+            ("GET", "/v1/models"): self._models,
+            ("POST", "/v1/completions"): self._completions,
+            ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/reset_prefix_cache"): self._reset_prefix_cache,
+            ("GET", "/server_info"): self._server_info,
+            ("GET", "/get_server_info"): self._server_info,
+            ("GET", "/model_info"): self._model_info,
+            ("GET", "/get_model_info"): self._model_info,
+            ("POST", "/sim/restart"): self._restart,
+        }
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        handler = self._routes.get((scope["method"], scope["path"]))
+        if handler is None:
+            known = any(path == scope["path"] for _m, path in self._routes)
+            status = 405 if known else 404
+            phrase = "Method Not Allowed" if known else "Not Found"
+            await _respond(send, status, json.dumps({"detail": phrase}).encode())
+            return
+        await handler(scope, receive, send)
+
+    async def _lifespan(self, receive: Receive, send: Send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                self.pod.start()
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.pod.close()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    # -- small endpoints -------------------------------------------------------------------
+
+    async def _health(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, b"")
+
+    async def _version(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, json.dumps({"version": VLLM_VERSION}).encode())
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = generate_latest(self.pod.metrics.registry)
+        await _respond(send, 200, body, [(b"content-type", CONTENT_TYPE_LATEST.encode())])
+
+    async def _models(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cards: list[dict[str, Any]] = [
+            {
+                "id": name,
+                "object": "model",
+                "created": self.pod.created,
+                "owned_by": "vllm",
+                "root": self.pod.config.model,
+                "parent": None,
+                "max_model_len": self.pod.config.engine.max_model_len,
+                "permission": [],
+            }
+            for name in sorted(self._names)
+        ]
+        await _respond(send, 200, json.dumps({"object": "list", "data": cards}).encode())
+
+    async def _reset_prefix_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
+        ok = self.pod.engine.reset_prefix_cache()
+        await _respond(send, 200, json.dumps({"success": ok}).encode())
+
+    async def _restart(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.pod.restart()
+        await _respond(send, 200, json.dumps({"restarted": True}).encode())
+
+    def _model_info_dict(self) -> dict[str, Any]:
+        return {
+            "model_path": self.pod.config.model,
+            "tokenizer_path": self.pod.config.tokenizer or self.pod.config.model,
+            "is_generation": True,
+            "served_model_name": self.model,
+            "max_model_len": self.pod.config.engine.max_model_len,
+        }
+
+    async def _model_info(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await _respond(send, 200, json.dumps(self._model_info_dict()).encode())
+
+    async def _server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
+        cfg = self.pod.config
+        info = {
+            "vllm_config": {
+                "model_config": self._model_info_dict(),
+                "cache_config": self.pod.cache_info(),
+                "scheduler_config": {
+                    "max_num_seqs": cfg.engine.max_num_seqs,
+                    "max_num_batched_tokens": cfg.engine.max_num_batched_tokens,
+                },
+                "simulator": {"profile": self.pod.profile.name, "time_scale": cfg.time_scale},
+            },
+            "vllm_env": {},
+            "system_env": {},
+            "version": VLLM_VERSION,
+            "model_path": cfg.model,
+            "served_model_name": self.model,
+            "max_total_num_tokens": (self.pod.engine.num_gpu_blocks - 1) * cfg.engine.block_size,
+        }
+        await _respond(send, 200, json.dumps(info).encode())
+
+    # -- generation ------------------------------------------------------------------------
+
+    async def _completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(receive, send, chat=False)
+
+    async def _chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._generate(receive, send, chat=True)
+
+    async def _generate(self, receive: Receive, send: Send, chat: bool) -> None:
+        try:
+            raw = await _read_body(receive)
+        except ConnectionError:
+            return
+        try:
+            req = parse_request(raw, chat, self.pod.codec)
+            if req.model and req.model not in self._names:
+                raise BadRequest(f"The model `{req.model}` does not exist.", 404, "NotFoundError")
+            max_tokens = req.max_tokens
+            if max_tokens is None:  # chat without a limit: stop where vLLM would hit EOS
+                room = self.pod.config.engine.max_model_len - len(req.prompt_token_ids)
+                max_tokens = max(1, min(self.pod.config.chat_output_tokens, room))
+            request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+            stream = self.pod.driver.submit(
+                request_id, req.prompt_token_ids, max_tokens, cache_salt=req.cache_salt
+            )
+        except BadRequest as exc:
+            await _respond(send, exc.status, error_body(exc.message, exc.status, exc.err_type))
+            return
+        except RequestRejected as exc:
+            await _respond(send, 400, error_body(str(exc)))
+            return
+        watcher = asyncio.create_task(self._watch_disconnect(receive, stream))
+        try:
+            if req.stream:
+                await self._stream(send, req, request_id, stream)
+            else:
+                await self._complete(send, req, request_id, stream)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+
+    async def _watch_disconnect(self, receive: Receive, stream: RequestStream) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                self.pod.driver.abort(stream)
+                return
+
+    def _usage(self, req: ParsedRequest, stream: RequestStream) -> dict[str, Any]:
+        sim = stream.request
+        cached = None
+        if self.pod.config.enable_prompt_tokens_details:
+            cached = max(sim.num_cached_tokens, 0)
+        return usage(sim.num_prompt_tokens, len(stream.tokens), cached)
+
+    def _finish_reason(self, stream: RequestStream) -> str:
+        return "length" if len(stream.tokens) >= stream.request.max_tokens else "stop"
+
+    async def _complete(
+        self, send: Send, req: ParsedRequest, request_id: str, stream: RequestStream
+    ) -> None:
+        while not stream.done:
+            await stream.wait(len(stream.tokens))
+        if not stream.request.is_finished or stream.request.finish_time is None:
+            await _respond(send, 500, error_body("engine restarted", 500, "InternalServerError"))
+            return
+        text = self.pod.codec.decode(stream.tokens)
+        build = chat_body if req.chat else completion_body
+        body = build(
+            request_id,
+            self.pod.created,
+            req.model or self.model,
+            text,
+            self._finish_reason(stream),
+            self._usage(req, stream),
+        )
+        sim = stream.request
+        ttft = (sim.first_token_time or 0.0) - sim.arrival_time
+        headers = [
+            *_JSON,
+            (b"x-sim-arrival-seconds", repr(sim.arrival_time).encode()),
+            (b"x-sim-ttft-seconds", repr(ttft).encode()),
+        ]
+        await _respond(send, 200, json.dumps(body).encode(), headers)
+
+    async def _stream(
+        self, send: Send, req: ParsedRequest, request_id: str, stream: RequestStream
+    ) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+        model = req.model or self.model
+        created = self.pod.created
+        sent = 0
+        first = not req.chat
+        if req.chat:  # vLLM opens a chat stream with the assistant role and empty content
+            opening = stream_chunk(True, request_id, created, model, "", None, first=True)
+            await send({"type": "http.response.body", "body": opening, "more_body": True})
+        while True:
+            await stream.wait(sent)
+            new = stream.tokens[sent:]
+            sent += len(new)
+            if new or (stream.done and sent == 0):
+                finish = self._finish_reason(stream) if stream.done else None
+                if not new:
+                    finish = "abort"
+                chunk_usage = self._usage(req, stream) if req.continuous_usage else None
+                chunk = stream_chunk(
+                    req.chat,
+                    request_id,
+                    created,
+                    model,
+                    self.pod.codec.decode(new),
+                    finish,
+                    first=first,
+                    usage_=chunk_usage,
+                )
+                first = False
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if stream.done:
+                break
+        tail = b""
+        if req.include_usage:
+            tail += stream_chunk(
+                req.chat, request_id, created, model, None, None, usage_=self._usage(req, stream)
+            )
+        tail += b"data: [DONE]\n\n"
+        await send({"type": "http.response.body", "body": tail, "more_body": False})

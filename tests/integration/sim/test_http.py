@@ -1,0 +1,189 @@
+"""One simulated pod over real HTTP: the OpenAI API, errors, metrics and admin endpoints."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+
+import httpx
+import pytest
+from tests.integration.sim.processes import SimFactory
+
+LONG_TEXT = "The quick brown fox jumps over the lazy dog. " * 60  # ~675 fallback tokens
+
+
+@pytest.fixture(scope="module")
+def pod(start_sim_module: SimFactory) -> str:
+    proc = start_sim_module(
+        "--model", "org/model-8b", "--served-model-name", "m8b", "--block-size", "16",
+        "--enable-prefix-caching", "--prefix-caching-hash-algo", "sha256",
+        "--enable-prompt-tokens-details", "--max-model-len", "4096",
+        "--gpu-memory-utilization", "0.9", "--max-num-seqs", "64",
+    )  # fmt: skip
+    return proc.url
+
+
+def _complete(url: str, **body: object) -> httpx.Response:
+    return httpx.post(url + "/v1/completions", json={"model": "m8b", **body}, timeout=30)
+
+
+def test_same_long_prompt_twice_is_served_from_the_prefix_cache(pod: str) -> None:
+    text = "first test. " + LONG_TEXT
+    first = _complete(pod, prompt=text, max_tokens=4)
+    second = _complete(pod, prompt=text, max_tokens=4)
+    assert first.status_code == second.status_code == 200
+    u1, u2 = first.json()["usage"], second.json()["usage"]
+    assert u1["prompt_tokens"] == u2["prompt_tokens"] > 600
+    assert u1["prompt_tokens_details"] == {"cached_tokens": 0}
+    full_blocks = u2["prompt_tokens"] // 16 * 16
+    if u2["prompt_tokens"] % 16 == 0:
+        full_blocks -= 16  # vLLM recomputes the last prompt token
+    assert u2["prompt_tokens_details"] == {"cached_tokens": full_blocks}
+    assert float(second.headers["x-sim-ttft-seconds"]) < float(first.headers["x-sim-ttft-seconds"])
+    assert first.json()["choices"][0]["text"] == second.json()["choices"][0]["text"]
+    assert first.json()["choices"][0]["finish_reason"] == "length"
+
+
+def test_token_id_prompts_and_unknown_fields(pod: str) -> None:
+    resp = _complete(
+        pod, prompt=list(range(1000, 1100)), max_tokens=2, priority=0,
+        sampling_params={"x": 1}, return_text=True, rid="sglang-extra",
+    )  # fmt: skip
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["usage"]["prompt_tokens"] == 100
+    assert resp.json()["usage"]["completion_tokens"] == 2
+
+
+def test_streaming_completion_in_vllm_chunk_format(pod: str) -> None:
+    body = {"model": "m8b", "prompt": "hello", "max_tokens": 3, "stream": True,
+            "stream_options": {"include_usage": True}}  # fmt: skip
+    with httpx.stream("POST", pod + "/v1/completions", json=body, timeout=30) as resp:
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    text_chunks = [c for c in chunks if c["choices"]]
+    assert len(text_chunks) == 3
+    assert all(c["object"] == "text_completion" for c in chunks)
+    assert [c["choices"][0]["finish_reason"] for c in text_chunks] == [None, None, "length"]
+    assert chunks[-1]["choices"] == []
+    assert chunks[-1]["usage"]["completion_tokens"] == 3
+    assert chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+
+
+def test_chat_streaming_and_non_streaming(pod: str) -> None:
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    resp = httpx.post(
+        pod + "/v1/chat/completions",
+        json={"model": "m8b", "messages": messages, "max_tokens": 5},
+        timeout=30,
+    )
+    assert resp.status_code == 200, resp.text
+    body = resp.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"]["completion_tokens"] == 5
+    stream_body = {"model": "m8b", "messages": messages, "max_tokens": 2, "stream": True,
+                   "stream_options": {"include_usage": True}}  # fmt: skip
+    with httpx.stream("POST", pod + "/v1/chat/completions", json=stream_body, timeout=30) as r:
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert chunks[0]["object"] == "chat.completion.chunk"
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]] == [
+        None, None, "length"
+    ]  # fmt: skip
+    contents = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+    assert contents == body["choices"][0]["message"]["content"][: len(contents)]
+    assert chunks[-1]["usage"]["prompt_tokens_details"]["cached_tokens"] >= 0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "fragment"),
+    [
+        ({"prompt": "x" * 40000, "max_tokens": 1}, 400, "maximum context length is 4096"),
+        ({"prompt": "hello", "max_tokens": "ten"}, 400, "max_tokens"),
+        ({"prompt": 42}, 400, "prompt"),
+        ({"prompt": "hello", "stream": "yes"}, 400, "stream"),
+        ({"prompt": "hello", "model": "other"}, 404, "does not exist"),
+    ],
+)
+def test_invalid_requests_get_vllm_error_shape(
+    pod: str, body: dict[str, object], status: int, fragment: str
+) -> None:
+    resp = httpx.post(pod + "/v1/completions", json={"model": "m8b", **body}, timeout=30)
+    assert resp.status_code == status
+    error = resp.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == status
+    assert fragment in error["message"]
+
+
+def test_bad_json_is_a_400(pod: str) -> None:
+    resp = httpx.post(pod + "/v1/completions", content=b"{nope", timeout=30)
+    assert resp.status_code == 400
+    assert resp.json()["error"]["type"] == "BadRequestError"
+
+
+def test_metrics_use_vllm_names(pod: str) -> None:
+    _complete(pod, prompt=LONG_TEXT, max_tokens=2)
+    _complete(pod, prompt=LONG_TEXT, max_tokens=2)
+    text = httpx.get(pod + "/metrics", timeout=10).text
+    for name in (
+        "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+        "vllm:prompt_tokens_total", "vllm:generation_tokens_total", "vllm:num_preemptions_total",
+        "vllm:time_to_first_token_seconds_bucket", "vllm:e2e_request_latency_seconds_count",
+        "vllm:request_queue_time_seconds_sum", "vllm:inter_token_latency_seconds_count",
+        "vllm:request_prefill_time_seconds_count",
+    ):  # fmt: skip
+        assert re.search(rf'^{name}{{[^}}]*model_name="m8b"', text, re.M), name
+    info = next(line for line in text.splitlines() if line.startswith("vllm:cache_config_info{"))
+    assert 'block_size="16"' in info and 'num_gpu_blocks="' in info
+    hits = next(ln for ln in text.splitlines() if ln.startswith("vllm:prefix_cache_hits_total"))
+    assert float(hits.split()[-1]) > 600
+
+
+def test_reset_prefix_cache_forgets_prefixes(pod: str) -> None:
+    _complete(pod, prompt=LONG_TEXT, max_tokens=1)
+    cached = _complete(pod, prompt=LONG_TEXT, max_tokens=1)
+    assert cached.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    reset = httpx.post(pod + "/reset_prefix_cache", timeout=10)
+    assert reset.status_code == 200 and reset.json() == {"success": True}
+    again = _complete(pod, prompt=LONG_TEXT, max_tokens=1)
+    assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_info_endpoints_for_routers(pod: str) -> None:
+    assert httpx.get(pod + "/health", timeout=10).status_code == 200
+    models = httpx.get(pod + "/v1/models", timeout=10).json()
+    assert [m["id"] for m in models["data"]] == ["m8b"]
+    assert models["data"][0]["max_model_len"] == 4096
+    for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
+        resp = httpx.get(pod + path, timeout=10)
+        assert resp.status_code == 200, path
+    assert httpx.get(pod + "/model_info", timeout=10).json()["model_path"] == "org/model-8b"
+    assert httpx.get(pod + "/nope", timeout=10).status_code == 404
+
+
+def test_http2_prior_knowledge_is_refused_and_server_survives(pod: str) -> None:
+    host, port = pod.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        reply = sock.recv(4096)
+    assert reply.startswith(b"HTTP/1.1 400") or reply == b""
+    assert httpx.get(pod + "/health", timeout=10).status_code == 200
+
+
+def test_unknown_flag_is_an_error() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "kvgate.cli", "sim", "serve", "--model", "m", "--bogus", "1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "unrecognized arguments: --bogus" in result.stderr
