@@ -67,7 +67,10 @@ class Endpoint:
         self.consecutive_failures = 0
 
     def record_failure(self, now: float, eject_after: int, eject_seconds: float) -> bool:
-        """Count a failure; returns True when this failure ejects the pod."""
+        """Count a failure; returns True when this failure ejects a pod that was in rotation."""
+        if now < self.ejected_until:  # already out: keep it out, do not announce it again
+            self.ejected_until = now + eject_seconds
+            return False
         self.consecutive_failures += 1
         if self.consecutive_failures >= eject_after:
             self.ejected_until = now + eject_seconds

@@ -142,7 +142,9 @@ class Router:
                 tenant=cls.tenant,
                 session_id=cls.session_id,
             )
-            snapshots = [self.snapshot(ep, now) for ep in members]
+            # Every candidate ejected: fail open (trying a pod beats refusing the request).
+            fail_open = not any(ep.healthy(now) for ep in members)
+            snapshots = [self.snapshot(ep, now, fail_open=fail_open) for ep in members]
             try:
                 decision = state.policy.decide(
                     request, snapshots, matched, now=now, rng=self.rng, history=self.history
@@ -168,7 +170,7 @@ class Router:
             decision_seconds=time.perf_counter() - started,
         )
 
-    def snapshot(self, ep: Endpoint, now: float) -> EndpointSnapshot:
+    def snapshot(self, ep: Endpoint, now: float, *, fail_open: bool = False) -> EndpointSnapshot:
         pool = self.state.pools.get(ep.pool)
         stale = self.state.config.load_metrics.stale_after_seconds
         load = ep.load
@@ -186,7 +188,7 @@ class Router:
             id=ep.id,
             pool=ep.pool,
             pool_class=pool.pool_class if pool else "online",
-            healthy=ep.healthy(now),
+            healthy=fail_open or ep.healthy(now),
             draining=ep.draining,
             in_flight=ep.inflight,
             pending_prefill_requests=ep.pending_prefill_requests,
@@ -204,7 +206,8 @@ class Router:
             return [
                 ep
                 for ep in self.endpoints.in_pool(pool.key)
-                if ep.id not in excluded and ep.healthy(now) and not ep.draining
+                # Unhealthy pods go to the policy marked as such (its health filter drops them).
+                if ep.id not in excluded and not ep.draining
             ]
 
         chosen: list[Endpoint] = [ep for pool in cls.home_pools for ep in usable(pool)]

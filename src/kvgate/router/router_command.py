@@ -1,0 +1,131 @@
+"""`kvgate router`: run the router.
+
+    kvgate router --config router.yaml
+    kvgate router --endpoint http://127.0.0.1:8001 --endpoint http://127.0.0.1:8002 \\
+        --model meta-llama/Llama-3.1-8B-Instruct [--policy kvgate] [--port 8000] \\
+        [--tokenizer DIR] [--kv-events http://127.0.0.1:8001=tcp://127.0.0.1:5557 ...]
+
+With `--config` the file is watched and reloaded on change. The quick start builds a one-pool
+config: every `--endpoint` is a static endpoint; `--kv-events URL=ZMQ` names an endpoint's KV
+event socket (endpoints without one are tracked approximately, from routing history).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from kvgate.api.router_config import RouterConfig, load_router_config
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="router config file (YAML); reloaded on change")
+    parser.add_argument(
+        "--endpoint", action="append", default=[], help="engine base URL (repeatable)"
+    )
+    parser.add_argument("--model", help="model name the endpoints serve (quick start)")
+    parser.add_argument("--policy", default=None, help="routing policy (default kvgate)")
+    parser.add_argument("--host", default=None, help="listen address (default 0.0.0.0)")
+    parser.add_argument("--port", type=int, default=None, help="listen port (default 8000)")
+    parser.add_argument("--tokenizer", default=None, help="tokenizer directory (exact keys)")
+    parser.add_argument("--block-size", type=int, default=16, help="engines' --block-size")
+    parser.add_argument(
+        "--kv-events",
+        action="append",
+        default=[],
+        metavar="URL=tcp://HOST:PORT",
+        help="an endpoint's KV event socket (repeatable)",
+    )
+    parser.add_argument("--redis", default=None, help="Redis URL for a shared directory")
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    """The config named by `--config`, or the quick-start config built from the flags."""
+    if args.config:
+        if args.endpoint or args.model:
+            raise ValueError("give either --config or --endpoint/--model, not both")
+        config = load_router_config(args.config)
+        updates: dict[str, Any] = {}
+        if args.host is not None or args.port is not None:
+            server = config.server.model_copy(
+                update={
+                    k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None
+                }
+            )
+            updates["server"] = server
+        return config.model_copy(update=updates) if updates else config
+    if not args.endpoint or not args.model:
+        raise ValueError("give --config FILE, or at least one --endpoint and --model")
+    events: dict[str, str] = {}
+    for item in args.kv_events:
+        url, sep, zmq = item.partition("=")
+        if not sep or not zmq:
+            raise ValueError(f"--kv-events wants URL=tcp://HOST:PORT, got {item!r}")
+        events[url.rstrip("/")] = zmq
+    unknown = set(events) - {e.rstrip("/") for e in args.endpoint}
+    if unknown:
+        raise ValueError(
+            f"--kv-events names endpoints not given with --endpoint: {sorted(unknown)}"
+        )
+    data: dict[str, Any] = {
+        "server": {
+            "host": args.host if args.host is not None else "0.0.0.0",
+            "port": args.port if args.port is not None else 8000,
+        },
+        "pools": [
+            {
+                "name": "default",
+                "model": args.model,
+                "engine": {
+                    "block_size": args.block_size,
+                    "tokenizer": {"path": args.tokenizer},
+                },
+                "endpoints": {
+                    "static": [
+                        {"url": url, "kv_events": events.get(url.rstrip("/"))}
+                        for url in args.endpoint
+                    ]
+                },
+            }
+        ],
+    }
+    if args.policy:
+        data["policy"] = {"name": args.policy}
+    if args.redis:
+        data["directory"] = {"backend": "redis", "redis": {"url": args.redis}}
+    return RouterConfig.model_validate(data)
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from kvgate.router.app import RouterApp
+    from kvgate.router.runtime import RouterRuntime
+
+    try:
+        config = config_from_args(args)
+        runtime = RouterRuntime(config, config_path=args.config)
+    except (ValueError, OSError) as exc:
+        print(f"kvgate router: {exc}")
+        return 2
+    app = RouterApp(runtime)
+    print(
+        f"kvgate router: {len(config.pools)} pool(s), policy {config.policy.name}, "
+        f"listening on http://{config.server.host}:{config.server.port}",
+        flush=True,
+    )
+    uvicorn.run(
+        app,
+        host=config.server.host,
+        port=config.server.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=config.server.access_log,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+    )
+    return 0

@@ -1,0 +1,217 @@
+"""Pure parts of the router: classification, keys, usage, load parsing, sessions."""
+
+import argparse
+from types import SimpleNamespace
+
+import pytest
+
+from kvgate.api.router_config import EngineConfig, RouterConfig
+from kvgate.router.classify import Classifier
+from kvgate.router.errors import RouterError
+from kvgate.router.keys import Keyer
+from kvgate.router.router_command import add_arguments, config_from_args
+from kvgate.router.scrape import parse_load
+from kvgate.router.usage import SseUsageTap, usage_from_json_body
+
+
+def _config(**extra):
+    pools = [
+        {"name": "on", "model": "m", "endpoints": {"static": [{"url": "http://a:1"}]}},
+        {
+            "name": "off",
+            "model": "m",
+            "pool_class": "batch",
+            "endpoints": {"static": [{"url": "http://b:1"}]},
+        },
+    ]
+    return RouterConfig.model_validate({"pools": pools, **extra})
+
+
+BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_tenants_get_their_salt_and_override_client_salts(tmp_path):
+    key_file = tmp_path / "key"
+    key_file.write_text("key-b\n")
+    cfg = _config(
+        tenants={
+            "tenants": [
+                {"name": "a", "api_keys": [{"value": "key-a"}]},
+                {"name": "b", "api_keys": [{"file": str(key_file)}], "cache_salt": {"value": "s"}},
+            ],
+            "salt_secret": {"value": "secret"},
+        }
+    )
+    c = Classifier(cfg)
+    a = c.classify({**BODY, "cache_salt": "b-salt-guess"}, {"authorization": "Bearer key-a"})
+    b = c.classify(BODY, {"authorization": "Bearer key-b"})
+    anon = c.classify(BODY, {})
+    assert a.tenant == "a" and b.tenant == "b" and anon.tenant == "anonymous"
+    assert b.cache_salt == "s"
+    assert a.cache_salt not in (None, "b-salt-guess", b.cache_salt, anon.cache_salt)
+
+
+def test_unknown_key_can_be_rejected():
+    cfg = _config(
+        tenants={"tenants": [{"name": "a", "api_keys": [{"value": "k"}]}], "unknown_key": "reject"}
+    )
+    with pytest.raises(RouterError) as exc:
+        Classifier(cfg).classify(BODY, {"authorization": "Bearer wrong"})
+    assert exc.value.status == 401
+
+
+def test_without_tenants_client_salt_passes_through():
+    c = Classifier(_config())
+    assert c.classify({**BODY, "cache_salt": "x"}, {}).cache_salt == "x"
+    assert c.classify(BODY, {}).tenant is None
+
+
+def test_class_header_rules_and_pools():
+    cfg = _config(
+        classes={"rules": [{"request_class": "batch", "header": "x-job"}]},
+        sessions={"header": "x-sid"},
+    )
+    c = Classifier(cfg)
+    online = c.classify({**BODY, "user": "u1"}, {})
+    assert online.request_class == "online"
+    assert [p.name for p in online.home_pools] == ["on"]
+    assert online.session_id == "u1"
+    batch = c.classify(BODY, {"x-job": "1", "x-sid": "s"})
+    assert batch.request_class == "batch"
+    assert [p.name for p in batch.home_pools] == ["off"]
+    assert [p.name for p in batch.borrow_pools] == ["on"]
+    assert batch.session_id == "s"
+    assert c.classify(BODY, {"x-kvgate-class": "batch"}).request_class == "batch"
+    with pytest.raises(RouterError):
+        c.classify(BODY, {"x-kvgate-class": "urgent"})
+
+
+def test_approximate_keys_extend_across_turns_and_depend_on_salt():
+    keyer = Keyer(EngineConfig())
+    turn1 = {
+        "messages": [{"role": "system", "content": "s" * 500}, {"role": "user", "content": "q"}]
+    }
+    turn2 = {"messages": [*turn1["messages"], {"role": "assistant", "content": "a" * 300}]}
+    k1 = keyer.keys(turn1, "chat", None)
+    k2 = keyer.keys(turn2, "chat", None)
+    assert not k1.exact and len(k1.block_keys) > 5
+    assert k2.block_keys[: len(k1.block_keys)] == k1.block_keys
+    salted = keyer.keys(turn1, "chat", "tenant-a")
+    assert salted.block_keys[0] != k1.block_keys[0]
+
+
+def test_token_id_prompts_are_hashed_exactly():
+    keyer = Keyer(EngineConfig(block_size=4))
+    keys = keyer.keys({"prompt": list(range(10))}, "completion", None)
+    assert keys.exact and keys.prompt_tokens == 10 and len(keys.block_keys) == 2
+    assert keys.block_keys == keyer.hasher.block_keys(list(range(10)))
+    with pytest.raises(RouterError):
+        keyer.keys({"prompt": None}, "completion", None)
+
+
+def test_sse_tap_strips_only_the_usage_chunk_across_split_chunks():
+    stream = (
+        b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1,'
+        b'"prompt_tokens_details":{"cached_tokens":5}}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    tap = SseUsageTap(strip_usage_chunk=True)
+    out = b"".join(tap.feed(stream[i : i + 7]) for i in range(0, len(stream), 7)) + tap.flush()
+    assert out == b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: [DONE]\n\n'
+    assert tap.usage is not None and tap.usage.cached_tokens == 5
+    keep = SseUsageTap(strip_usage_chunk=False)
+    assert keep.feed(stream) == stream
+
+
+def test_usage_from_json_tolerates_garbage():
+    assert usage_from_json_body(b"nope") is None
+    assert usage_from_json_body(b'{"usage": {"prompt_tokens": 3}}').cached_tokens is None
+
+
+def test_parse_load_sums_label_sets_and_ignores_others():
+    text = (
+        "# HELP vllm:num_requests_waiting waiting\n"
+        'vllm:num_requests_waiting{model_name="a"} 2.0\n'
+        'vllm:num_requests_waiting{model_name="b"} 1.0 1700000000\n'
+        "vllm:num_requests_running 4\n"
+        'vllm:kv_cache_usage_perc{model_name="a"} 0.5\n'
+        'vllm:num_requests_waiting_total{model_name="a"} 99\n'
+    )
+    load = parse_load(text, now=1.0)
+    assert (load.waiting, load.running, load.kv_cache_usage) == (3.0, 4.0, 0.5)
+
+
+def test_quick_start_flags_build_a_config():
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--endpoint",
+            "http://127.0.0.1:8001",
+            "--endpoint",
+            "http://127.0.0.1:8002/",
+            "--model",
+            "m",
+            "--policy",
+            "least-load",
+            "--port",
+            "9000",
+            "--kv-events",
+            "http://127.0.0.1:8001=tcp://127.0.0.1:5557",
+        ]
+    )
+    cfg = config_from_args(args)
+    eps = cfg.pools[0].endpoints.static
+    assert [e.kv_events for e in eps] == ["tcp://127.0.0.1:5557", None]
+    assert cfg.policy.name == "least-load" and cfg.server.port == 9000
+    bad = parser.parse_args(
+        ["--endpoint", "http://x:1", "--model", "m", "--kv-events", "http://y:1=tcp://z:1"]
+    )
+    with pytest.raises(ValueError):
+        config_from_args(bad)
+    with pytest.raises(ValueError):
+        config_from_args(parser.parse_args([]))
+
+
+def test_kubernetes_pod_readiness_and_spec():
+    from kvgate.router.discovery.kubernetes import pod_is_ready, pod_spec
+
+    def pod(ready="True", ip="10.0.0.5", deleting=None, restarts=0):
+        return SimpleNamespace(
+            metadata=SimpleNamespace(
+                name="e-0", namespace="ns", uid="u1", deletion_timestamp=deleting
+            ),
+            spec=SimpleNamespace(
+                containers=[
+                    SimpleNamespace(ports=[SimpleNamespace(name="http", container_port=9000)])
+                ]
+            ),
+            status=SimpleNamespace(
+                phase="Running",
+                pod_ip=ip,
+                conditions=[SimpleNamespace(type="Ready", status=ready)],
+                container_statuses=[SimpleNamespace(restart_count=restarts)],
+            ),
+        )
+
+    assert pod_is_ready(pod())
+    assert not pod_is_ready(pod(ready="False"))
+    assert not pod_is_ready(pod(ip=None))
+    assert not pod_is_ready(pod(deleting="now"))
+    cfg = RouterConfig.model_validate(
+        {
+            "pools": [
+                {
+                    "name": "p",
+                    "namespace": "ns",
+                    "model": "m",
+                    "endpoints": {"kubernetes": {"label_selector": "a=b"}},
+                }
+            ]
+        }
+    )
+    pool = cfg.pools[0]
+    spec = pod_spec(pool, pool.endpoints.kubernetes, pod(restarts=2))
+    assert spec.id == "ns/e-0" and spec.url == "http://10.0.0.5:9000"
+    assert spec.kv_events == "tcp://10.0.0.5:5557" and spec.generation == "u1:2"

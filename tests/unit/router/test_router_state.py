@@ -1,0 +1,153 @@
+"""Sessions, reload, directory fallback, disconnects: router state over time."""
+
+import asyncio
+
+from tests.unit.router.fakes import FakePods, make_config
+
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.router.fallback import FallbackIndex
+from kvgate.router.metrics import RouterMetrics
+
+SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}
+
+
+def _metric(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_session_prefix_break_is_counted_with_its_field(router_app):
+    client, _ = await router_app(make_config(2), FakePods())
+    headers = {"x-session-id": "s1"}
+    turn1 = {"model": "m", "messages": [SYSTEM, {"role": "user", "content": "q1 " * 50}]}
+    turn2 = {
+        "model": "m",
+        "messages": [
+            *turn1["messages"],
+            {"role": "assistant", "content": "a"},
+            {"role": "user", "content": "q2"},
+        ],
+    }
+    for body in (turn1, turn2):
+        assert (
+            await client.post("/v1/chat/completions", json=body, headers=headers)
+        ).status_code == 200
+    metrics = (await client.get("/metrics")).text
+    assert _metric(metrics, "kvgate_router_prefix_breaks_total{") == 0
+    changed = {"role": "system", "content": "Today is Monday. " + SYSTEM["content"]}
+    turn3 = {"model": "m", "messages": [changed, *turn2["messages"][1:]]}
+    await client.post("/v1/chat/completions", json=turn3, headers=headers)
+    metrics = (await client.get("/metrics")).text
+    assert 'kvgate_router_prefix_breaks_total{field="content",pool="default/p"} 1.0' in metrics
+
+
+async def test_reload_adds_endpoints_and_keeps_state(router_app):
+    client, runtime = await router_app(make_config(1), FakePods())
+    await client.post("/v1/chat/completions", json={"model": "m", "messages": [SYSTEM]})
+    kept = runtime.endpoints.get("pod0:8000")
+    await runtime.reload(make_config(3))
+    assert {ep.id for ep in runtime.endpoints.all()} == {"pod0:8000", "pod1:8000", "pod2:8000"}
+    assert runtime.endpoints.get("pod0:8000") is kept
+    await runtime.reload(make_config(1, policy={"name": "round-robin"}))
+    assert [ep.id for ep in runtime.endpoints.all()] == ["pod0:8000"]
+    assert runtime.router.state.policy.name == "round-robin"
+
+
+async def test_departed_pod_is_forgotten_by_the_directory(router_app):
+    _client, runtime = await router_app(make_config(2), FakePods())
+    index = runtime.indexes["default/p"]
+    await index.add_approximate("pod1:8000", [b"k" * 32], 60)
+    assert await index.lookup([b"k" * 32]) == {"pod1:8000": 1}
+    await runtime.reload(make_config(1))
+    assert await index.lookup([b"k" * 32]) == {}
+
+
+class _BrokenIndex(MemoryBlockIndex):
+    broken = True
+
+    async def lookup(self, keys, pods=None):
+        if self.broken:
+            raise ConnectionError("redis down")
+        return await super().lookup(keys, pods)
+
+    async def add_approximate(self, pod, keys, ttl_seconds):
+        if self.broken:
+            raise ConnectionError("redis down")
+        await super().add_approximate(pod, keys, ttl_seconds)
+
+
+async def test_fallback_routes_on_local_view_and_resyncs():
+    now = [0.0]
+    shared = _BrokenIndex()
+    metrics = RouterMetrics()
+    index = FallbackIndex(
+        shared, MemoryBlockIndex(), metrics, resync_interval=1.0, clock=lambda: now[0]
+    )
+    key = b"k" * 32
+    await shared.add("pod-a", [key])  # written while healthy (bypassing the wrapper)
+    await index.add_approximate("pod-b", [key], 60)  # shared write fails: degraded
+    assert index.degraded
+    assert await index.lookup([key]) == {"pod-b": 1}  # local view
+    shared.broken = False
+    assert await index.lookup([key]) == {"pod-b": 1}  # not yet time to probe
+    now[0] = 2.0
+    found = await index.lookup([key])
+    assert not index.degraded
+    assert found == {"pod-a": 1}  # pod-b was cleared in the shared index on resync
+    assert metrics.directory_errors.labels("add_approximate")._value.get() == 1
+
+
+async def test_client_disconnect_cancels_upstream(router_app):
+    import httpx
+
+    started = asyncio.Event()
+    cancelled = asyncio.Event()
+
+    class SlowStream(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            started.set()
+            try:
+                await asyncio.sleep(30)
+                yield b""
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    from kvgate.api.router_config import RouterConfig  # noqa: F401
+    from kvgate.router.app import RouterApp
+    from kvgate.router.runtime import RouterRuntime
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text="")
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=SlowStream()
+        )
+
+    runtime = RouterRuntime(make_config(1), transport=httpx.MockTransport(handler))
+    await runtime.start()
+    app = RouterApp(runtime)
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}'
+    messages = [{"type": "http.request", "body": body, "more_body": False}]
+    disconnect = asyncio.Event()
+
+    async def receive():
+        if messages:
+            return messages.pop()
+        await disconnect.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        return None
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
+    task = asyncio.create_task(app(scope, receive, send))
+    await asyncio.wait_for(started.wait(), 5)
+    disconnect.set()
+    await asyncio.wait_for(task, 5)
+    await asyncio.wait_for(cancelled.wait(), 5)
+    assert runtime.endpoints.get("pod0:8000").inflight == 0
+    await runtime.stop()
