@@ -41,8 +41,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Protocol
 
 PoolClass = Literal["online", "batch"]
 RequestClass = Literal["online", "batch"]
@@ -107,9 +107,12 @@ class RoutingRequest:
     session_id: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CostEstimate:
-    """The cost model's prediction for sending the request to one endpoint."""
+class CostEstimate(NamedTuple):
+    """The cost model's prediction for sending the request to one endpoint.
+
+    (A NamedTuple rather than a frozen dataclass: one is built per endpoint per decision, and
+    tuples are several times cheaper to construct.)
+    """
 
     endpoint_id: str
     hit_tokens: int  # prompt tokens predicted to be served from the pod's prefix cache
@@ -213,8 +216,7 @@ class Picker(Protocol):
     ) -> EndpointSnapshot: ...
 
 
-@dataclass(frozen=True, slots=True)
-class CandidateExplanation:
+class CandidateExplanation(NamedTuple):
     """One endpoint's line in a decision explanation (``/debug/route``)."""
 
     estimate: CostEstimate
@@ -240,6 +242,29 @@ class CandidateExplanation:
 
 
 @dataclass(frozen=True, slots=True)
+class Explanation:
+    """What a decision saw, kept raw; :meth:`candidates` builds the per-endpoint lines on demand
+    (only ``/debug/route`` and logs need them, so the hot path does not pay for them)."""
+
+    estimates: Mapping[str, CostEstimate]  # every endpoint given to the policy, in input order
+    dropped: Mapping[str, str]  # endpoint id -> the filter that dropped it
+    scored: Mapping[str, int]  # endpoint id -> index into the lists below (filter survivors)
+    scores: Mapping[str, Sequence[float]]  # scorer name -> score of each survivor
+    totals: Sequence[float]  # weighted total of each survivor
+
+    def candidates(self) -> tuple[CandidateExplanation, ...]:
+        out: list[CandidateExplanation] = []
+        for eid, est in self.estimates.items():
+            i = self.scored.get(eid)
+            if i is None:
+                out.append(CandidateExplanation(est, {}, None, self.dropped.get(eid)))
+            else:
+                scores = {name: values[i] for name, values in self.scores.items()}
+                out.append(CandidateExplanation(est, scores, self.totals[i], None))
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
 class Decision:
     """The outcome of one routing decision, with its explanation."""
 
@@ -249,7 +274,12 @@ class Decision:
     policy: str
     predicted_hit_tokens: int
     predicted_ttft_seconds: float
-    candidates: tuple[CandidateExplanation, ...] = field(default=())
+    explanation: Explanation | None = None
+
+    @property
+    def candidates(self) -> tuple[CandidateExplanation, ...]:
+        """One line per endpoint given to the policy (empty without an explanation)."""
+        return () if self.explanation is None else self.explanation.candidates()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready explanation (the body of ``/debug/route``)."""

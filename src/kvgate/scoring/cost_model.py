@@ -65,62 +65,78 @@ class CostModelParams(BaseModel):
 class CostModel:
     """Computes :class:`CostEstimate` per endpoint. Stateless apart from its parameters."""
 
-    __slots__ = ("params",)
+    __slots__ = (
+        "_approx",
+        "_foreign",
+        "_kv_seconds",
+        "_kv_threshold",
+        "_max_batched",
+        "_min_fraction",
+        "_prior",
+        "_slot_wait",
+        "_stale",
+        "params",
+    )
 
     def __init__(self, params: CostModelParams | None = None) -> None:
-        self.params = params or CostModelParams()
+        p = self.params = params or CostModelParams()
+        # Plain floats for the hot path (called once per endpoint per decision).
+        self._prior = p.prior_prefill_tokens_per_second
+        self._max_batched = float(p.max_num_batched_tokens)
+        self._min_fraction = p.min_rate_fraction
+        self._foreign = p.foreign_request_tokens
+        self._slot_wait = p.slot_wait_seconds
+        self._kv_threshold = p.kv_pressure_threshold
+        self._kv_seconds = p.kv_pressure_seconds
+        self._approx = p.approximate_hit_discount
+        self._stale = p.stale_after_seconds
 
     def hit_tokens(self, request: RoutingRequest, matched_blocks: int) -> int:
         """Prompt tokens the pod would serve from cache, given its leading matched blocks."""
         if matched_blocks <= 0 or request.prompt_tokens <= 1:
             return 0
-        bs = max(1, request.block_tokens)
+        bs = request.block_tokens if request.block_tokens > 0 else 1
         usable_blocks = (request.prompt_tokens - 1) // bs  # the last token is always computed
-        hit = min(matched_blocks, usable_blocks) * bs
+        hit = (matched_blocks if matched_blocks < usable_blocks else usable_blocks) * bs
         if not request.keys_exact:
-            hit = int(hit * self.params.approximate_hit_discount)
+            hit = int(hit * self._approx)
         return hit
 
     def estimate(
         self, request: RoutingRequest, endpoint: EndpointSnapshot, matched_blocks: int, now: float
     ) -> CostEstimate:
-        p = self.params
-        hit = self.hit_tokens(request, matched_blocks)
-        uncached = max(0, request.prompt_tokens - hit)
-        engine = endpoint.engine
-        if engine is not None and now - engine.observed_at > p.stale_after_seconds:
-            engine = None
-        rate = endpoint.prefill_tokens_per_second or p.prior_prefill_tokens_per_second
+        hit = self.hit_tokens(request, matched_blocks) if matched_blocks > 0 else 0
+        uncached = request.prompt_tokens - hit
+        if uncached < 0:
+            uncached = 0
+        rate = endpoint.prefill_tokens_per_second or self._prior
         queued_tokens = float(endpoint.pending_prefill_tokens)
-        queued_requests = endpoint.pending_prefill_requests
         load = endpoint.in_flight
         queue = 0.0
-        if engine is not None:
-            running = max(0, engine.running)
-            waiting = max(0, engine.waiting)
-            rate *= max(p.min_rate_fraction, 1.0 - running / p.max_num_batched_tokens)
-            foreign = max(0, waiting - endpoint.pending_prefill_requests)
-            queued_tokens += foreign * p.foreign_request_tokens
-            queued_requests += foreign
-            load = max(load, running + waiting)
+        engine = endpoint.engine
+        if engine is not None and now - engine.observed_at <= self._stale:
+            running = engine.running if engine.running > 0 else 0
+            waiting = engine.waiting if engine.waiting > 0 else 0
+            fraction = 1.0 - running / self._max_batched
+            rate *= fraction if fraction > self._min_fraction else self._min_fraction
+            foreign = waiting - endpoint.pending_prefill_requests
+            if foreign > 0:
+                queued_tokens += foreign * self._foreign
+            else:
+                foreign = 0
+            if running + waiting > load:
+                load = running + waiting
             if endpoint.max_num_seqs is not None:
-                over = running + queued_requests + 1 - endpoint.max_num_seqs
+                over = running + endpoint.pending_prefill_requests + foreign + 1
+                over -= endpoint.max_num_seqs
                 if over > 0:
-                    queue += over * p.slot_wait_seconds
+                    queue += over * self._slot_wait
             usage = engine.kv_cache_usage
-            if usage > p.kv_pressure_threshold:
-                excess = min(1.0, (usage - p.kv_pressure_threshold) / (1 - p.kv_pressure_threshold))
-                queue += excess * p.kv_pressure_seconds
+            if usage > self._kv_threshold:
+                excess = (usage - self._kv_threshold) / (1.0 - self._kv_threshold)
+                queue += (excess if excess < 1.0 else 1.0) * self._kv_seconds
         queue += queued_tokens / rate
-        return CostEstimate(
-            endpoint_id=endpoint.id,
-            hit_tokens=hit,
-            uncached_tokens=uncached,
-            load=load,
-            prefill_tokens_per_second=rate,
-            queue_seconds=queue,
-            prefill_seconds=uncached / rate,
-        )
+        return CostEstimate(endpoint.id, hit, uncached, load, rate, queue, uncached / rate)
 
     def estimate_all(
         self,
@@ -130,4 +146,5 @@ class CostModel:
         now: float,
     ) -> dict[str, CostEstimate]:
         get = matched_blocks.get
-        return {e.id: self.estimate(request, e, get(e.id, 0), now) for e in endpoints}
+        estimate = self.estimate
+        return {e.id: estimate(request, e, get(e.id, 0), now) for e in endpoints}

@@ -24,11 +24,11 @@ from kvgate.scoring.base import (
     REASON_LOAD_SPILL,
     REASON_NO_HIT_SPREAD,
     REASON_PREFIX_HIT,
-    CandidateExplanation,
     ChoiceHistory,
     CycleState,
     Decision,
     EndpointSnapshot,
+    Explanation,
     Filter,
     MatchedBlocks,
     NoEligibleEndpointError,
@@ -115,15 +115,6 @@ class PipelinePolicy:
             totals = [1.0] * len(candidates)
         chosen = self.picker.pick(state, candidates, totals)
 
-        explained: list[CandidateExplanation] = []
-        index = {e.id: i for i, e in enumerate(candidates)}
-        for e in endpoints:
-            i = index.get(e.id)
-            if i is None:
-                explained.append(CandidateExplanation(estimates[e.id], {}, None, dropped.get(e.id)))
-            else:
-                scores = {w.scorer.name: s[i] for w, s in per_scorer}
-                explained.append(CandidateExplanation(estimates[e.id], scores, totals[i], None))
         est = estimates[chosen.id]
         return Decision(
             endpoint_id=chosen.id,
@@ -132,7 +123,13 @@ class PipelinePolicy:
             policy=self.name,
             predicted_hit_tokens=est.hit_tokens,
             predicted_ttft_seconds=est.ttft_seconds,
-            candidates=tuple(explained),
+            explanation=Explanation(
+                estimates=estimates,
+                dropped=dropped,
+                scored={e.id: i for i, e in enumerate(candidates)},
+                scores={w.scorer.name: s for w, s in per_scorer},
+                totals=totals,
+            ),
         )
 
     def _reason(
