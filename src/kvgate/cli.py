@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run a simulated fleet and compare round robin with kvgate",
     ),
     "crds": ("kvgate.api.crds_command", "write the generated CRD YAML (crds/*.yaml, docs)"),
+    "operator": ("kvgate.operator.command", "run the kopf operator for pools and policies"),
     "hash": ("kvgate.prefix.hash_command", "print vLLM's block hashes of a list of token ids"),
     "sim": ("kvgate.sim.serve_command", "simulated vLLM pods: `sim serve` (one) or `sim fleet`"),
     "podrunner": (

@@ -53,9 +53,6 @@ class ClassRuleSpec(ApiModel):
     header_value: str | None = Field(
         default=None, description="Required header value; unset means any value."
     )
-    min_prompt_tokens: int | None = Field(
-        default=None, ge=0, description="Minimum prompt length in tokens."
-    )
 
 
 class ClassesSpec(ApiModel):

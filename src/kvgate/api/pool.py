@@ -23,6 +23,7 @@ from kvgate.api.base import (
     ResourceRequirements,
     cel,
 )
+from kvgate.api.router_config import HashAlgo
 
 POOL_KIND = "InferencePool"
 POOL_PLURAL = "inferencepools"
@@ -50,13 +51,6 @@ MANAGED_FLAGS = (
 class PoolClass(StrEnum):
     ONLINE = "online"
     BATCH = "batch"
-
-
-class HashAlgo(StrEnum):
-    SHA256 = "sha256"
-    SHA256_CBOR = "sha256_cbor"
-    XXHASH = "xxhash"
-    XXHASH_CBOR = "xxhash_cbor"
 
 
 class PullPolicy(StrEnum):
@@ -134,8 +128,9 @@ class CacheSettings(ApiModel):
     """Prefix-cache hashing: what the router needs to compute the engines' block hashes."""
 
     hash_algo: HashAlgo = Field(
-        default=HashAlgo.SHA256,
-        description="Block hash algorithm (--prefix-caching-hash-algo).",
+        default="sha256",
+        description="Block hash algorithm (--prefix-caching-hash-algo); only the algorithms "
+        "the router can reproduce exactly (xxhash seeds are random per vLLM process).",
     )
     hash_seed: int = Field(
         default=0,

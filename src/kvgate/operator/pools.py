@@ -1,0 +1,48 @@
+"""kopf handlers for InferencePool: thin wrappers around :class:`Reconciler`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from kvgate.operator.handlers_common import HANDLER_BACKOFF_SECONDS, POOL, plain, reconciler
+
+log = logging.getLogger(__name__)
+
+
+@kopf.on.resume(*POOL, backoff=HANDLER_BACKOFF_SECONDS)
+@kopf.on.create(*POOL, backoff=HANDLER_BACKOFF_SECONDS)
+@kopf.on.update(*POOL, backoff=HANDLER_BACKOFF_SECONDS)
+async def pool_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    await reconciler(memo).reconcile_pool(plain(body))
+
+
+@kopf.daemon(*POOL, cancellation_timeout=2.0)
+async def pool_resync(
+    stopped: kopf.DaemonStopped, body: kopf.Body, memo: kopf.Memo, **_: Any
+) -> None:
+    """Re-apply children and refresh status periodically (drift the watches did not catch)."""
+    rec = reconciler(memo)
+    while not stopped:
+        await stopped.wait(rec.settings.resync_seconds)
+        if stopped:
+            break
+        try:
+            await rec.reconcile_pool(plain(body))
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a resync must never die: the next one tries again
+            log.exception("resync of InferencePool %s failed", body.get("metadata", {}).get("name"))
+
+
+@kopf.on.delete(*POOL, backoff=HANDLER_BACKOFF_SECONDS)
+async def pool_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Finalizer: clear the pool's directory entries (bounded), then update its policies."""
+    rec = reconciler(memo)
+    data = plain(body)
+    await rec.finalize_pool(data)
+    meta = data["metadata"]
+    await rec.reconcile_policies_of_pool(meta.get("namespace") or "default", meta["name"])

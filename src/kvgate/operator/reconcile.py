@@ -1,0 +1,369 @@
+"""The operator's logic, independent of kopf: reconcile pools and policies, finalize pools.
+
+`reconcile_pool` and `reconcile_policy` are idempotent: parse the spec into the pydantic model,
+render every child with the pure builders, server-side apply them all (which also undoes drift:
+an edited child gets its fields back, a deleted one is recreated), read back what the cluster
+reports and write the status. They never raise for problems a person must fix: an invalid spec,
+a missing pool or a failed API call becomes a `Degraded` condition with a readable message and
+a Warning event (posted once per new problem, not on every resync), and the next resync tries
+again. Calls for the same object are serialised by a per-object lock, because handlers, the
+resync daemon and child watches may all ask for the same reconcile at once.
+
+A pool change cascades to the policies that select it (their router config and endpoint counts
+depend on it). Deleting a pool clears its entries from every Redis directory of a policy that
+selected it, with a bounded timeout (:mod:`kvgate.operator.cleanup`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from kvgate.api.base import GROUP_VERSION, JsonDict
+from kvgate.api.policy import POLICY_KIND, RoutingPolicySpec
+from kvgate.api.pool import POOL_KIND, InferencePoolSpec
+from kvgate.operator import cleanup
+from kvgate.operator.kube import Kube, KubeError
+from kvgate.operator.render import (
+    Owner,
+    SelectedPool,
+    engine_selector_string,
+    policy_children,
+    pool_children,
+)
+from kvgate.operator.render.router import router_name
+from kvgate.operator.status import Problem, Rollout, policy_status, pool_status
+
+log = logging.getLogger(__name__)
+
+
+class EventSink(Protocol):
+    def __call__(self, body: JsonDict, *, type: str, reason: str, message: str) -> None: ...
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    """Knobs of the operator (`kvgate operator` flags)."""
+
+    router_image: str = "kvgate:0.1.0"
+    resync_seconds: float = 30.0
+    cleanup_timeout_seconds: float = 5.0
+
+
+def describe(exc: ValidationError) -> str:
+    """A pydantic error as one line a person can act on: `field.path: what is wrong; ...`."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "spec"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _meta(body: JsonDict) -> JsonDict:
+    meta: JsonDict = body.get("metadata") or {}
+    return meta
+
+
+def selects(policy: RoutingPolicySpec, pool: JsonDict) -> bool:
+    name = _meta(pool).get("name")
+    if name in policy.pools:
+        return True
+    selector = policy.pool_selector
+    if selector is None or not selector.match_labels:
+        return False
+    labels = _meta(pool).get("labels") or {}
+    return all(labels.get(k) == v for k, v in selector.match_labels.items())
+
+
+class Reconciler:
+    """Reconciles InferencePools and RoutingPolicies through a `Kube`."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        events: EventSink,
+        settings: OperatorSettings,
+        *,
+        clock: Callable[[], str] = utc_now,
+        clear_pool: Callable[..., Awaitable[int]] = cleanup.clear_pool,
+    ) -> None:
+        self.kube = kube
+        self.events = events
+        self.settings = settings
+        self._clock = clock
+        self._clear_pool = clear_pool
+        self._locks: dict[tuple[str, str, str], asyncio.Lock] = {}
+        self._problems: dict[tuple[str, str, str], Problem | None] = {}
+
+    def _lock(self, kind: str, namespace: str, name: str) -> asyncio.Lock:
+        return self._locks.setdefault((kind, namespace, name), asyncio.Lock())
+
+    def _report(self, body: JsonDict, owner: Owner, problem: Problem | None) -> None:
+        """Post a Warning when a new problem appears, a Normal event when it is resolved."""
+        key = (owner.kind, owner.namespace, owner.name)
+        before = self._problems.get(key)
+        self._problems[key] = problem
+        if problem == before:
+            return
+        if problem is not None:
+            log.warning("%s %s/%s: %s", owner.kind, owner.namespace, owner.name, problem.message)
+            self.events(body, type="Warning", reason=problem.reason, message=problem.message)
+        elif before is not None:
+            self.events(body, type="Normal", reason="Reconciled", message="problem resolved")
+
+    async def _apply_all(
+        self, children: list[JsonDict]
+    ) -> tuple[dict[str, JsonDict], Problem | None]:
+        applied: dict[str, JsonDict] = {}
+        for child in children:
+            kind, name = child["kind"], child["metadata"]["name"]
+            try:
+                applied[kind] = await self.kube.apply(child)
+            except KubeError as exc:
+                return applied, Problem("ApplyFailed", f"cannot apply {kind} {name}: {exc.message}")
+        return applied, None
+
+    async def _get(self, api_version: str, kind: str, namespace: str, name: str) -> JsonDict | None:
+        try:
+            return await self.kube.get(api_version, kind, namespace, name)
+        except KubeError:
+            return None
+
+    async def _write_status(self, body: JsonDict, owner: Owner, status: JsonDict) -> None:
+        if body.get("status") and all(body["status"].get(k) == v for k, v in status.items()):
+            return
+        try:
+            await self.kube.patch_status(
+                GROUP_VERSION, owner.kind, owner.namespace, owner.name, status
+            )
+        except KubeError as exc:
+            log.warning("cannot write status of %s %s: %s", owner.kind, owner.name, exc.message)
+
+    # -- pools ---------------------------------------------------------------------------------
+
+    async def reconcile_pool(self, body: JsonDict, *, cascade: bool = True) -> JsonDict | None:
+        """Apply a pool's children and write its status; returns the status written."""
+        owner = Owner.from_body(body)
+        if _meta(body).get("deletionTimestamp"):
+            return None
+        async with self._lock(owner.kind, owner.namespace, owner.name):
+            status = await self._reconcile_pool(body, owner)
+        if cascade:
+            await self.reconcile_policies_of_pool(owner.namespace, owner.name)
+        return status
+
+    async def _reconcile_pool(self, body: JsonDict, owner: Owner) -> JsonDict:
+        problem: Problem | None = None
+        spec: InferencePoolSpec | None = None
+        deployment: JsonDict | None = None
+        try:
+            spec = InferencePoolSpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            problem = Problem("InvalidSpec", describe(exc))
+        if spec is not None:
+            applied, problem = await self._apply_all(pool_children(owner, spec))
+            deployment = applied.get("Deployment")
+        if deployment is None:
+            deployment = await self._get("apps/v1", "Deployment", owner.namespace, owner.name)
+        self._report(body, owner, problem)
+        desired = (
+            spec.replicas
+            if spec is not None
+            else int((body.get("spec") or {}).get("replicas") or 0)
+        )
+        status = pool_status(
+            rollout=Rollout.from_deployment(deployment, desired),
+            problem=problem,
+            generation=owner.generation,
+            selector=engine_selector_string(owner.name),
+            served_model_name=spec.served_name if spec is not None else "",
+            previous=body.get("status") or {},
+            now=self._clock(),
+        )
+        await self._write_status(body, owner, status)
+        return status
+
+    async def finalize_pool(self, body: JsonDict) -> None:
+        """Clear a deleted pool from the Redis directories of the policies that selected it."""
+        owner = Owner.from_body(body)
+        pool_key = f"{owner.namespace}/{owner.name}"
+        targets: dict[cleanup.RedisTarget, None] = {}
+        try:
+            for policy in await self._policies_selecting(owner.namespace, body):
+                spec = RoutingPolicySpec.model_validate(policy.get("spec") or {})
+                if spec.directory.backend == "redis":
+                    targets[await self._redis_target(owner.namespace, spec)] = None
+        except (KubeError, ValidationError, ValueError) as exc:
+            message = f"cannot find the directories of pool {pool_key}: {exc}"
+            self.events(body, type="Warning", reason="DirectoryCleanupFailed", message=message)
+            log.warning(message)
+        for target in targets:
+            try:
+                pods = await self._clear_pool(
+                    target, pool_key, timeout_seconds=self.settings.cleanup_timeout_seconds
+                )
+            except Exception as exc:  # Redis down, timeout, auth: never block the deletion
+                message = (
+                    f"could not clear directory entries of {pool_key} at {target.url}: "
+                    f"{type(exc).__name__}: {exc}; stale entries expire or are replaced"
+                )
+                log.warning(message)
+                self.events(body, type="Warning", reason="DirectoryCleanupFailed", message=message)
+            else:
+                message = f"cleared {pods} pods of {pool_key} from the directory at {target.url}"
+                self.events(body, type="Normal", reason="DirectoryCleared", message=message)
+        self._problems.pop((owner.kind, owner.namespace, owner.name), None)
+        self._locks.pop((owner.kind, owner.namespace, owner.name), None)
+
+    async def _redis_target(self, namespace: str, spec: RoutingPolicySpec) -> cleanup.RedisTarget:
+        redis = spec.directory.redis
+        password = None
+        if redis.password is not None:
+            secret = await self.kube.get("v1", "Secret", namespace, redis.password.name)
+            data = (secret or {}).get("data") or {}
+            if redis.password.key not in data:
+                raise ValueError(f"Secret {redis.password.name} has no key {redis.password.key}")
+            password = base64.b64decode(data[redis.password.key]).decode()
+        return cleanup.RedisTarget(url=redis.url, key_prefix=redis.key_prefix, password=password)
+
+    # -- policies ------------------------------------------------------------------------------
+
+    async def _policies_selecting(self, namespace: str, pool: JsonDict) -> list[JsonDict]:
+        found = []
+        for policy in await self.kube.list(GROUP_VERSION, POLICY_KIND, namespace):
+            try:
+                spec = RoutingPolicySpec.model_validate(policy.get("spec") or {})
+            except ValidationError:
+                continue
+            if selects(spec, pool):
+                found.append(policy)
+        return found
+
+    async def reconcile_policies_of_pool(self, namespace: str, pool_name: str) -> None:
+        """Reconcile every policy of the namespace: a pool's labels, spec or readiness changed,
+        and a policy may have selected it before the change or select it after."""
+        try:
+            policies = await self.kube.list(GROUP_VERSION, POLICY_KIND, namespace)
+        except KubeError as exc:
+            log.warning("cannot list RoutingPolicies in %s: %s", namespace, exc.message)
+            return
+        for policy in policies:
+            await self.reconcile_policy(policy)
+
+    async def reconcile_policy(self, body: JsonDict) -> JsonDict | None:
+        """Render the router config from the selected pools, apply the router's children."""
+        owner = Owner.from_body(body)
+        if _meta(body).get("deletionTimestamp"):
+            return None
+        async with self._lock(owner.kind, owner.namespace, owner.name):
+            return await self._reconcile_policy(body, owner)
+
+    async def _selected_pools(
+        self, owner: Owner, spec: RoutingPolicySpec
+    ) -> tuple[list[SelectedPool], int, Problem | None]:
+        pools: list[SelectedPool] = []
+        endpoints = 0
+        problems: list[str] = []
+        items = await self.kube.list(GROUP_VERSION, POOL_KIND, owner.namespace)
+        present = {_meta(p).get("name") for p in items if not _meta(p).get("deletionTimestamp")}
+        for name in spec.pools:
+            if name not in present:
+                problems.append(f"InferencePool {name} not found in namespace {owner.namespace}")
+        for item in sorted(items, key=lambda p: str(_meta(p).get("name"))):
+            if _meta(item).get("deletionTimestamp") or not selects(spec, item):
+                continue
+            name = str(_meta(item)["name"])
+            try:
+                pool_spec = InferencePoolSpec.model_validate(item.get("spec") or {})
+            except ValidationError as exc:
+                problems.append(f"InferencePool {name} is invalid: {describe(exc)}")
+                continue
+            pools.append(SelectedPool(name=name, namespace=owner.namespace, spec=pool_spec))
+            endpoints += int((item.get("status") or {}).get("readyReplicas") or 0)
+        if not pools:
+            problems.append("no valid InferencePool matches spec.pools or spec.poolSelector")
+        reason = "NoPools" if not pools else "PoolsMissing"
+        return pools, endpoints, Problem(reason, "; ".join(problems)) if problems else None
+
+    async def _reconcile_policy(self, body: JsonDict, owner: Owner) -> JsonDict:
+        problem: Problem | None = None
+        pools: list[SelectedPool] = []
+        endpoints = 0
+        config_hash = str((body.get("status") or {}).get("configHash") or "")
+        deployment: JsonDict | None = None
+        desired = 0
+        try:
+            spec = RoutingPolicySpec.model_validate(body.get("spec") or {})
+        except ValidationError as exc:
+            spec, problem = None, Problem("InvalidSpec", describe(exc))
+        if spec is not None:
+            desired = spec.router.replicas
+            try:
+                pools, endpoints, problem = await self._selected_pools(owner, spec)
+            except KubeError as exc:
+                problem = Problem("ApplyFailed", f"cannot list InferencePools: {exc.message}")
+        if spec is not None and pools:
+            try:
+                children, config_hash = policy_children(
+                    owner, spec, pools, self.settings.router_image
+                )
+            except ValueError as exc:
+                problem = Problem("InvalidConfig", f"router config is invalid: {exc}")
+            else:
+                applied, apply_problem = await self._apply_all(children)
+                problem = apply_problem or problem
+                deployment = applied.get("Deployment")
+        if deployment is None:
+            deployment = await self._get(
+                "apps/v1", "Deployment", owner.namespace, router_name(owner.name)
+            )
+        self._report(body, owner, problem)
+        status = policy_status(
+            rollout=Rollout.from_deployment(deployment, desired),
+            problem=problem,
+            generation=owner.generation,
+            pools=[p.name for p in pools],
+            endpoints=endpoints,
+            config_hash=config_hash,
+            previous=body.get("status") or {},
+            now=self._clock(),
+        )
+        await self._write_status(body, owner, status)
+        return status
+
+    # -- children ------------------------------------------------------------------------------
+
+    async def reconcile_owner_of(self, child: JsonDict) -> None:
+        """A child changed or vanished: reconcile the pool or policy that owns it."""
+        namespace = str(_meta(child).get("namespace") or "default")
+        for ref in _meta(child).get("ownerReferences") or []:
+            if not ref.get("controller") or ref.get("apiVersion") != GROUP_VERSION:
+                continue
+            owner = await self._get(GROUP_VERSION, ref["kind"], namespace, ref["name"])
+            if owner is None or _meta(owner).get("uid") != ref.get("uid"):
+                continue
+            owner.setdefault("apiVersion", GROUP_VERSION)
+            owner.setdefault("kind", ref["kind"])
+            if ref["kind"] == POOL_KIND:
+                await self.reconcile_pool(owner)
+            elif ref["kind"] == POLICY_KIND:
+                await self.reconcile_policy(owner)
+
+
+def owner_kind(child: dict[str, Any]) -> str | None:
+    """Kind of the kvgate resource controlling `child`, if any (cheap pre-filter for watches)."""
+    for ref in (child.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("apiVersion") == GROUP_VERSION:
+            return str(ref.get("kind"))
+    return None

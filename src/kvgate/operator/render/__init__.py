@@ -1,0 +1,14 @@
+"""Pure builders: custom resources in, Kubernetes objects (plain dicts) out. No I/O."""
+
+from kvgate.operator.render.common import Owner
+from kvgate.operator.render.engine import engine_selector_string, pool_children
+from kvgate.operator.render.router import SelectedPool, policy_children, router_config
+
+__all__ = [
+    "Owner",
+    "SelectedPool",
+    "engine_selector_string",
+    "policy_children",
+    "pool_children",
+    "router_config",
+]

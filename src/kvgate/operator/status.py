@@ -1,0 +1,216 @@
+"""Status of pools and policies, computed from what the cluster reports (pure functions).
+
+Three conditions, as users of Deployments expect them:
+
+- **Ready**: the resource can serve traffic. A pool is Ready when at least one engine pod is
+  ready (`PartiallyReady` until all are); a policy when at least one router pod is ready and its
+  pools have at least one ready endpoint.
+- **Progressing**: a rollout or scale is under way (the Deployment has not yet observed its
+  generation, or fewer pods are updated/ready than desired).
+- **Degraded**: something needs a person: the spec could not be rendered or applied (the
+  operator's own error, with its message), a selected pool is missing, or the Deployment
+  reports `ReplicaFailure` or `ProgressDeadlineExceeded`.
+
+A condition's `lastTransitionTime` changes only when its status changes, so that
+`kubectl describe` shows when a resource last became (un)ready.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.api.base import Condition, ConditionStatus, JsonDict
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """Why a resource is degraded: a CamelCase reason and a message that says what to fix."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rollout:
+    """What a Deployment reports, reduced to what the conditions need."""
+
+    desired: int
+    replicas: int = 0
+    ready: int = 0
+    updated: int = 0
+    up_to_date: bool = True  # the Deployment controller observed its latest generation
+    failure: Problem | None = None  # ReplicaFailure / ProgressDeadlineExceeded
+
+    @classmethod
+    def from_deployment(cls, deployment: JsonDict | None, desired: int) -> Rollout:
+        if deployment is None:
+            return cls(desired=desired, up_to_date=False)
+        status: dict[str, Any] = deployment.get("status") or {}
+        generation = int(deployment.get("metadata", {}).get("generation") or 0)
+        failure = None
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+                failure = Problem(cond.get("reason") or "ReplicaFailure", cond.get("message", ""))
+            if cond.get("type") == "Progressing" and cond.get("reason") == (
+                "ProgressDeadlineExceeded"
+            ):
+                failure = Problem("ProgressDeadlineExceeded", cond.get("message", ""))
+        return cls(
+            desired=desired,
+            replicas=int(status.get("replicas") or 0),
+            ready=int(status.get("readyReplicas") or 0),
+            updated=int(status.get("updatedReplicas") or 0),
+            up_to_date=int(status.get("observedGeneration") or 0) >= generation,
+            failure=failure,
+        )
+
+    @property
+    def progressing(self) -> bool:
+        return (not self.up_to_date) or self.updated < self.desired or self.ready < self.desired
+
+
+def _condition(
+    kind: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    previous: Sequence[JsonDict],
+    now: str,
+) -> JsonDict:
+    status = ConditionStatus.TRUE if ok else ConditionStatus.FALSE
+    since = now
+    for old in previous:
+        if (
+            old.get("type") == kind
+            and old.get("status") == status
+            and old.get("lastTransitionTime")
+        ):
+            since = str(old["lastTransitionTime"])
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=since,
+        observed_generation=generation,
+    ).to_wire()
+
+
+def conditions(
+    *,
+    ready: tuple[bool, str, str],
+    rollout: Rollout,
+    problem: Problem | None,
+    generation: int,
+    previous: Sequence[JsonDict],
+    now: str,
+) -> list[JsonDict]:
+    """Ready, Progressing and Degraded; `ready` is (ok, reason, message) of the caller's rule."""
+    if problem is None:
+        problem = rollout.failure
+    if problem is not None:
+        degraded = (True, problem.reason, problem.message)
+        if not ready[0]:
+            ready = (False, problem.reason, problem.message)
+    else:
+        degraded = (False, "AsExpected", "")
+    if not rollout.up_to_date:
+        progressing = (True, "RollingOut", "waiting for the Deployment to observe the change")
+    elif rollout.progressing:
+        progressing = (
+            True,
+            "RollingOut",
+            f"{rollout.updated} updated, {rollout.ready} ready of {rollout.desired} desired",
+        )
+    else:
+        progressing = (False, "Complete", f"{rollout.ready} of {rollout.desired} ready")
+    return [
+        _condition(READY, *ready, generation, previous, now),
+        _condition(PROGRESSING, *progressing, generation, previous, now),
+        _condition(DEGRADED, *degraded, generation, previous, now),
+    ]
+
+
+def pool_ready(rollout: Rollout) -> tuple[bool, str, str]:
+    if rollout.desired == 0:
+        return False, "ScaledToZero", "spec.replicas is 0"
+    if rollout.ready == 0:
+        return False, "NoReadyEngines", f"0 of {rollout.desired} engine pods ready"
+    if rollout.ready < rollout.desired:
+        return True, "PartiallyReady", f"{rollout.ready} of {rollout.desired} engine pods ready"
+    return True, "AllReplicasReady", f"{rollout.ready} of {rollout.desired} engine pods ready"
+
+
+def policy_ready(rollout: Rollout, endpoints: int) -> tuple[bool, str, str]:
+    if rollout.desired == 0:
+        return False, "ScaledToZero", "spec.router.replicas is 0"
+    if rollout.ready == 0:
+        return False, "NoReadyRouters", f"0 of {rollout.desired} router pods ready"
+    if endpoints == 0:
+        return False, "NoReadyEndpoints", "no engine pod of the selected pools is ready"
+    return True, "RouterReady", f"{rollout.ready} router pods, {endpoints} engine endpoints ready"
+
+
+def pool_status(
+    *,
+    rollout: Rollout,
+    problem: Problem | None,
+    generation: int,
+    selector: str,
+    served_model_name: str,
+    previous: JsonDict,
+    now: str,
+) -> JsonDict:
+    return {
+        "observedGeneration": generation,
+        "replicas": rollout.replicas,
+        "readyReplicas": rollout.ready,
+        "updatedReplicas": rollout.updated,
+        "endpoints": rollout.ready,
+        "selector": selector,
+        "servedModelName": served_model_name,
+        "conditions": conditions(
+            ready=pool_ready(rollout),
+            rollout=rollout,
+            problem=problem,
+            generation=generation,
+            previous=previous.get("conditions") or [],
+            now=now,
+        ),
+    }
+
+
+def policy_status(
+    *,
+    rollout: Rollout,
+    problem: Problem | None,
+    generation: int,
+    pools: list[str],
+    endpoints: int,
+    config_hash: str,
+    previous: JsonDict,
+    now: str,
+) -> JsonDict:
+    return {
+        "observedGeneration": generation,
+        "pools": pools,
+        "endpoints": endpoints,
+        "replicas": rollout.replicas,
+        "readyReplicas": rollout.ready,
+        "configHash": config_hash,
+        "conditions": conditions(
+            ready=policy_ready(rollout, endpoints),
+            rollout=rollout,
+            problem=problem,
+            generation=generation,
+            previous=previous.get("conditions") or [],
+            now=now,
+        ),
+    }
