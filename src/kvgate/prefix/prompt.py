@@ -1,0 +1,133 @@
+"""OpenAI request bodies → the token ids vLLM will compute for them.
+
+- ``/v1/completions``: ``prompt`` is a string (tokenized with ``add_special_tokens``, default
+  true), a list of token ids (taken as given), or a batch of either (one prompt each).
+- ``/v1/chat/completions``: ``messages`` (+ ``tools``, ``documents``, ``chat_template_kwargs``,
+  ``add_generation_prompt`` default true, ``continue_final_message``, ``reasoning_effort``)
+  rendered with the model's chat template (``kvgate.prefix.chat``), then tokenized with
+  ``add_special_tokens`` (default false for chat, so a template's own BOS appears once).
+- ``truncate_prompt_tokens: k`` (k ≥ 0) keeps the last k tokens, as vLLM does.
+
+A request-supplied ``chat_template`` is used when present, as vLLM does when it trusts it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from kvgate.prefix.chat import ChatTemplate, ChatTemplateError
+from kvgate.prefix.tokenizer import Tokenizer
+
+
+class PromptError(ValueError):
+    """The request body cannot be turned into token ids."""
+
+
+def _truncate(ids: list[int], body: Mapping[str, Any]) -> list[int]:
+    keep = body.get("truncate_prompt_tokens")
+    if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 0:
+        return ids[-keep:] if keep else []
+    return ids
+
+
+def _is_token_list(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
+    )
+
+
+class RequestTokenizer:
+    """Turns request bodies into prompt token ids for one model (tokenizer + chat template)."""
+
+    def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        source = chat_template if chat_template is not None else tokenizer.chat_template
+        self.template = (
+            ChatTemplate(source, tokenizer.special_tokens_map) if source is not None else None
+        )
+        self._request_templates: dict[str, ChatTemplate] = {}
+
+    def completion_token_ids(self, body: Mapping[str, Any]) -> list[list[int]]:
+        """One token-id list per prompt of a ``/v1/completions`` body."""
+        prompt = body.get("prompt")
+        add_special = body.get("add_special_tokens", True)
+        if not isinstance(add_special, bool):
+            raise PromptError("add_special_tokens must be a boolean")
+        if isinstance(prompt, str):
+            prompts: list[Any] = [prompt]
+        elif _is_token_list(prompt) and prompt:
+            prompts = [prompt]
+        elif isinstance(prompt, list) and prompt:
+            prompts = prompt
+        else:
+            raise PromptError("prompt must be a string, a list of token ids, or a batch of them")
+        out: list[list[int]] = []
+        for item in prompts:
+            if isinstance(item, str):
+                ids = self.tokenizer.encode(item, add_special_tokens=add_special)
+            elif _is_token_list(item):
+                ids = list(item)
+            else:
+                raise PromptError("each prompt must be a string or a list of token ids")
+            out.append(_truncate(ids, body))
+        return out
+
+    def chat_text(self, body: Mapping[str, Any]) -> str:
+        """The prompt text the model's chat template renders for a chat body."""
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise PromptError("messages must be a non-empty list")
+        template = self._template_for(body)
+        kwargs = body.get("chat_template_kwargs")
+        if kwargs is None:
+            kwargs = {}
+        if not isinstance(kwargs, Mapping):
+            raise PromptError("chat_template_kwargs must be an object")
+        kwargs = dict(kwargs)
+        effort = body.get("reasoning_effort")
+        if effort is not None:
+            kwargs["reasoning_effort"] = effort
+            kwargs.setdefault("enable_thinking", effort != "none")
+        tools = body.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise PromptError("tools must be a list")
+        documents = body.get("documents")
+        if documents is not None and not isinstance(documents, list):
+            raise PromptError("documents must be a list")
+        try:
+            return template.render(
+                messages,
+                tools=tools,
+                documents=documents,
+                add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+                continue_final_message=bool(body.get("continue_final_message", False)),
+                chat_template_kwargs=kwargs,
+            )
+        except ChatTemplateError as exc:
+            raise PromptError(str(exc)) from None
+
+    def chat_token_ids(self, body: Mapping[str, Any]) -> list[int]:
+        """Token ids of a ``/v1/chat/completions`` body."""
+        add_special = body.get("add_special_tokens", False)
+        if not isinstance(add_special, bool):
+            raise PromptError("add_special_tokens must be a boolean")
+        text = self.chat_text(body)
+        return _truncate(self.tokenizer.encode(text, add_special_tokens=add_special), body)
+
+    def _template_for(self, body: Mapping[str, Any]) -> ChatTemplate:
+        source = body.get("chat_template")
+        if isinstance(source, str):
+            template = self._request_templates.get(source)
+            if template is None:
+                try:
+                    template = ChatTemplate(source, self.tokenizer.special_tokens_map)
+                except ChatTemplateError as exc:
+                    raise PromptError(str(exc)) from None
+                if len(self._request_templates) >= 16:
+                    self._request_templates.clear()
+                self._request_templates[source] = template
+            return template
+        if self.template is None:
+            raise PromptError("the model has no chat template")
+        return self.template

@@ -1,0 +1,90 @@
+"""kvgate's tokenizer gives transformers' ids; the segment cache changes nothing but speed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvgate.prefix.tokenizer import Tokenizer, TokenizerError
+
+TOKENIZER_DIR = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
+
+TEXTS = [
+    "",
+    "hello world",
+    " leading space and trailing  ",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "<|im_start|><|im_start|>x<|im_end|><|im_end|>",
+    "text<s>with bos<|endoftext|>inside",
+    "unicode: héllo — 你好 🙂\n\ttabs",
+    "<|im_start",  # a prefix of a special token is plain text
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+@pytest.mark.parametrize("add_special_tokens", [True, False])
+def test_encode_matches_transformers(hf_tokenizer, text, add_special_tokens):
+    tok = Tokenizer.from_dir(TOKENIZER_DIR)
+    expected = hf_tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]
+    assert tok.encode(text, add_special_tokens=add_special_tokens) == expected
+    assert tok.encode_uncached(text, add_special_tokens=add_special_tokens) == expected
+
+
+def test_bos_comes_from_the_post_processor():
+    tok = Tokenizer.from_dir(TOKENIZER_DIR)
+    bos = tok.token_id("<s>")
+    assert tok.encode("hi")[0] == bos
+    assert bos not in tok.encode("hi", add_special_tokens=False)
+
+
+def test_segment_cache_equals_uncached_on_agent_histories(conversations, hf_tokenizer):
+    tok = Tokenizer.from_dir(TOKENIZER_DIR)
+    for conversation in conversations["conversations"]:
+        text = ""
+        for message in conversation["messages"]:  # a growing history, turn by turn
+            text += f"<|im_start|>{message['role']}\n{message.get('content') or ''}<|im_end|>\n"
+            assert tok.encode(text, add_special_tokens=False) == tok.encode_uncached(
+                text, add_special_tokens=False
+            )
+        assert tok.encode(text) == hf_tokenizer(text)["input_ids"]
+    assert tok.segment_hits > tok.segment_misses
+
+
+def test_segment_cache_is_bounded():
+    tok = Tokenizer.from_dir(TOKENIZER_DIR, segment_cache_size=4)
+    for i in range(20):
+        tok.encode(f"<|im_start|>segment {i}<|im_end|>")
+    assert len(tok._segments) <= 4
+
+
+def test_add_bos_eos_flags_follow_transformers(tmp_path):
+    flags = {"add_bos_token": False, "add_eos_token": True}
+    transformers = pytest.importorskip("transformers")
+    shutil.copy(TOKENIZER_DIR / "tokenizer.json", tmp_path / "tokenizer.json")
+    config = json.loads((TOKENIZER_DIR / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, **flags}))
+    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    tok = Tokenizer.from_dir(tmp_path)
+    for text in TEXTS:
+        assert tok.encode(text) == reference(text)["input_ids"]
+
+
+def test_missing_or_broken_directory(tmp_path):
+    with pytest.raises(TokenizerError):
+        Tokenizer.from_dir(tmp_path)
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerError):
+        Tokenizer.from_dir(tmp_path)
+
+
+def test_special_tokens_and_template_from_config():
+    tok = Tokenizer.from_dir(TOKENIZER_DIR)
+    assert tok.special_tokens_map == {
+        "bos_token": "<s>",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+    }
+    assert tok.chat_template is not None and "<|im_start|>" in tok.chat_template

@@ -1,0 +1,98 @@
+"""Request bodies → the token ids vLLM computes (chat via transformers, completions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvgate.prefix.chat import normalize_messages, normalize_tools
+from kvgate.prefix.prompt import PromptError, RequestTokenizer
+from kvgate.prefix.tokenizer import Tokenizer
+
+TOKENIZER_DIR = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
+
+
+@pytest.fixture(scope="module")
+def requests() -> RequestTokenizer:
+    return RequestTokenizer(Tokenizer.from_dir(TOKENIZER_DIR))
+
+
+def test_chat_ids_equal_transformers_render_then_tokenize(requests, hf_tokenizer, conversations):
+    tools = conversations["tools"]
+    for conversation in conversations["conversations"]:
+        body = {"model": "m", "messages": conversation["messages"], "tools": tools}
+        text = hf_tokenizer.apply_chat_template(
+            normalize_messages(body["messages"]),
+            tools=normalize_tools(tools),
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        expected = hf_tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = requests.chat_token_ids(body)
+        assert ids == expected
+        assert ids.count(hf_tokenizer.bos_token_id) == 1  # from the template, not added twice
+
+
+def test_chat_add_special_tokens_true_adds_bos_again(requests, hf_tokenizer):
+    body = {"messages": [{"role": "user", "content": "hi"}], "add_special_tokens": True}
+    ids = requests.chat_token_ids(body)
+    assert ids[:2] == [hf_tokenizer.bos_token_id] * 2
+
+
+def test_completion_prompts(requests, hf_tokenizer):
+    text = "def main():\n    return 1\n"
+    assert requests.completion_token_ids({"prompt": text}) == [hf_tokenizer(text)["input_ids"]]
+    no_bos = requests.completion_token_ids({"prompt": text, "add_special_tokens": False})
+    assert no_bos == [hf_tokenizer(text, add_special_tokens=False)["input_ids"]]
+    assert requests.completion_token_ids({"prompt": [5, 6, 7]}) == [[5, 6, 7]]
+    batch = requests.completion_token_ids({"prompt": ["a", [1, 2]]})
+    assert batch == [hf_tokenizer("a")["input_ids"], [1, 2]]
+    assert requests.completion_token_ids({"prompt": [1, 2, 3], "truncate_prompt_tokens": 2}) == [
+        [2, 3]
+    ]
+
+
+def test_request_chat_template_is_used(requests):
+    body = {"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 'fixed' }}"}
+    assert requests.chat_text(body) == "fixed"
+
+
+def test_reasoning_effort_reaches_the_template(requests):
+    body = {
+        "messages": [{"role": "user", "content": "x"}],
+        "chat_template": "{{ reasoning_effort }}/{{ enable_thinking }}",
+        "reasoning_effort": "low",
+    }
+    assert requests.chat_text(body) == "low/True"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"prompt": None},
+        {"prompt": []},
+        {"prompt": [1, -1]},
+        {"prompt": [{"x": 1}]},
+        {"prompt": "x", "add_special_tokens": "yes"},
+    ],
+)
+def test_bad_completion_bodies(requests, body):
+    with pytest.raises(PromptError):
+        requests.completion_token_ids(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"messages": []},
+        {"messages": [{"role": "user", "content": "x"}], "tools": "x"},
+        {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": []},
+        {"messages": [{"role": "user", "content": "x"}], "chat_template": "{% if %}"},
+        {"messages": [{"role": "robot", "content": "x"}]},
+    ],
+)
+def test_bad_chat_bodies(requests, body):
+    with pytest.raises(PromptError):
+        requests.chat_token_ids(body)
