@@ -117,8 +117,11 @@ def decode_batch(payload: bytes) -> EventBatch:
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises a zoo of types for malformed/truncated input
+        # msgpack caps declared lengths by the payload size, so "exceeds max_*" is also a
+        # payload that ends before what it announced.
         text = str(exc).lower()
-        reason = "truncated" if "incomplete" in text or "insufficient" in text else "malformed"
+        short = any(w in text for w in ("incomplete", "insufficient", "exceeds max_"))
+        reason = "truncated" if short else "malformed"
         raise EventDecodeError(reason, f"not msgpack ({type(exc).__name__}: {exc})") from None
     if not isinstance(raw, list) or len(raw) < 2:
         raise EventDecodeError("malformed", "a batch is an array [ts, events, dp_rank]")

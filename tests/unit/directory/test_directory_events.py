@@ -92,6 +92,8 @@ GOOD = {"type": "BlockRemoved", "block_hashes": [b"\x03" * 32], "medium": "GPU"}
     ("payload", "reason"),
     [
         (b"", "truncated"),
+        (b"\x93\xcb", "truncated"),
+        (b"\x92\xcb\x3f\xf0\x00\x00\x00\x00\x00\x00\xdd\x00\x00\x10\x00", "truncated"),
         ((DATA / "vllm-0.33.0-stored_bytes.msgpack").read_bytes()[:40], "truncated"),
         (b"\xc1\xc1\xc1", "malformed"),
         (msgpack.packb(42), "malformed"),
