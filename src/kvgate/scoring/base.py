@@ -248,14 +248,15 @@ class Explanation:
 
     estimates: Mapping[str, CostEstimate]  # every endpoint given to the policy, in input order
     dropped: Mapping[str, str]  # endpoint id -> the filter that dropped it
-    scored: Mapping[str, int]  # endpoint id -> index into the lists below (filter survivors)
+    survivors: Sequence[str]  # ids of the filters' survivors; the lists below follow this order
     scores: Mapping[str, Sequence[float]]  # scorer name -> score of each survivor
     totals: Sequence[float]  # weighted total of each survivor
 
     def candidates(self) -> tuple[CandidateExplanation, ...]:
         out: list[CandidateExplanation] = []
+        index = {eid: i for i, eid in enumerate(self.survivors)}
         for eid, est in self.estimates.items():
-            i = self.scored.get(eid)
+            i = index.get(eid)
             if i is None:
                 out.append(CandidateExplanation(est, {}, None, self.dropped.get(eid)))
             else:

@@ -106,7 +106,9 @@ class PipelinePolicy:
                 if not candidates:
                     raise NoEligibleEndpointError(f"no endpoint passed the {f.name!r} filter")
         per_scorer = [(w, w.scorer.score(state, candidates)) for w in self.scorers]
-        if per_scorer:
+        if len(per_scorer) == 1:  # the weighted mean of one score is the score
+            totals = per_scorer[0][1]
+        elif per_scorer:
             totals = [
                 sum(w.weight * scores[i] for w, scores in per_scorer) / self._weight_sum
                 for i in range(len(candidates))
@@ -126,7 +128,7 @@ class PipelinePolicy:
             explanation=Explanation(
                 estimates=estimates,
                 dropped=dropped,
-                scored={e.id: i for i, e in enumerate(candidates)},
+                survivors=tuple(e.id for e in candidates),
                 scores={w.scorer.name: s for w, s in per_scorer},
                 totals=totals,
             ),
@@ -141,6 +143,10 @@ class PipelinePolicy:
     ) -> str:
         if self.fixed_reason is not None:
             return self.fixed_reason
+        if state.max_hit_tokens == 0:  # nobody holds anything (usable or not)
+            return self.no_hit_reason
+        if chosen_hit >= state.max_hit_tokens:
+            return REASON_PREFIX_HIT
         est = state.estimates
         guards = self._guard_reasons
         relevant = [e for e in endpoints if e.id not in dropped or guards[dropped[e.id]]]

@@ -44,6 +44,9 @@ def test_every_policy_is_pure_and_deterministic_for_a_seed(name: str) -> None:
         chosen = next(e for e in eps if e.id == a.endpoint_id)
         assert chosen.healthy and not chosen.draining
         assert {c.estimate.endpoint_id for c in a.candidates} == {e.id for e in eps}
+        for c in a.candidates:
+            assert (c.total_score is None) == (c.dropped_by is not None)
+            assert c.total_score is None or 0.0 <= c.total_score <= 1.0
         json.dumps(a.to_dict())
 
 
@@ -239,3 +242,26 @@ def test_decision_explains_every_candidate() -> None:
     assert by_id["pod-1"]["dropped_by"] == "healthy"
     assert by_id["pod-0"]["scores"]["predicted-ttft"] == 1.0
     assert by_id["pod-2"]["predicted_ttft_seconds"] == pytest.approx(4096 / RATE, rel=1e-4)
+
+
+def test_a_holder_that_cannot_serve_does_not_count_as_a_hit() -> None:
+    eps = [endpoint(0, healthy=False), endpoint(1), endpoint(2)]
+    d = decide("kvgate", request(4096), eps, {"pod-0": 250})
+    assert d.endpoint_id != "pod-0"
+    assert d.reason == "no-hit-spread"
+
+
+def test_pipeline_total_is_the_weighted_mean_of_scores() -> None:
+    eps = [endpoint(0, in_flight=1), endpoint(1)]
+    params = {
+        "scorers": [
+            {"name": "prefix-cache", "weight": 3},
+            {"name": "queue-depth", "weight": 1},
+        ]
+    }
+    d = decide("pipeline", request(1600), eps, {"pod-0": 50}, params=params)
+    lines = {c.estimate.endpoint_id: c for c in d.candidates}
+    assert lines["pod-0"].scores == {"prefix-cache": 0.5, "queue-depth": 0.5}
+    assert lines["pod-0"].total_score == pytest.approx((3 * 0.5 + 0.5) / 4)
+    assert lines["pod-1"].total_score == pytest.approx(1 / 4)
+    assert (d.endpoint_id, d.reason) == ("pod-0", "prefix-hit")
