@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "crds": ("kvgate.api.crds_command", "write the generated CRD YAML (crds/*.yaml, docs)"),
     "operator": ("kvgate.operator.command", "run the kopf operator for pools and policies"),
     "hash": ("kvgate.prefix.hash_command", "print vLLM's block hashes of a list of token ids"),
+    "events": ("kvgate.directory.events_command", "decode raw vLLM KV event payloads"),
     "sim": ("kvgate.sim.serve_command", "simulated vLLM pods: `sim serve` (one) or `sim fleet`"),
     "podrunner": (
         "kvgate.podrunner.command",

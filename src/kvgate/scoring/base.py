@@ -136,16 +136,30 @@ class ChoiceHistory:
     and no-hit spreading use it; it survives endpoints joining and leaving.
     """
 
-    __slots__ = ("_last", "_seq")
+    __slots__ = ("_last", "_seq", "_undo")
 
     def __init__(self) -> None:
         self._seq = 0
         self._last: dict[str, int] = {}
+        self._undo: tuple[str, int] | None = None
 
     def record(self, endpoint_id: str) -> None:
         """Note that the latest decision chose ``endpoint_id``."""
+        self._undo = (endpoint_id, self._last.get(endpoint_id, -1))
         self._last[endpoint_id] = self._seq
         self._seq += 1
+
+    def undo_last(self) -> None:
+        """Revert the most recent :meth:`record` (e.g. a decision that was only explained, as in
+        ``/debug/route``). A second call without a new record does nothing."""
+        if self._undo is None:
+            return
+        endpoint_id, previous = self._undo
+        self._undo = None
+        if previous < 0:
+            self._last.pop(endpoint_id, None)
+        else:
+            self._last[endpoint_id] = previous
 
     def last_chosen(self, endpoint_id: str) -> int:
         return self._last.get(endpoint_id, -1)

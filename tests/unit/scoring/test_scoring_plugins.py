@@ -197,3 +197,20 @@ def test_round_robin_cycles_and_takes_newcomers_first() -> None:
     eps2 = [*eps, endpoint(9)]
     chosen = picker.pick(cycle_state(request(), eps2, {}, history=history), eps2, [1.0] * 4)
     assert chosen.id == "pod-9"
+
+
+def test_history_undo_last_restores_the_previous_order() -> None:
+    history = ChoiceHistory()
+    for eid in ["pod-0", "pod-1", "pod-2"]:
+        history.record(eid)
+    before = [history.last_chosen(f"pod-{i}") for i in range(3)]
+    history.record("pod-0")  # an explained-only decision...
+    history.undo_last()  # ...undone: pod-0 is again the least recently chosen
+    assert [history.last_chosen(f"pod-{i}") for i in range(3)] == before
+    history.undo_last()  # nothing more to undo
+    assert [history.last_chosen(f"pod-{i}") for i in range(3)] == before
+    history.record("pod-9")
+    history.undo_last()
+    assert history.last_chosen("pod-9") == -1
+    history.forget("pod-1")
+    assert history.last_chosen("pod-1") == -1 and len(history) == 2
