@@ -18,10 +18,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "kvgate.bench.demo_command",
         "run a simulated fleet and compare round robin with kvgate",
     ),
+    "bench": (
+        "kvgate.bench.bench_command",
+        "benchmark routers side by side on a simulated fleet (`kvgate bench run ...`)",
+    ),
     "crds": ("kvgate.api.crds_command", "write the generated CRD YAML (crds/*.yaml, docs)"),
     "operator": ("kvgate.operator.command", "run the kopf operator for pools and policies"),
     "hash": ("kvgate.prefix.hash_command", "print vLLM's block hashes of a list of token ids"),
+    "prefix": ("kvgate.prefix.diff_command", "prefix tools: `diff` two request bodies"),
     "events": ("kvgate.directory.events_command", "decode raw vLLM KV event payloads"),
+    "router": ("kvgate.router.router_command", "run the cache-aware router (--config or --endpoint)"),
+    "indexer": (
+        "kvgate.router.indexer_command",
+        "subscribe to pods' KV events and write them to the shared (Redis) directory",
+    ),
     "sim": ("kvgate.sim.serve_command", "simulated vLLM pods: `sim serve` (one) or `sim fleet`"),
     "podrunner": (
         "kvgate.podrunner.command",

@@ -3,6 +3,15 @@
 Public names are listed here once; the modules behind them are implementation detail.
 """
 
+from kvgate.prefix.approx import ApproxBlockHasher, request_text
+from kvgate.prefix.chat import ChatTemplate, ChatTemplateError, normalize_messages
+from kvgate.prefix.diff import (
+    FieldDifference,
+    PrefixDiff,
+    common_prefix_length,
+    diff_requests,
+    first_difference,
+)
 from kvgate.prefix.hashing import (
     DEFAULT_SEED,
     HASH_ALGOS,
@@ -19,20 +28,36 @@ from kvgate.prefix.hashing import (
     int_form,
     none_hash,
 )
+from kvgate.prefix.prompt import PromptError, RequestTokenizer
+from kvgate.prefix.tokenizer import Tokenizer, TokenizerError
 
 __all__ = [
     "DEFAULT_SEED",
     "HASH_ALGOS",
+    "ApproxBlockHasher",
     "BlockHasher",
     "BlockKey",
     "ChainCache",
+    "ChatTemplate",
+    "ChatTemplateError",
+    "FieldDifference",
     "HashAlgo",
     "LoraKey",
+    "PrefixDiff",
+    "PromptError",
+    "RequestTokenizer",
+    "Tokenizer",
+    "TokenizerError",
     "block_key",
+    "common_prefix_length",
+    "diff_requests",
     "extra_keys_for_block",
+    "first_difference",
     "hash_block",
     "hash_object",
     "int_block_key",
     "int_form",
     "none_hash",
+    "normalize_messages",
+    "request_text",
 ]

@@ -1,0 +1,122 @@
+"""Approximate prefix keys for pools without a tokenizer: chained fixed-size character blocks.
+
+As the Gateway API Inference Extension's prefix scorer does, the prompt text is cut into blocks
+of ``block_chars`` characters (64 by default, roughly 16 tokens); only full blocks count, at
+most ``max_blocks`` of them. Block ``i``'s key is ``blake2b(parent || utf8(block), 8 bytes)``,
+chained from ``blake2b(model || 0 || cache_salt)``, so two requests share a key exactly when
+they share the model, the salt and every character up to the end of that block. The keys are
+8-byte ``BlockKey`` values for approximate (routing-history) directory entries; they never meet
+vLLM's own keys.
+
+The text of a request: a completion's ``prompt`` string (token-id prompts are written as their
+decimal ids); a chat request's tools (canonical JSON) then each message as
+``<|role|>\\ncontent\\n`` with tool calls as canonical JSON, which keeps the text of a resent
+history stable turn after turn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from kvgate.prefix.hashing import BlockKey
+
+APPROX_KEY_SIZE = 8
+DEFAULT_BLOCK_CHARS = 64
+CHARS_PER_TOKEN = 4.0
+"""Rough characters per token, to express character blocks in tokens for the cost model."""
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, str):
+                parts.append(part)
+            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            else:
+                parts.append(_canonical(part))
+        return "\n".join(parts)
+    return _canonical(content)
+
+
+def request_text(body: Mapping[str, Any]) -> str:
+    """A stable text rendering of a completion or chat request body, for approximate keys."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        pieces: list[str] = []
+        tools = body.get("tools")
+        if tools:
+            pieces.append(f"<|tools|>\n{_canonical(tools)}\n")
+        for message in messages:
+            if not isinstance(message, Mapping):
+                pieces.append(f"<|?|>\n{_canonical(message)}\n")
+                continue
+            role = message.get("role")
+            pieces.append(f"<|{role}|>\n{_content_text(message.get('content'))}\n")
+            if message.get("tool_calls"):
+                pieces.append(_canonical(message["tool_calls"]) + "\n")
+        return "".join(pieces)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        return str(prompt[0])
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        return " ".join(str(token) for token in prompt)
+    return ""
+
+
+class ApproxBlockHasher:
+    """Chained keys of fixed-size character blocks (no tokenizer needed)."""
+
+    def __init__(
+        self, block_chars: int = DEFAULT_BLOCK_CHARS, max_blocks: int | None = None
+    ) -> None:
+        if block_chars < 1:
+            raise ValueError(f"block_chars must be >= 1, got {block_chars}")
+        self.block_chars = block_chars
+        self.max_blocks = max_blocks
+
+    @property
+    def tokens_per_block(self) -> float:
+        return self.block_chars / CHARS_PER_TOKEN
+
+    def root(self, model: str = "", cache_salt: str | None = None) -> bytes:
+        seed = f"{model}\0{cache_salt or ''}".encode()
+        return hashlib.blake2b(seed, digest_size=APPROX_KEY_SIZE).digest()
+
+    def hash_text(
+        self, text: str, *, model: str = "", cache_salt: str | None = None
+    ) -> list[BlockKey]:
+        size = self.block_chars
+        count = len(text) // size
+        if self.max_blocks is not None:
+            count = min(count, self.max_blocks)
+        parent = self.root(model, cache_salt)
+        blake = hashlib.blake2b
+        keys: list[BlockKey] = []
+        for start in range(0, count * size, size):
+            parent = blake(
+                parent + text[start : start + size].encode(), digest_size=APPROX_KEY_SIZE
+            ).digest()
+            keys.append(parent)
+        return keys
+
+    def hash_request(
+        self, body: Mapping[str, Any], *, model: str = "", cache_salt: str | None = None
+    ) -> list[BlockKey]:
+        return self.hash_text(request_text(body), model=model, cache_salt=cache_salt)

@@ -1,0 +1,57 @@
+"""Approximate character-block keys: chained, salted, stable across resent histories."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvgate.prefix.approx import ApproxBlockHasher, request_text
+
+
+def test_only_full_blocks_and_chaining():
+    hasher = ApproxBlockHasher(block_chars=4)
+    assert hasher.hash_text("abc") == []
+    keys = hasher.hash_text("abcdefghij")
+    assert len(keys) == 2
+    assert all(len(k) == 8 for k in keys)
+    assert hasher.hash_text("abcdXXXX")[0] == keys[0]
+    assert hasher.hash_text("XXXXefgh")[1] != keys[1]  # same block text, different parent
+
+
+def test_model_and_salt_separate_keys():
+    hasher = ApproxBlockHasher(block_chars=4)
+    base = hasher.hash_text("abcdefgh", model="m")
+    assert hasher.hash_text("abcdefgh", model="other") != base
+    assert hasher.hash_text("abcdefgh", model="m", cache_salt="t") != base
+    assert hasher.hash_text("abcdefgh", model="m") == base
+
+
+def test_max_blocks_caps_the_chain():
+    assert len(ApproxBlockHasher(block_chars=2, max_blocks=3).hash_text("x" * 100)) == 3
+
+
+def test_growing_chat_history_keeps_its_keys():
+    hasher = ApproxBlockHasher(block_chars=16)
+    turn1 = {
+        "messages": [{"role": "system", "content": "s" * 100}, {"role": "user", "content": "q"}]
+    }
+    turn2 = {"messages": [*turn1["messages"], {"role": "assistant", "content": "a" * 50}]}
+    keys1, keys2 = hasher.hash_request(turn1), hasher.hash_request(turn2)
+    assert keys2[: len(keys1)] == keys1
+
+
+def test_request_text_forms():
+    assert request_text({"prompt": "hello"}) == "hello"
+    assert request_text({"prompt": [1, 2, 3]}) == "1 2 3"
+    assert request_text({"prompt": [[4, 5]]}) == "4 5"
+    chat = {
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+    }
+    text = request_text(chat)
+    assert text.startswith("<|tools|>") and text.endswith("<|user|>\nhi\n")
+    assert request_text({}) == ""
+
+
+def test_bad_block_size():
+    with pytest.raises(ValueError):
+        ApproxBlockHasher(block_chars=0)
