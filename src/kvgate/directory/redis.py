@@ -77,7 +77,10 @@ class RedisBlockIndex:
         *,
         password: str | None = None,
         socket_timeout_seconds: float | None = None,
-        **kwargs: object,
+        key_prefix: str = DEFAULT_PREFIX,
+        max_blocks_per_pod: int = 1_000_000,
+        max_approximate_per_pod: int = 100_000,
+        clock: Callable[[], float] = time.time,
     ) -> RedisBlockIndex:
         """An index owning a new connection pool to `url` (closed by `close`)."""
         client = aioredis.Redis.from_url(
@@ -87,7 +90,15 @@ class RedisBlockIndex:
             socket_connect_timeout=socket_timeout_seconds,
             decode_responses=False,
         )
-        return cls(client, pool_key, owns_client=True, **kwargs)  # type: ignore[arg-type]
+        return cls(
+            client,
+            pool_key,
+            key_prefix=key_prefix,
+            max_blocks_per_pod=max_blocks_per_pod,
+            max_approximate_per_pod=max_approximate_per_pod,
+            clock=clock,
+            owns_client=True,
+        )
 
     @property
     def keys(self) -> PoolKeys:

@@ -1,0 +1,50 @@
+"""Build a pool's `BlockIndex` from configuration (`kvgate.api.router_config.DirectoryConfig`).
+
+`memory` gives an in-process index; `redis` one stored under `<key_prefix>:{<pool key>}:` on
+the configured server. With a `DirectoryMetrics`, the index is wrapped in
+`InstrumentedBlockIndex`. Caps default to the values documented in docs/directory.md.
+"""
+
+from __future__ import annotations
+
+from kvgate.api.router_config import DirectoryConfig
+from kvgate.directory.base import BlockIndex
+from kvgate.directory.instrumented import InstrumentedBlockIndex
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.directory.redis import RedisBlockIndex
+
+DEFAULT_MAX_BLOCKS_PER_POD = 1_000_000
+DEFAULT_MAX_APPROXIMATE_PER_POD = 100_000
+
+
+def create_index(
+    config: DirectoryConfig,
+    pool_key: str,
+    *,
+    metrics: DirectoryMetrics | None = None,
+    redis_password: str | None = None,
+    max_blocks_per_pod: int = DEFAULT_MAX_BLOCKS_PER_POD,
+    max_approximate_per_pod: int = DEFAULT_MAX_APPROXIMATE_PER_POD,
+) -> BlockIndex:
+    """The index of pool `pool_key` (`<namespace>/<name>`) as `config` says."""
+    index: BlockIndex
+    if config.backend == "memory":
+        index = MemoryBlockIndex(
+            max_blocks_per_pod=max_blocks_per_pod, max_approximate_per_pod=max_approximate_per_pod
+        )
+    elif config.backend == "redis":
+        index = RedisBlockIndex.from_url(
+            config.redis.url,
+            pool_key,
+            password=redis_password,
+            socket_timeout_seconds=config.redis.socket_timeout_seconds,
+            key_prefix=config.redis.key_prefix,
+            max_blocks_per_pod=max_blocks_per_pod,
+            max_approximate_per_pod=max_approximate_per_pod,
+        )
+    else:  # pragma: no cover - the config's Literal type rules this out
+        raise ValueError(f"unknown directory backend {config.backend!r}")
+    if metrics is not None:
+        index = InstrumentedBlockIndex(index, metrics, pool_key)
+    return index
