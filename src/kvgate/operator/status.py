@@ -54,13 +54,15 @@ class Rollout:
         status: dict[str, Any] = deployment.get("status") or {}
         generation = int(deployment.get("metadata", {}).get("generation") or 0)
         failure = None
+        # ReplicaFailure (e.g. quota, admission) names the cause; a missed deadline the symptom.
         for cond in status.get("conditions") or []:
-            if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
-                failure = Problem(cond.get("reason") or "ReplicaFailure", cond.get("message", ""))
             if cond.get("type") == "Progressing" and cond.get("reason") == (
                 "ProgressDeadlineExceeded"
             ):
-                failure = Problem("ProgressDeadlineExceeded", cond.get("message", ""))
+                failure = failure or Problem("ProgressDeadlineExceeded", cond.get("message", ""))
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+                failure = Problem(cond.get("reason") or "ReplicaFailure", cond.get("message", ""))
         return cls(
             desired=desired,
             replicas=int(status.get("replicas") or 0),
