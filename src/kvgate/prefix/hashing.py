@@ -132,6 +132,10 @@ def block_key(block_hash: bytes | int, *, int_keys: bool = False) -> BlockKey:
     return bytes(block_hash)
 
 
+def _hash_one(algo: HashAlgo, parent: bytes, tokens: tuple[int, ...], extra: ExtraKeys) -> bytes:
+    return hash_object(algo, (parent, tokens, extra))
+
+
 class ChainCache:
     """Bounded map ``(parent, span tokens, extra keys) -> span digests``; two-generation LRU.
 
@@ -252,32 +256,34 @@ class BlockHasher:
         cache.hashed_blocks += num_blocks - block
         if block == num_blocks:
             return out
-        # 2. Hash the rest; remember each completed aligned span.
-        span_parent = parent
-        span_start = block
-        algo = self.algo
-        dumps = pickle.dumps
-        sha = hashlib.sha256
-        for start in range(block * size, num_blocks * size, size):
-            extra = rest_extra if start else first_extra
-            if algo == "sha256":
-                data = dumps((parent, tokens[start : start + size], extra), PICKLE_PROTOCOL)
-            else:
-                data = cbor2.dumps((parent, tokens[start : start + size], extra), canonical=True)
-            parent = sha(data).digest()
+        # 2. Hash the rest (the hot loop: one serialisation and one SHA-256 per block).
+        first_hashed = block
+        blocks = [tokens[i : i + size] for i in range(block * size, num_blocks * size, size)]
+        if block == 0 and first_extra != rest_extra:
+            parent = _hash_one(self.algo, parent, blocks[0], first_extra)
             out.append(parent)
-            block += 1
-            if block - span_start == span:
-                if cache.capacity:
-                    key_start = span_start * size
-                    key = (
-                        span_parent,
-                        tokens[key_start : key_start + span_tokens],
-                        rest_extra if span_start else first_extra,
-                    )
-                    cache.put(key, tuple(out[span_start:block]))
-                span_parent = parent
-                span_start = block
+            blocks = blocks[1:]
+        sha = hashlib.sha256
+        if self.algo == "sha256":
+            dumps = pickle.dumps
+            for tokens_of_block in blocks:
+                parent = sha(dumps((parent, tokens_of_block, rest_extra), PICKLE_PROTOCOL)).digest()
+                out.append(parent)
+        else:
+            cbor = cbor2.dumps
+            for tokens_of_block in blocks:
+                parent = sha(cbor((parent, tokens_of_block, rest_extra), canonical=True)).digest()
+                out.append(parent)
+        # 3. Remember every aligned span hashed by this call.
+        if cache.capacity:
+            for start_block in range(first_hashed, num_blocks - span + 1, span):
+                start = start_block * size
+                key = (
+                    out[start_block - 1] if start_block else self.none_hash,
+                    tokens[start : start + span_tokens],
+                    rest_extra if start_block else first_extra,
+                )
+                cache.put(key, tuple(out[start_block : start_block + span]))
         return out
 
     def block_keys(
