@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +73,14 @@ def _finite(value: Any) -> Any:
 
 
 def summarize(
-    target: str, records: Iterable[RequestRecord], health: GeneratorHealth | None = None
+    target: str,
+    records: Iterable[RequestRecord],
+    health: GeneratorHealth | None = None,
+    time_scale: float = 1.0,
 ) -> TargetSummary:
-    records = list(records)
+    """Summary of one target's records; times are divided by ``time_scale`` (simulated seconds
+    when the fleet ran ``time_scale`` wall seconds per simulated second)."""
+    records = [rescaled(r, time_scale) for r in records]
     done = [r for r in records if r.ok]
     ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
     e2es = [r.e2e_s for r in done if r.e2e_s is not None]
@@ -108,6 +113,23 @@ def summarize(
         makespan_s=makespan,
         pods_used=dict(sorted(pods.items())),
         generator=health.to_json() if health is not None else {},
+    )
+
+
+def rescaled(record: RequestRecord, time_scale: float) -> RequestRecord:
+    """``record`` with its times divided by ``time_scale`` (wall -> simulated seconds)."""
+    if time_scale == 1.0:
+        return record
+
+    def scale(value: float | None) -> float | None:
+        return None if value is None else value / time_scale
+
+    return replace(
+        record,
+        scheduled_s=record.scheduled_s / time_scale,
+        sent_s=record.sent_s / time_scale,
+        first_byte_s=scale(record.first_byte_s),
+        end_s=scale(record.end_s),
     )
 
 

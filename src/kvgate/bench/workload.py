@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 COMPLETIONS = "/v1/completions"
@@ -69,10 +69,35 @@ class Workload:
     def size(self) -> int:
         return len(self.requests) + sum(len(s.turns) for s in self.sessions)
 
+    def stretched(self, factor: float) -> Workload:
+        """The same workload with every arrival, session start and think time x ``factor``.
+
+        Used with a simulator time scale: a fleet running ``factor`` wall seconds per simulated
+        second sees the same load, in simulated time, as the unstretched workload.
+        """
+        if factor == 1.0:
+            return self
+        return replace(
+            self,
+            requests=tuple(_stretch(r, factor) for r in self.requests),
+            sessions=tuple(
+                replace(
+                    s, start_s=s.start_s * factor, turns=tuple(_stretch(t, factor) for t in s.turns)
+                )
+                for s in self.sessions
+            ),
+        )
+
     def nominal_duration_s(self) -> float:
         """Last open-loop arrival or session start (sessions then run on their own clock)."""
         last = [r.arrival_s for r in self.requests] + [s.start_s for s in self.sessions]
         return max(last, default=0.0)
+
+
+def _stretch(request: BenchRequest, factor: float) -> BenchRequest:
+    return replace(
+        request, arrival_s=request.arrival_s * factor, think_time_s=request.think_time_s * factor
+    )
 
 
 def poisson_arrivals(count: int, rate_rps: float, rng: random.Random) -> list[float]:
@@ -96,6 +121,26 @@ def random_tokens(rng: random.Random, count: int, vocab_size: int) -> list[int]:
 FIRST_PLAIN_TOKEN = 1000
 
 
+_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def token_text(tokens: Sequence[int]) -> str:
+    """Text in which every token id is one 4-character word (3 base-36 digits and a space).
+
+    Prompts are sent as text, not token ids, because routers that match prefixes on text (the
+    SGLang router rejects token-id prompts) must see them too. The simulator's default codec
+    turns each 4 characters into one token, so the pod sees exactly ``len(tokens)`` tokens and
+    two prompts share a token prefix exactly when their texts share the matching prefix.
+    """
+    out = []
+    for token in tokens:
+        value = token % 46656
+        out.append(
+            _ALPHABET[value // 1296] + _ALPHABET[value // 36 % 36] + _ALPHABET[value % 36] + " "
+        )
+    return "".join(out)
+
+
 def completion_request(
     request_id: str,
     tokens: Sequence[int],
@@ -105,10 +150,10 @@ def completion_request(
     request_class: str = "online",
     session_id: str | None = None,
 ) -> BenchRequest:
-    """A `/v1/completions` request whose prompt is given as token ids."""
+    """A `/v1/completions` request for the prompt ``tokens`` (sent as :func:`token_text`)."""
     ids = list(tokens)
     body: dict[str, Any] = {
-        "prompt": ids,
+        "prompt": token_text(ids),
         "max_tokens": max_tokens,
         "min_tokens": max_tokens,
         "ignore_eos": True,

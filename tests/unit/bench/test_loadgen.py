@@ -5,7 +5,7 @@ import json
 import httpx
 
 from kvgate.bench.loadgen import LoadGenerator, parse_usage
-from kvgate.bench.workload import Session, Workload, completion_request
+from kvgate.bench.workload import Session, Workload, completion_request, token_text
 
 
 def _sse(prompt_tokens: int, cached: int, completion: int) -> bytes:
@@ -28,9 +28,9 @@ def _handler(seen: list[httpx.Request]):
     def handle(request: httpx.Request) -> httpx.Response:
         seen.append(request)
         body = json.loads(request.content)
-        if body["prompt"] == [666]:
+        if body["prompt"] == token_text([666]):
             return httpx.Response(503, json={"error": {"message": "busy"}})
-        n = len(body["prompt"])
+        n = len(body["prompt"]) // 4
         return httpx.Response(
             200,
             content=_sse(n, n // 2, body["max_tokens"]),
@@ -72,8 +72,8 @@ async def test_open_loop_and_sessions_record_usage_headers_and_errors():
     assert a.ttft_s is not None and a.e2e_s is not None and a.ttft_s <= a.e2e_s
     assert not by_id["bad"].ok and by_id["bad"].status == 503 and "busy" in by_id["bad"].error
     assert by_id["s-t1"].sent_s >= by_id["s-t0"].end_s  # closed loop: the next turn waits
-    sent = {json.loads(r.content)["prompt"][0]: r for r in seen}
-    body = json.loads(sent[1].content)
+    sent = {json.loads(r.content)["prompt"]: r for r in seen}
+    body = json.loads(sent[token_text([1] * 10)].content)
     assert body["stream"] is True and body["model"] == "m"
     assert body["stream_options"] == {"include_usage": True}
     session_requests = [r for r in seen if r.headers.get("x-session-id") == "s"]

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 
 from kvgate.bench.agent_sessions import AgentSessionParams, build_agent_sessions
 from kvgate.bench.shared_prefix import LLMD_PRECISE_PREFIX, SGLANG_GSP
+from kvgate.bench.workload import token_text
 from kvgate.bench.workloads import (
     UnknownWorkloadError,
     build_workload,
@@ -44,7 +45,7 @@ def test_shared_prefix_groups_share_exactly_the_system_prompt():
     for r in w.requests:
         by_group.setdefault(r.request_id.split("-")[0], []).append(r.prefix_units)
         assert len(r.prefix_units) == 72
-        assert r.body["prompt"] == list(r.prefix_units)
+        assert r.body["prompt"] == token_text(r.prefix_units)
         assert r.body["max_tokens"] == 256
     assert len(by_group) == 3
     prefixes = {units[:64] for group in by_group.values() for units in group}
@@ -145,3 +146,14 @@ def test_agent_sessions_read_traj_files_like_the_bundled_copy():
     )
     bundled = build_agent_sessions(AgentSessionParams(num_sessions=5, max_turns=2))
     assert from_files.sessions == bundled.sessions
+
+
+def test_token_text_is_one_simulator_token_per_id():
+    from kvgate.sim.text import ChunkCodec
+
+    ids = [1000, 1001, 31999, 1000]
+    text = token_text(ids)
+    assert len(text) == 4 * len(ids)
+    encoded = ChunkCodec().encode(text)
+    assert len(encoded) == 4 and encoded[0] == encoded[3] and len(set(encoded[:3])) == 3
+    assert token_text([5, 6]) == token_text([5]) + token_text([6])

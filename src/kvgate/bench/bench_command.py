@@ -1,0 +1,217 @@
+"""`kvgate bench run`: one workload through several routers on a simulated fleet, side by side.
+
+    kvgate bench run --workload shared-prefix --pods 4 --targets round-robin,kvgate --out out/
+    kvgate bench run --trace trace.jsonl --speedup 4 --targets kvgate,sglang-cache-aware --out out/
+    kvgate bench run --workload hot-prefix --mode des --pods 64 --param num_requests=100000 ...
+
+``--mode live`` (default) starts ``kvgate sim fleet`` and each target as real processes on
+loopback and sends real HTTP; ``--mode des`` runs the simulator's discrete-event mode with the
+scoring policies plugged in directly (no HTTP, simulated time: 64 pods and 100k requests in
+minutes). Both write report.json, report.md and PNG plots to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from kvgate.bench.agent_sessions import ChatTokenizer
+from kvgate.bench.harness import BenchResult, HarnessSettings, run_live, write_outputs
+from kvgate.bench.records import RequestRecord
+from kvgate.bench.targets import TARGET_NAMES, validate_targets
+from kvgate.bench.workload import Workload
+from kvgate.bench.workloads import WORKLOAD_NAMES, build_trace, build_workload, parse_overrides
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
+    run_parser = sub.add_parser("run", help="run a benchmark and write report.json + plots")
+    add_run_arguments(run_parser)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace to replay")
+    source.add_argument("--workload", choices=WORKLOAD_NAMES, help="a named workload")
+    parser.add_argument(
+        "--param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a workload parameter (repeatable), e.g. num_groups=8 rate_rps=4",
+    )
+    parser.add_argument("--pods", type=int, default=4, help="simulated pods (default 4)")
+    parser.add_argument(
+        "--targets",
+        default="round-robin,kvgate",
+        help=f"comma-separated, from: {', '.join(TARGET_NAMES)} (default round-robin,kvgate)",
+    )
+    parser.add_argument("--speedup", type=float, default=None, help="trace time speed-up factor")
+    parser.add_argument("--jitter", type=float, default=None, help="trace arrival jitter, seconds")
+    parser.add_argument(
+        "--duration", type=float, default=None, help="send no new request after S seconds"
+    )
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument("--mode", choices=("live",), default="live")
+    parser.add_argument("--model", default="sim-model", help="model name the fleet serves")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="live mode: wall seconds per simulated GPU second (sim --sim-time-scale)",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer folder for the pods and kvgate's routers (exact prefix keys); "
+        "default: the simulator's 4-characters-a-token codec, routers key approximately",
+    )
+    parser.add_argument(
+        "--kv-events",
+        action="store_true",
+        help="pods publish KV events and kvgate's routers index them (use with --tokenizer)",
+    )
+    parser.add_argument(
+        "--fresh-fleet",
+        action="store_true",
+        help="restart the fleet for every target (default: reset its prefix caches)",
+    )
+    parser.add_argument(
+        "--fleet-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for `kvgate sim fleet` (repeatable; use --fleet-arg=--flag)",
+    )
+    parser.add_argument(
+        "--router-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for `kvgate router` (repeatable; use --router-arg=--flag)",
+    )
+
+
+def load_workload(args: argparse.Namespace) -> Workload:
+    overrides: dict[str, object] = dict(parse_overrides(args.param))
+    if args.trace is not None:
+        if args.speedup is not None:
+            overrides["speedup"] = args.speedup
+        if args.jitter is not None:
+            overrides["jitter_s"] = args.jitter
+        return build_trace(args.trace, overrides)
+    if args.speedup is not None or args.jitter is not None:
+        raise ValueError("--speedup and --jitter apply to --trace only")
+    return build_workload(args.workload, overrides, tokenize=chat_tokenizer())
+
+
+def chat_tokenizer() -> ChatTokenizer:
+    """The fleet's own chat tokenization (the simulator's default codec), for the ideal bound."""
+    from kvgate.sim.text import ChunkCodec
+
+    return ChunkCodec().render_chat
+
+
+def run(args: argparse.Namespace) -> int:
+    quiet_http_logs()
+    console = Console()
+    try:
+        targets = validate_targets([t.strip() for t in args.targets.split(",") if t.strip()])
+        workload = load_workload(args)
+    except ValueError as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    settings = HarnessSettings(
+        pods=args.pods,
+        model=args.model,
+        targets=targets,
+        duration_s=args.duration,
+        fresh_fleet=args.fresh_fleet,
+        time_scale=args.time_scale,
+        tokenizer=args.tokenizer,
+        kv_events=args.kv_events,
+        fleet_args=list(args.fleet_arg),
+        router_args=list(args.router_arg),
+    )
+    console.print(
+        f"[bold]{workload.name}[/bold]: {workload.description} — {workload.size} requests, "
+        f"{settings.pods} pods, targets {', '.join(targets)}"
+    )
+    result = run_live_with_progress(workload, settings, args.out, console)
+    console.print(result_table_text(result.report_path), markup=False)
+    console.print(f"report: {result.report_path}")
+    for plot in result.plots:
+        console.print(f"plot:   {plot}")
+    return exit_code(result.report.targets.keys(), targets)
+
+
+def quiet_http_logs() -> None:
+    """httpx logs every request at INFO: thousands of lines that would hide the progress bar."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def exit_code(ran: Iterable[str], wanted: list[str]) -> int:
+    """0 when every target ran, 1 when some could not start (the report says why)."""
+    return 0 if set(wanted) <= set(ran) else 1
+
+
+def result_table_text(report_path: Path) -> str:
+    return (report_path.parent / "report.md").read_text()
+
+
+def run_live_with_progress(
+    workload: Workload, settings: HarnessSettings, out_dir: Path, console: Console
+) -> BenchResult:
+    """Run the live harness under a rich progress bar, one bar per target.
+
+    The bar counts completed requests, or, when ``settings.duration_s`` cuts the workload, the
+    seconds of the sending window (in-flight requests then drain with the bar full).
+    """
+    progress = Progress(
+        TextColumn("{task.description:<20}"),
+        BarColumn(),
+        TextColumn("{task.fields[done]} done, {task.fields[errors]} errors"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=False,
+    )
+    timed = settings.duration_s is not None
+    total = settings.duration_s if timed else workload.size
+    state: dict[str, Any] = {}
+
+    def on_target(name: str, _index: int, _count: int) -> None:
+        state["task"] = progress.add_task(name, total=total, done=0, errors=0)
+        state["t0"] = time.monotonic()
+
+    def on_record(record: RequestRecord) -> None:
+        task: TaskID = state["task"]
+        fields = progress.tasks[task].fields
+        update: dict[str, Any] = {"done": fields["done"] + 1}
+        if not record.ok:
+            update["errors"] = fields["errors"] + 1
+        if timed:
+            update["completed"] = min(time.monotonic() - state["t0"], total or 0.0)
+        else:
+            update["advance"] = 1
+        progress.update(task, **update)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with progress:
+        run = asyncio.run(
+            run_live(workload, settings, out_dir / "logs", on_target=on_target, progress=on_record)
+        )
+    return write_outputs(workload, settings, run, out_dir)

@@ -1,0 +1,141 @@
+"""Targets: the routers a benchmark compares, each started and stopped by the harness.
+
+| target name          | what runs                                                           |
+|----------------------|---------------------------------------------------------------------|
+| round-robin          | ``kvgate router --policy round-robin``                              |
+| least-load           | ``kvgate router --policy least-load``                               |
+| prefix               | ``kvgate router --policy prefix``                                   |
+| kvgate               | ``kvgate router --policy kvgate``                                   |
+| sglang-cache-aware   | ``sglang-router launch --policy cache_aware`` (PyPI ``sglang-router``) |
+| sglang-round-robin   | ``sglang-router launch --policy round_robin``                       |
+
+Every target is a child process on a free loopback port in front of the same simulated fleet's
+pods; the harness waits for its health endpoint, runs the workload, and stops it. The SGLang router
+is looked for next to the running Python (``.venv/bin/sglang-router``) and then on ``PATH``; if
+it is not installed the target fails with an explanation (``pip install sglang-router``, the
+``peers`` extra) rather than being silently skipped.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvgate.bench.processes import ManagedProcess, StartError, free_port
+
+KVGATE_POLICIES = {
+    "round-robin": "round-robin",
+    "least-load": "least-load",
+    "prefix": "prefix",
+    "kvgate": "kvgate",
+}
+SGLANG_POLICIES = {
+    "sglang-cache-aware": "cache_aware",
+    "sglang-round-robin": "round_robin",
+}
+TARGET_NAMES = (*KVGATE_POLICIES, *SGLANG_POLICIES)
+HOST = "127.0.0.1"
+
+
+class UnknownTargetError(ValueError):
+    pass
+
+
+def validate_targets(names: list[str]) -> list[str]:
+    for name in names:
+        if name not in TARGET_NAMES:
+            raise UnknownTargetError(
+                f"unknown target {name!r}; choose from {', '.join(TARGET_NAMES)}"
+            )
+    return names
+
+
+def kvgate_command() -> list[str]:
+    """How to run ``kvgate`` as a child: this interpreter, so a venv need not be activated."""
+    return [sys.executable, "-m", "kvgate.cli"]
+
+
+def sglang_router_binary() -> str | None:
+    beside = Path(sys.executable).with_name("sglang-router")
+    if beside.exists():
+        return str(beside)
+    return shutil.which("sglang-router")
+
+
+@dataclass
+class RunningTarget:
+    name: str
+    base_url: str
+    process: ManagedProcess
+
+    async def stop(self) -> None:
+        await self.process.stop()
+
+
+def router_argv(
+    name: str,
+    pod_urls: list[str],
+    model: str,
+    port: int,
+    extra_args: list[str] | None = None,
+) -> list[str]:
+    """The command line that runs target ``name`` on ``port`` in front of ``pod_urls``."""
+    if name in KVGATE_POLICIES:
+        argv = [*kvgate_command(), "--log-level", "WARNING", "router"]
+        for url in pod_urls:
+            argv += ["--endpoint", url]
+        argv += ["--model", model, "--policy", KVGATE_POLICIES[name]]
+        argv += ["--host", HOST, "--port", str(port)]
+        return argv + list(extra_args or [])
+    if name in SGLANG_POLICIES:
+        binary = sglang_router_binary()
+        if binary is None:
+            raise StartError(
+                f"target {name} needs the SGLang router: `.venv/bin/pip install sglang-router` "
+                "(the `peers` extra of kvgate)"
+            )
+        return [
+            binary,
+            "launch",
+            "--host",
+            HOST,
+            "--port",
+            str(port),
+            "--policy",
+            SGLANG_POLICIES[name],
+            "--worker-urls",
+            *pod_urls,
+            "--log-level",
+            "warn",
+            "--disable-retries",
+            *(extra_args or []),
+        ]
+    raise UnknownTargetError(name)
+
+
+def health_url(name: str, base_url: str) -> str:
+    return base_url + ("/liveness" if name in SGLANG_POLICIES else "/health")
+
+
+async def start_target(
+    name: str,
+    pod_urls: list[str],
+    model: str,
+    log_dir: Path,
+    *,
+    startup_timeout_s: float = 60.0,
+    extra_args: list[str] | None = None,
+) -> RunningTarget:
+    port = free_port(HOST)
+    argv = router_argv(name, pod_urls, model, port, extra_args)
+    process = ManagedProcess(name, argv, log_dir / f"{name}.log")
+    await process.start()
+    base_url = f"http://{HOST}:{port}"
+    try:
+        await process.wait_ready([health_url(name, base_url)], startup_timeout_s)
+    except BaseException:
+        await process.stop()
+        raise
+    return RunningTarget(name=name, base_url=base_url, process=process)
