@@ -1,7 +1,8 @@
 """``kvgate podrunner``: run the pods of KWOK's fake nodes as local processes.
 
-Started by hack/cluster/up.sh inside the cluster's network namespace, where every pod IP is a
-local address. SIGTERM or SIGINT stops every pod process, then the runner.
+Started by hack/cluster/up.sh inside the cluster's network namespace, where every pod IP and
+every ClusterIP is a local address. Two tasks: the pod runner (runner.py) and the service
+proxy with its hosts file (services.py). SIGTERM or SIGINT stops every pod process, then both.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from kubernetes_asyncio import client, config
 
 from kvgate.podrunner.runner import PodRunner, RunnerConfig
+from kvgate.podrunner.services import ServiceProxy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         required=True,
         help="directory for the pods' volumes, credentials and container logs",
+    )
+    parser.add_argument(
+        "--hosts-file",
+        type=Path,
+        default=None,
+        help="hosts file to keep Service names in (the namespace's /etc/netns/<ns>/hosts)",
+    )
+    parser.add_argument(
+        "--no-service-proxy",
+        action="store_true",
+        help="do not listen on Service ClusterIPs",
     )
     parser.add_argument(
         "--kvgate",
@@ -49,13 +62,16 @@ async def _serve(args: argparse.Namespace) -> int:
         ca_cert=ca_cert,
     )
     async with client.ApiClient(configuration) as api:
-        runner = PodRunner(api, runner_config)
-        task = asyncio.create_task(runner.run(), name="podrunner")
+        tasks = [asyncio.create_task(PodRunner(api, runner_config).run(), name="podrunner")]
+        if not args.no_service_proxy:
+            proxy = ServiceProxy(api, args.hosts_file)
+            tasks.append(asyncio.create_task(proxy.run(), name="service-proxy"))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+            loop.add_signal_handler(sig, lambda: [t.cancel() for t in tasks])
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
     print("podrunner: stopped")
     return 0
 
