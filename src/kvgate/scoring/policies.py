@@ -6,7 +6,7 @@
   simplest cache-aware routers do; it piles a hot prefix onto one pod.
 - ``kvgate`` (default): healthy -> ``load-bound`` -> ``affinity-cap`` -> ``predicted-ttft`` ->
   ``near-equal``. Minimises predicted TTFT (queue delay + prefill of the tokens the pod lacks)
-  with guards: no pod above c x mean load, no queue wait above ``max_affinity_wait_seconds``
+  plus ``work_weight`` x the prefill work itself (which others queue behind), with guards: no pod above c x mean load, no queue wait above ``max_affinity_wait_seconds``
   while another pod is within it; near-equal costs (within ``tolerance``) are broken at random,
   or, when none of them holds any of the prompt, by least recently chosen (spreading cold
   requests).
@@ -55,6 +55,10 @@ class KvgateParams(StrictParams):
     load_bound: LoadBoundParams = LoadBoundParams()
     tolerance: float = Field(default=0.1, ge=0, lt=1)
     """Candidates whose predicted-TTFT score is within this share of the best are near-equal."""
+    work_weight: float = Field(default=1.0, ge=0)
+    """Cost = predicted TTFT + work_weight x prefill seconds. Recomputing a prefix elsewhere also
+    delays whoever queues behind that work; 0 = greedy per-request TTFT, which under load moves
+    sessions off their holders too eagerly (see tests/unit/scoring/test_scoring_dynamics.py)."""
     ttft_floor_seconds: float = Field(default=0.02, gt=0)
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
     tie_break: TieBreak = "random"
@@ -126,7 +130,11 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
         ],
         scorers=[
             WeightedScorer(
-                PredictedTtftScorer(PredictedTtftParams(floor_seconds=params.ttft_floor_seconds)),
+                PredictedTtftScorer(
+                    PredictedTtftParams(
+                        floor_seconds=params.ttft_floor_seconds, work_weight=params.work_weight
+                    )
+                ),
                 1.0,
             )
         ],

@@ -78,18 +78,23 @@ def test_multi_turn_session_stays_on_its_holder() -> None:
 
 
 def test_session_moves_when_another_pod_is_faster() -> None:
+    # pod-0 holds 4096 of 8192 tokens: 0.41 s of prefill. With the default work_weight 1 the
+    # holder keeps the session until its queue exceeds (1 + 1) x 0.41 s = 8192 pending tokens.
     req = request(8192)
-    matched = {"pod-0": 256}  # pod-0 holds 4096 tokens: worth 0.41 s of prefill
-    stay = [endpoint(0, pending_prefill_tokens=3000), endpoint(1), endpoint(2)]
+    matched = {"pod-0": 256}
+    stay = [endpoint(0, pending_prefill_tokens=5000), endpoint(1), endpoint(2)]
     d = decide("kvgate", req, stay, matched)
     assert (d.endpoint_id, d.reason) == ("pod-0", "prefix-hit")
-    move = [endpoint(0, pending_prefill_tokens=6000), endpoint(1), endpoint(2)]
+    move = [endpoint(0, pending_prefill_tokens=9500), endpoint(1), endpoint(2)]
     d = decide("kvgate", req, move, matched)
     assert d.endpoint_id in {"pod-1", "pod-2"}
     assert d.reason == "load-spill"
     assert d.predicted_hit_tokens == 0
-    holder = next(c for c in d.candidates if c.estimate.endpoint_id == "pod-0")
-    assert holder.estimate.ttft_seconds > d.predicted_ttft_seconds
+    # Greedy per-request TTFT (work_weight 0) moves as soon as the holder's queue > 0.41 s.
+    greedy = decide("kvgate", req, stay, matched, params={"work_weight": 0, "tolerance": 0})
+    assert greedy.endpoint_id != "pod-0"
+    holder = next(c for c in greedy.candidates if c.estimate.endpoint_id == "pod-0")
+    assert holder.estimate.ttft_seconds > greedy.predicted_ttft_seconds
 
 
 def test_affinity_cap_overrides_a_large_cache_win() -> None:

@@ -1,9 +1,12 @@
 """``predicted-ttft`` scorer (hybrid): the cost model's predicted time to first token.
 
-score = (min_ttft + floor_seconds) / (ttft + floor_seconds) over the candidates: the fastest
-candidate scores 1, one predicted twice as slow about 0.5. The floor keeps differences of a few
-milliseconds (noise) from looking like factors when every prediction is near zero. It rewards
-cache hits (less to prefill) and short queues at once, on one scale: seconds.
+cost = ttft + work_weight x prefill_seconds; score = (min_cost + floor) / (cost + floor) over the
+candidates: the cheapest candidate scores 1, one twice as costly about 0.5. The floor keeps
+differences of a few milliseconds (noise) from looking like factors when every prediction is
+near zero. It rewards cache hits (less to prefill) and short queues at once, on one scale:
+seconds. ``work_weight`` > 0 also charges for the prefill work itself, which delays whoever
+queues behind it on that pod: pure per-request TTFT (0) moves sessions off their holders too
+eagerly under load.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from kvgate.scoring.params import StrictParams
 
 class PredictedTtftParams(StrictParams):
     floor_seconds: float = Field(default=0.02, gt=0)
+    work_weight: float = Field(default=0.0, ge=0)
+    """Extra weight on the prefill work itself (see the module docstring); 0 = pure TTFT."""
 
 
 class PredictedTtftScorer:
@@ -29,7 +34,10 @@ class PredictedTtftScorer:
 
     def score(self, state: CycleState, candidates: Sequence[EndpointSnapshot]) -> list[float]:
         est = state.estimates
-        costs = [max(0.0, est[e.id].ttft_seconds) for e in candidates]
+        w = self.params.work_weight
+        costs = [
+            max(0.0, est[e.id].ttft_seconds + w * est[e.id].prefill_seconds) for e in candidates
+        ]
         if not costs:
             return []
         floor = self.params.floor_seconds
