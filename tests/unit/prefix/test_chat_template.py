@@ -180,3 +180,46 @@ def test_tools_dump_like_vllm():
             "defer_loading": True,
         },
     ]
+
+
+# A Llama-3-style template: namespace(), trim, `is defined`, strftime_now and a date default.
+LLAMA_STYLE = """{{- bos_token }}
+{%- set ns = namespace(system='') %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set ns.system = messages[0]['content'] | trim %}
+    {%- set messages = messages[1:] %}
+{%- endif %}
+{%- if date_string is not defined %}{% set date_string = "26 Jul 2024" %}{% endif %}
+{{- '<|start_header_id|>system<|end_header_id|>\\n\\nToday Date: ' + date_string + '\\n\\n' }}
+{%- if tools is not none %}{{- 'Tools:\\n' }}{% for t in tools %}{{- t | tojson(indent=4) + '\\n\\n' }}{% endfor %}{% endif %}
+{{- ns.system + '<|eot_id|>' }}
+{%- for message in messages %}
+    {%- if message.tool_calls is defined and message.tool_calls %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
+        {%- for call in message.tool_calls %}{{- call.function | tojson }}{% endfor %}
+        {{- '<|eot_id|>' }}
+    {%- elif message.role == 'tool' %}
+        {{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' }}
+    {%- else %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}
+"""
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"date_string": "01 Jan 2026"}])
+def test_second_template_style_renders_like_transformers(hf_tokenizer, conversations, kwargs):
+    template = ChatTemplate(LLAMA_STYLE, {"bos_token": "<s>", "eos_token": "<|im_end|>"})
+    tools = conversations["tools"]
+    for conversation in conversations["conversations"]:
+        raw = conversation["messages"]
+        expected = hf_tokenizer.apply_chat_template(
+            normalize_messages(raw),
+            tools=normalize_tools(tools),
+            chat_template=LLAMA_STYLE,
+            tokenize=False,
+            add_generation_prompt=True,
+            **kwargs,
+        )
+        assert template.render(raw, tools=tools, chat_template_kwargs=kwargs) == expected

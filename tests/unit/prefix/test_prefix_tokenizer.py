@@ -88,3 +88,18 @@ def test_special_tokens_and_template_from_config():
         "pad_token": "<|endoftext|>",
     }
     assert tok.chat_template is not None and "<|im_start|>" in tok.chat_template
+
+
+def test_segment_cache_turns_itself_off_when_pieces_are_not_independent(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    spec = json.loads((TOKENIZER_DIR / "tokenizer.json").read_text())
+    for token in spec["added_tokens"]:
+        if token["content"] == "<|im_end|>":
+            token["rstrip"] = True  # swallows the whitespace after it: pieces interact
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    shutil.copy(TOKENIZER_DIR / "tokenizer_config.json", tmp_path / "tokenizer_config.json")
+    tok = Tokenizer.from_dir(tmp_path)
+    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path))
+    text = "<|im_start|>user\nhi<|im_end|>\n  \n<|im_start|>assistant\n"
+    assert tok.encode(text) == reference(text)["input_ids"]
+    assert tok.segment_hits == tok.segment_misses == 0  # went straight to the library
