@@ -11,8 +11,8 @@ A container becomes an argv, an environment and a working directory:
    ``configMapKeyRef``/``secretKeyRef`` (from values fetched beforehand), then ``$(VAR)`` is
    expanded in ``command`` and ``args``.
 3. **Addresses**: every process shares one network namespace, so wildcard listen addresses are
-   rewritten to the pod IP (``0.0.0.0``, ``[::]``, ``tcp://*:``), and a vLLM server without
-   ``--host`` gets ``--host <pod IP>``.
+   rewritten to the pod IP (``0.0.0.0``, ``[::]``, ``tcp://*:``), and a server without ``--host``
+   (vLLM, ``kvgate sim serve``, ``kvgate router``, ``kvgate indexer``) gets ``--host <pod IP>``.
 4. **Paths**: each volume mount path is mapped to a directory of the pod on the local disk; an
    argument or environment value naming a path under a mount path is rewritten to the local
    path (``--config=/etc/kvgate/router.yaml`` → ``.../volumes/config/router.yaml``).
@@ -203,7 +203,19 @@ def _strip_kvgate_entrypoint(words: list[str]) -> list[str]:
     return words
 
 
-def _with_vllm_host(flags: list[str], pod_ip: str) -> list[str]:
+# kvgate subcommands that serve on `--host` (default 0.0.0.0, which every pod would share).
+_KVGATE_SERVERS = (("router",), ("indexer",), ("sim", "serve"))
+
+
+def _kvgate_subcommand(words: list[str]) -> list[str]:
+    """The subcommand words after kvgate's global options (``--log-level X``)."""
+    rest = list(words)
+    while rest and rest[0].startswith("-"):
+        rest = rest[2:] if rest[0] == "--log-level" else rest[1:]
+    return rest
+
+
+def _with_host(flags: list[str], pod_ip: str) -> list[str]:
     if any(word == "--host" or word.startswith("--host=") for word in flags):
         return flags
     return [*flags, "--host", pod_ip]
@@ -216,10 +228,14 @@ def program_argv(kind: Kind, words: Sequence[str], kvgate: str, pod_ip: str) -> 
             kvgate,
             "sim",
             "serve",
-            *_with_vllm_host(_strip_vllm_entrypoint(list(words)), pod_ip),
+            *_with_host(_strip_vllm_entrypoint(list(words)), pod_ip),
         ]
     if kind == "kvgate":
-        return [kvgate, *_strip_kvgate_entrypoint(list(words))]
+        rest = _strip_kvgate_entrypoint(list(words))
+        sub = _kvgate_subcommand(rest)
+        if any(tuple(sub[: len(server)]) == server for server in _KVGATE_SERVERS):
+            rest = _with_host(rest, pod_ip)
+        return [kvgate, *rest]
     if kind == "redis":
         rest = list(words)
         if rest and Path(rest[0]).name in ("redis-server", "valkey-server"):

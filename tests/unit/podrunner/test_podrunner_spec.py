@@ -91,7 +91,7 @@ def test_kvgate_container_config_path_is_mapped_to_the_volume() -> None:
         "name": "router",
         "image": "ghcr.io/kvgate/kvgate:0.1.0",
         "command": ["kvgate"],
-        "args": ["router", "--config=/etc/kvgate/router.yaml", "--listen", "0.0.0.0:8000"],
+        "args": ["router", "--config=/etc/kvgate/router.yaml", "--host", "0.0.0.0"],
         "volumeMounts": [{"name": "config", "mountPath": "/etc/kvgate"}],
     }
     mounts = {"/etc/kvgate": Path("/state/pod/volumes/config")}
@@ -107,8 +107,8 @@ def test_kvgate_container_config_path_is_mapped_to_the_volume() -> None:
         KVGATE,
         "router",
         "--config=/state/pod/volumes/config/router.yaml",
-        "--listen",
-        "10.244.0.7:8000",
+        "--host",
+        "10.244.0.7",
     ]
     assert spec.env == {"PATH": "/bin"}
 
@@ -191,3 +191,24 @@ def test_status_patch_is_ready_only_when_every_container_is() -> None:
     assert statuses[1]["lastState"]["terminated"]["exitCode"] == 2
     same = status_patch([("i", "a", ready)], previous_ready=True)
     assert all("lastTransitionTime" not in c for c in same["status"]["conditions"])
+
+
+@pytest.mark.parametrize(
+    ("words", "expected_tail"),
+    [
+        (["kvgate", "sim", "serve", "--model", "m"], ["--model", "m", "--host", "10.244.0.7"]),
+        (
+            ["kvgate", "--log-level", "INFO", "router", "--config", "/c"],
+            ["/c", "--host", "10.244.0.7"],
+        ),
+        (["kvgate", "indexer", "--config", "/c", "--host", "0.0.0.0"], ["--host", "10.244.0.7"]),
+        (["kvgate", "operator", "--standalone"], ["operator", "--standalone"]),
+    ],
+)
+def test_kvgate_servers_listen_on_the_pod_ip(words: list[str], expected_tail: list[str]) -> None:
+    container = {"name": "c", "image": "kvgate:0.1.0", "command": words}
+    spec = process_spec(
+        make_pod(container), container, refs={}, mounts={}, kvgate=KVGATE, base_env={}
+    )
+    assert spec.argv[0] == KVGATE
+    assert spec.argv[-len(expected_tail) :] == expected_tail
