@@ -194,9 +194,7 @@ class RouterApp:
         kind = "chat" if "messages" in body else "completion"
         headers = _headers(scope)
         router = self.runtime.router
-        plan = await router.plan(body, headers, kind)
-        # An explanation is not a decision: undo its effect on round-robin history.
-        router.history.forget(plan.endpoint.id)
+        plan = await router.plan(body, headers, kind, record=False)
         cls = plan.classification
         result = {
             "model": cls.model,

@@ -17,10 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TypeVar
 
-from kvgate.api.router_config import DirectoryConfig, PoolConfig
 from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex, IndexStats
-from kvgate.directory.memory import MemoryBlockIndex
-from kvgate.directory.redis import RedisBlockIndex
 from kvgate.prefix.hashing import BlockKey
 from kvgate.router.metrics import RouterMetrics
 
@@ -184,19 +181,3 @@ class FallbackIndex:
             await self.shared.close()
         except Exception as exc:
             log.warning("closing the shared directory failed: %r", exc)
-
-
-def build_redis_index(
-    directory: DirectoryConfig, pool: PoolConfig, metrics: RouterMetrics
-) -> BlockIndex:
-    cfg = directory.redis
-    shared = RedisBlockIndex.from_url(
-        cfg.url,
-        pool.key,
-        password=cfg.password.read() if cfg.password else None,
-        socket_timeout_seconds=cfg.socket_timeout_seconds,
-        key_prefix=cfg.key_prefix,
-    )
-    return FallbackIndex(
-        shared, MemoryBlockIndex(), metrics, resync_interval=cfg.resync_interval_seconds
-    )

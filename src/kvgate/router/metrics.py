@@ -2,7 +2,8 @@
 
 Names follow `kvgate_router_<what>_<unit>`; counters end in `_total`. Label values are bounded:
 pools and endpoints come from configuration/discovery, `decision` is the policy's short reason
-kind, never free text.
+kind, never free text. The directory and its KV-event indexer export `kvgate_directory_*`
+(events by type, seq gaps, replays, pod clears, entries) into the same registry.
 """
 
 from __future__ import annotations
@@ -107,12 +108,6 @@ class RouterMetrics:
             ["pool", "state"],
             registry=r,
         )
-        self.directory_blocks = Gauge(
-            "kvgate_router_directory_blocks",
-            "Blocks held in the directory per pod (as indexed)",
-            ["pool", "endpoint"],
-            registry=r,
-        )
         self.directory_errors = Counter(
             "kvgate_router_directory_errors_total",
             "Directory operations that failed (the router fell back to its local view)",
@@ -122,25 +117,6 @@ class RouterMetrics:
         self.directory_degraded = Gauge(
             "kvgate_router_directory_degraded",
             "1 while the shared directory is unreachable and the local view is used",
-            registry=r,
-        )
-        self.kv_events = Counter(
-            "kvgate_router_kv_events_total",
-            "KV events applied to the directory, by type",
-            ["pool", "type"],
-            registry=r,
-        )
-        self.kv_event_lag = Histogram(
-            "kvgate_router_kv_event_lag_seconds",
-            "Time from an event batch's timestamp to its application",
-            ["pool"],
-            buckets=(*_LATENCY_BUCKETS, 0.25, 0.5, 1.0, 5.0),
-            registry=r,
-        )
-        self.evictions = Counter(
-            "kvgate_router_evicted_blocks_total",
-            "Blocks removed from pods' caches (BlockRemoved), and pods cleared",
-            ["pool"],
             registry=r,
         )
         self.prefix_breaks = Counter(

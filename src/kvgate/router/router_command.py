@@ -100,11 +100,14 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 
 def run(args: argparse.Namespace) -> int:
+    import prometheus_client
     import uvicorn
 
     from kvgate.router.app import RouterApp
     from kvgate.router.runtime import RouterRuntime
 
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # one series per counter, as dashboards expect
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape otherwise
     try:
         config = config_from_args(args)
         runtime = RouterRuntime(config, config_path=args.config)

@@ -109,8 +109,10 @@ class Router:
         exclude: Iterable[str] = (),
         classification: Classification | None = None,
         keys_by_pool: dict[str, RequestKeys] | None = None,
+        record: bool = True,
     ) -> RoutePlan:
-        """Decide. `exclude`: endpoint ids already tried (retries). Raises RouterError."""
+        """Decide. `exclude`: endpoint ids already tried (retries); `record=False` for a decision
+        that is only explained (round-robin history stays as it was). Raises RouterError."""
         started = time.perf_counter()
         state = self.state
         cls = classification or state.classifier.classify(body, headers)
@@ -159,7 +161,8 @@ class Router:
         endpoint = self.endpoints.get(decision.endpoint_id)
         if endpoint is None:  # the policy returned an id it was not given: a bug, not the client's
             raise RouterError(500, "policy chose an unknown endpoint", type="server_error")
-        self.history.record(decision.endpoint_id)
+        if record:
+            self.history.record(decision.endpoint_id)
         return RoutePlan(
             classification=cls,
             kind=kind,

@@ -1,7 +1,8 @@
 """Assemble the router's parts from a config, own their background tasks, and reload.
 
 `RouterRuntime` owns: the HTTP client to the pods (pooled keep-alive connections), one directory
-index per pool, the endpoint set fed by discovery, the load scraper, the embedded indexer, the
+index per pool, the endpoint set fed by discovery, the load scraper, the embedded indexer
+(KV-event subscriptions, `indexer.py`), the
 config-file watcher, and background directory writes. `start()` starts them; `stop()` cancels and
 awaits every task and closes every connection.
 
@@ -24,8 +25,10 @@ import httpx
 
 from kvgate.api.router_config import PoolConfig, RouterConfig, load_router_config
 from kvgate.directory.base import BlockIndex
+from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.router.discovery import Discovery, build_discovery
 from kvgate.router.endpoints import Endpoint, EndpointSet
+from kvgate.router.indexer import EventIndexer
 from kvgate.router.learn import BackgroundWrites, Learner
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.proxy import Proxy
@@ -89,7 +92,12 @@ class RouterRuntime:
         )
         self.discoveries: dict[str, Discovery] = {}
         self.endpoints.add_listener(self._endpoints_changed)
-        self._indexer: object | None = None
+        self.directory_metrics = DirectoryMetrics(self.metrics.registry)
+        self.indexer = (
+            EventIndexer(self.endpoints, self.indexes, self.directory_metrics)
+            if config.directory.embedded_indexer
+            else None
+        )
         self._watch_task: asyncio.Task[None] | None = None
         self.started = False
 
@@ -111,6 +119,8 @@ class RouterRuntime:
                 await self._watch_task
         for discovery in self.discoveries.values():
             await discovery.stop()
+        if self.indexer is not None:
+            await self.indexer.close()
         await self.scraper.stop()
         await self.writes.close()
         for index in self.indexes.values():
@@ -144,7 +154,9 @@ class RouterRuntime:
                         await index.close()
         for key, pool in wanted.items():
             if key not in self.indexes:
-                self.indexes[key] = build_index(config.directory, pool, self.metrics)
+                self.indexes[key] = build_index(
+                    config.directory, pool, self.metrics, self.directory_metrics
+                )
             if key not in self.discoveries:
                 discovery = build_discovery(pool, self.endpoints)
                 self.discoveries[key] = discovery
@@ -162,9 +174,13 @@ class RouterRuntime:
                     self.metrics.directory_errors.labels("forget_pod").inc()
                     log.warning("could not forget pod %s: %r", ep.id, exc)
             log.info("endpoint %s left pool %s", ep.id, ep.pool)
+        if self.indexer is not None:
+            await self.indexer.endpoints_changed(added, removed)
         for ep in added:
             index = self.indexes.get(ep.pool)
-            if index is not None and ep.spec.generation:
+            # Pods with KV events get their generation from their subscriber (embedded here or
+            # in `kvgate indexer`); setting it here too would wipe what the subscriber wrote.
+            if index is not None and ep.spec.generation and ep.spec.kv_events is None:
                 try:
                     await index.set_generation(ep.id, ep.spec.generation)
                 except Exception as exc:

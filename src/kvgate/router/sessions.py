@@ -4,9 +4,11 @@ An agent session resends its whole history every turn; every block of the previo
 should reappear, unchanged, at the start of this turn's prompt. When it does not (a timestamp in
 the system prompt, reordered tools, a template that rewrites earlier turns), the cache is lost
 from that point on. For each session the tracker keeps the previous turn's block keys (8 bytes
-each) and a digest per message field; on the next turn it finds the first differing block (the
-token position of the break) and the first differing message and field, counts the break in
-`kvgate_router_prefix_breaks_total{field}` and logs it.
+each) and a digest of every request field; on the next turn it finds the first differing block
+(the token position of the break) and, with `kvgate.prefix.first_difference` over the digests,
+the first differing message and field (the same answer `kvgate prefix diff` gives), counts the
+break in `kvgate_router_prefix_breaks_total{field}` and logs it. A break with no differing field
+is the chat template's doing ("template": e.g. one that rewrites earlier turns).
 
 Memory is bounded: at most `max_sessions` sessions (least recently seen dropped first), each
 forgotten `ttl` seconds after its last turn.
@@ -19,16 +21,15 @@ import json
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate.prefix import common_prefix_length, first_difference
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.routing import RoutePlan
 
 log = logging.getLogger(__name__)
-
-_FIELDS = ("role", "name", "content", "tool_calls", "tool_call_id")
 
 
 @dataclass(frozen=True)
@@ -36,40 +37,44 @@ class PrefixBreak:
     session: str
     token_position: int  # first token (block-aligned) that differs from the previous turn
     previous_tokens: int
-    message_index: int | None  # first differing message, None if only tools/other fields moved
-    field: str  # "tools", "role", "content", ... or "template" when every message matched
+    path: str  # the first differing field, e.g. "messages[0].content", "tools"
+    field: str  # its kind, a bounded metric label: "content", "tools", "role", ... or "template"
 
 
 @dataclass
 class _Turn:
     keys: list[bytes]  # 8-byte prefixes of the block keys
     block_tokens: int
-    tools: bytes
-    messages: list[dict[str, bytes]]
+    digest: dict[str, Any]  # the body with every field value replaced by a short digest
     seen_at: float
 
 
-def _digest(value: Any) -> bytes:
-    raw = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return hashlib.blake2b(raw.encode(), digest_size=8).digest()
+def _digest(value: Any) -> str:
+    raw = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
 
 
-def _fingerprint(body: Mapping[str, Any]) -> tuple[bytes, list[dict[str, bytes]]]:
+def digest_body(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What prefix-break location needs of a body, in a few bytes per field."""
+    out: dict[str, Any] = {}
     messages = body.get("messages")
-    out: list[dict[str, bytes]] = []
     if isinstance(messages, list):
-        for message in messages:
-            if isinstance(message, dict):
-                out.append({f: _digest(message[f]) for f in _FIELDS if f in message})
-    return _digest(body.get("tools")), out
+        out["messages"] = [
+            {k: _digest(v) for k, v in m.items()} if isinstance(m, dict) else _digest(m)
+            for m in messages
+        ]
+        for name in ("tools", "chat_template", "documents", "chat_template_kwargs"):
+            if name in body:
+                out[name] = _digest(body[name])
+    elif "prompt" in body:
+        out["prompt"] = _digest(body["prompt"])
+    return out
 
 
-def first_difference(prev: Sequence[bytes], cur: Sequence[bytes]) -> int:
-    n = min(len(prev), len(cur))
-    for i in range(n):
-        if prev[i] != cur[i]:
-            return i
-    return n
+def _field_label(path: str) -> str:
+    """`messages[3].content` -> `content`; `tools` -> `tools` (bounded label values)."""
+    last = path.rsplit(".", 1)[-1]
+    return last.split("[", 1)[0] or "messages"
 
 
 class SessionTracker:
@@ -94,12 +99,10 @@ class SessionTracker:
         if session is None or self._max == 0:
             return None
         now = self._clock()
-        tools, messages = _fingerprint(body)
         turn = _Turn(
             keys=[k[:8] for k in plan.keys.block_keys],
             block_tokens=plan.keys.block_tokens,
-            tools=tools,
-            messages=messages,
+            digest=digest_body(body),
             seen_at=now,
         )
         prev = self._turns.pop(session, None)
@@ -108,37 +111,24 @@ class SessionTracker:
             self._turns.popitem(last=False)
         if prev is None or now - prev.seen_at > self._ttl:
             return None
-        common = first_difference(prev.keys, turn.keys)
+        common = common_prefix_length(prev.keys, turn.keys)
         if common >= len(prev.keys):
             return None
-        found = self._locate(prev, turn)
+        _kind, difference = first_difference(prev.digest, turn.digest)
+        path = difference.path if difference is not None else "template"
         brk = PrefixBreak(
             session=session,
             token_position=common * prev.block_tokens,
             previous_tokens=len(prev.keys) * prev.block_tokens,
-            message_index=found[0],
-            field=found[1],
+            path=path,
+            field=_field_label(path) if difference is not None else "template",
         )
         self._metrics.prefix_breaks.labels(plan.pool.key, brk.field).inc()
         log.info(
-            "prefix break: session=%s token=%d of %d message=%s field=%s",
+            "prefix break: session=%s at token %d of %d, first difference in %s",
             brk.session,
             brk.token_position,
             brk.previous_tokens,
-            brk.message_index,
-            brk.field,
+            brk.path,
         )
         return brk
-
-    @staticmethod
-    def _locate(prev: _Turn, cur: _Turn) -> tuple[int | None, str]:
-        if prev.tools != cur.tools:
-            return None, "tools"
-        for i, (a, b) in enumerate(zip(prev.messages, cur.messages, strict=False)):
-            if a != b:
-                for f in _FIELDS:
-                    if a.get(f) != b.get(f):
-                        return i, f
-        if len(cur.messages) < len(prev.messages):
-            return len(cur.messages), "messages-removed"
-        return None, "template"

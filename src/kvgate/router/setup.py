@@ -14,10 +14,12 @@ from typing import Any
 
 from kvgate.api.router_config import DirectoryConfig, PoolConfig, RouterConfig
 from kvgate.directory.base import BlockIndex
-from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.factory import create_index
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.router.fallback import FallbackIndex
 from kvgate.router.keys import Keyer
 from kvgate.router.metrics import RouterMetrics
-from kvgate.router.tokenize import load_tokenizers
+from kvgate.router.tokenize import load_request_tokenizer
 from kvgate.scoring.base import Policy
 from kvgate.scoring.registry import RegistryError, default_registry
 
@@ -36,13 +38,22 @@ def build_policy(config: RouterConfig) -> Policy:
 
 
 def build_keyer(pool: PoolConfig) -> Keyer:
-    chat, text = load_tokenizers(pool.engine.tokenizer)
-    return Keyer(pool.engine, chat_tokenizer=chat, text_tokenizer=text)
+    return Keyer(pool.engine, load_request_tokenizer(pool.engine.tokenizer))
 
 
-def build_index(directory: DirectoryConfig, pool: PoolConfig, metrics: RouterMetrics) -> BlockIndex:
+def build_index(
+    directory: DirectoryConfig,
+    pool: PoolConfig,
+    metrics: RouterMetrics,
+    directory_metrics: DirectoryMetrics | None = None,
+) -> BlockIndex:
     if directory.backend == "memory":
-        return MemoryBlockIndex()
-    from kvgate.router.fallback import build_redis_index
-
-    return build_redis_index(directory, pool, metrics)
+        return create_index(directory, pool.key, metrics=directory_metrics)
+    password = directory.redis.password.read() if directory.redis.password else None
+    shared = create_index(directory, pool.key, metrics=directory_metrics, redis_password=password)
+    return FallbackIndex(
+        shared,
+        create_index(directory.model_copy(update={"backend": "memory"}), pool.key),
+        metrics,
+        resync_interval=directory.redis.resync_interval_seconds,
+    )

@@ -1,15 +1,22 @@
-"""Load a pool's tokenizer and chat template (kvgate.prefix) as the two callables keys.py uses.
-
-No tokenizer configured → `(None, None)`: the pool is keyed approximately.
-"""
+"""Load a pool's tokenizer and chat template (`kvgate.prefix`); None = approximate keys."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kvgate.api.router_config import TokenizerConfig
-from kvgate.router.keys import ChatTokenizer, TextTokenizer
+from kvgate.prefix import RequestTokenizer, Tokenizer, TokenizerError
 
 
-def load_tokenizers(config: TokenizerConfig) -> tuple[ChatTokenizer | None, TextTokenizer | None]:
+def load_request_tokenizer(config: TokenizerConfig) -> RequestTokenizer | None:
+    """Raises ValueError when the configured tokenizer or template cannot be loaded."""
     if config.path is None:
-        return None, None
-    raise ValueError("exact tokenization needs kvgate.prefix's tokenizer, not available yet")
+        return None
+    try:
+        tokenizer = Tokenizer.from_dir(config.path)
+        template = (
+            Path(config.chat_template).read_text(encoding="utf-8") if config.chat_template else None
+        )
+        return RequestTokenizer(tokenizer, template)
+    except (TokenizerError, OSError) as exc:
+        raise ValueError(f"tokenizer {config.path}: {exc}") from exc

@@ -215,3 +215,28 @@ def test_kubernetes_pod_readiness_and_spec():
     spec = pod_spec(pool, pool.endpoints.kubernetes, pod(restarts=2))
     assert spec.id == "ns/e-0" and spec.url == "http://10.0.0.5:9000"
     assert spec.kv_events == "tcp://10.0.0.5:5557" and spec.generation == "u1:2"
+
+
+def test_exact_chat_keys_match_the_engine_hashing_of_the_rendered_prompt():
+    from pathlib import Path
+
+    from kvgate.api.router_config import TokenizerConfig
+    from kvgate.prefix import BlockHasher
+    from kvgate.router.tokenize import load_request_tokenizer
+
+    path = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
+    requests = load_request_tokenizer(TokenizerConfig(path=str(path)))
+    engine = EngineConfig(hash_seed="42", tokenizer=TokenizerConfig(path=str(path)))
+    keyer = Keyer(engine, requests)
+    body = {
+        "messages": [
+            {"role": "system", "content": "You are terse. " * 40},
+            {"role": "user", "content": "Explain prefix caching."},
+        ]
+    }
+    keys = keyer.keys(body, "chat", "salt")
+    ids = requests.chat_token_ids(body)
+    assert keys.exact and keys.token_ids == ids and keys.prompt_tokens == len(ids)
+    assert keys.block_keys == BlockHasher("sha256", 16, "42").block_keys(ids, cache_salt="salt")
+    with pytest.raises(ValueError):
+        load_request_tokenizer(TokenizerConfig(path=str(path / "missing")))

@@ -1,0 +1,68 @@
+"""The indexer: KV-event subscriptions for every ready pod, following discovery.
+
+One `kvgate.directory.SubscriptionManager` per pool feeds that pool's index. Whenever the
+endpoint set changes, each touched pool's manager is reconciled with the pool's endpoints that
+publish KV events; the manager subscribes to new pods, resubscribes pods whose endpoints or
+generation changed, and stops and forgets pods that left. The same class runs embedded in the
+router and alone in `kvgate indexer` (writing to Redis for many routers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from kvgate.directory.base import BlockIndex
+from kvgate.directory.indexer import SubscriptionManager
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.directory.subscriber import PodEndpoint
+from kvgate.router.endpoints import Endpoint, EndpointSet
+
+
+class EventIndexer:
+    def __init__(
+        self,
+        endpoints: EndpointSet,
+        indexes: Mapping[str, BlockIndex],
+        metrics: DirectoryMetrics | None = None,
+    ) -> None:
+        self._endpoints = endpoints
+        self._indexes = indexes
+        self._metrics = metrics
+        self._managers: dict[str, SubscriptionManager] = {}
+
+    def subscribed(self, pool: str) -> set[str]:
+        manager = self._managers.get(pool)
+        return set(manager.endpoints) if manager else set()
+
+    async def endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        for pool in {ep.pool for ep in (*added, *removed)}:
+            await self.sync_pool(pool)
+
+    async def sync_pool(self, pool: str) -> None:
+        index = self._indexes.get(pool)
+        manager = self._managers.get(pool)
+        eps = self._endpoints.in_pool(pool)
+        if index is None or not eps:
+            if manager is not None:
+                await manager.reconcile([])
+                await manager.close()
+                del self._managers[pool]
+            return
+        if manager is None:
+            manager = SubscriptionManager(index, pool=pool, metrics=self._metrics)
+            self._managers[pool] = manager
+        await manager.reconcile(
+            PodEndpoint(
+                pod=ep.id,
+                events=ep.spec.kv_events,
+                replay=ep.spec.kv_replay,
+                generation=ep.spec.generation,
+            )
+            for ep in eps
+            if ep.spec.kv_events is not None
+        )
+
+    async def close(self) -> None:
+        for manager in self._managers.values():
+            await manager.close()
+        self._managers.clear()

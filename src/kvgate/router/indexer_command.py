@@ -1,0 +1,131 @@
+"""`kvgate indexer --config FILE`: KV-event subscriptions writing to the shared directory.
+
+Runs the router's discovery and indexer without the data plane: every ready pod of every pool
+in the config that publishes KV events is subscribed, and its events are applied to the pool's
+Redis index, which any number of routers (with `directory.embedded_indexer: false`) read.
+Serves `/metrics` (kvgate_directory_*) and `/health` on `--port` (default 8001).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from kvgate.api.router_config import RouterConfig, load_router_config
+
+log = logging.getLogger(__name__)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="router config file (YAML)")
+    parser.add_argument("--host", default="0.0.0.0", help="metrics listen address")
+    parser.add_argument("--port", type=int, default=8001, help="metrics/health port")
+    parser.add_argument(
+        "--allow-memory",
+        action="store_true",
+        help="allow a memory directory (useful only for tests: nobody else can read it)",
+    )
+
+
+class IndexerService:
+    """Discovery + subscriptions + indexes; `start()`/`stop()` own every task and connection."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        from kvgate.directory.metrics import DirectoryMetrics
+        from kvgate.router.endpoints import EndpointSet
+        from kvgate.router.indexer import EventIndexer
+        from kvgate.router.metrics import RouterMetrics
+        from kvgate.router.setup import build_index
+
+        self.config = config
+        self.registry = CollectorRegistry()
+        self.directory_metrics = DirectoryMetrics(self.registry)
+        router_metrics = RouterMetrics(CollectorRegistry())  # fallback counters, not exported
+        self.endpoints = EndpointSet()
+        self.indexes = {
+            p.key: build_index(config.directory, p, router_metrics, self.directory_metrics)
+            for p in config.pools
+        }
+        self.indexer = EventIndexer(self.endpoints, self.indexes, self.directory_metrics)
+        self.endpoints.add_listener(self.indexer.endpoints_changed)
+        self._discoveries: list[Any] = []
+
+    async def start(self) -> None:
+        from kvgate.router.discovery import build_discovery
+
+        for pool in self.config.pools:
+            discovery = build_discovery(pool, self.endpoints)
+            self._discoveries.append(discovery)
+            await discovery.start()
+
+    async def stop(self) -> None:
+        for discovery in self._discoveries:
+            await discovery.stop()
+        await self.indexer.close()
+        for index in self.indexes.values():
+            await index.close()
+
+    async def __call__(
+        self,
+        scope: MutableMapping[str, Any],
+        receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
+        send: Callable[[MutableMapping[str, Any]], Awaitable[None]],
+    ) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await self.start()
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await self.stop()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        if scope["path"] == "/metrics":
+            status, body, ctype = 200, generate_latest(self.registry), CONTENT_TYPE_LATEST
+        elif scope["path"] in ("/health", "/ready"):
+            status, body, ctype = 200, b'{"status":"ok"}', "application/json"
+        else:
+            status, body, ctype = 404, b'{"error":{"message":"not found"}}', "application/json"
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", ctype.encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+
+def run(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    try:
+        config = load_router_config(args.config)
+    except (ValueError, OSError) as exc:
+        print(f"kvgate indexer: {exc}")
+        return 2
+    if config.directory.backend != "redis" and not args.allow_memory:
+        print("kvgate indexer: directory.backend must be redis (routers read what it writes)")
+        return 2
+    service = IndexerService(config)
+    print(f"kvgate indexer: {len(config.pools)} pool(s); metrics on :{args.port}", flush=True)
+    uvicorn.run(
+        service,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        lifespan="on",
+        log_level="warning",
+        access_log=False,
+    )
+    return 0
+
+
+__all__ = ["IndexerService", "add_arguments", "run"]
