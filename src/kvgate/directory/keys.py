@@ -1,16 +1,21 @@
 """Every Redis key the directory writes, in one place.
 
 All keys of one pool share the prefix and the hash tag `{<namespace>/<pool>}`, so that on Redis
-Cluster they live in one slot and the multi-key Lua scripts of `redis.py` run there:
+Cluster they live in one slot and the multi-key Lua scripts of `redis_scripts.py` run there:
 
-    <prefix>:{<namespace>/<pool>}:pods          HASH  pod -> generation ("" = none yet)
-    <prefix>:{<namespace>/<pool>}:x:<pod>       HASH  block key (raw bytes) -> media ("GPU,CPU")
-    <prefix>:{<namespace>/<pool>}:a:<pod>       ZSET  block key -> expiry (unix ms), approximate
+    <base> = <prefix>:{<namespace>/<pool>}:
+    <base>pods        HASH  pod -> "<slot>|<generation>" (generation "" = none yet)
+    <base>m:<word>    HASH  block key (raw bytes) -> 32-bit mask of the slots 32*word.. holding it
+    <base>x:<pod>     HASH  block key -> media ("GPU" or "GPU,CPU"): the pod's exact entries
+    <base>a:<pod>     ZSET  block key -> expiry (unix seconds): the pod's approximate entries
+    <base>gc:<slot>   HASH  a cleared pod's former `x:` hash, erased from `m:` in bounded steps
+    <base>gcq         LIST  slots waiting for that; <base>free LIST reusable slots
+    <base>meta        HASH  next_slot
 
-The `x:` hash is the pod's reverse index (clearing a pod deletes it: O(its blocks), with UNLINK
-freeing memory off the main thread) and also what `lookup` probes (HMGET of a chain's keys).
-Pod names go into key names verbatim: only the first `{...}` of a key decides its slot, and the
-`x:`/`a:` marker before the pod name keeps names unambiguous.
+`x:<pod>` is the pod's reverse index: clearing a pod renames it away (O(1)) and its entries
+are reclaimed in O(its blocks) steps; nothing ever SCANs or FLUSHes. Pod names go into key
+names verbatim: only the first `{...}` of a key decides its slot, and the `x:`/`a:` marker
+before the name keeps names unambiguous. The Lua scripts build these same names from `<base>`.
 """
 
 from __future__ import annotations
@@ -48,6 +53,5 @@ class PoolKeys:
     def approximate(self, pod: str) -> str:
         return self.base + "a:" + pod
 
-    # The lookup script builds the per-pod names itself (it learns the pods inside Redis):
-    EXACT_MARKER = "x:"
-    APPROXIMATE_MARKER = "a:"
+    def mask(self, word: int) -> str:
+        return f"{self.base}m:{word}"

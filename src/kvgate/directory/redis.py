@@ -19,8 +19,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Collection, Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 
 from kvgate.directory import redis_scripts
 from kvgate.directory.base import (
@@ -67,6 +69,8 @@ class RedisBlockIndex:
         self._remove = client.register_script(redis_scripts.REMOVE)
         self._add_approximate = client.register_script(redis_scripts.ADD_APPROXIMATE)
         self._set_generation = client.register_script(redis_scripts.SET_GENERATION)
+        self._clear = client.register_script(redis_scripts.CLEAR)
+        self._collect = client.register_script(redis_scripts.COLLECT)
         self._closed = False
 
     @classmethod
@@ -104,8 +108,10 @@ class RedisBlockIndex:
     def keys(self) -> PoolKeys:
         return self._keys
 
-    def _pod_keys(self, pod: str) -> list[str]:
-        return [self._keys.registry, self._keys.exact(pod), self._keys.approximate(pod)]
+    async def _run(self, script: AsyncScript, args: list[_Arg]) -> Any:
+        # KEYS carries the registry only so that cluster clients route the call to the pool's
+        # slot; the scripts derive the pool's other keys from ARGV[1] (same hash tag).
+        return await script(keys=[self._keys.registry], args=[self._keys.base, *args])
 
     async def lookup(
         self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
@@ -113,14 +119,13 @@ class RedisBlockIndex:
         if not keys or (pods is not None and not pods):
             return {}
         wanted = [] if pods is None else sorted(set(pods))
-        args: list[_Arg] = [
-            self._keys.base,
-            repr(float(self._clock())),
-            -1 if pods is None else len(wanted),
-            *wanted,
-            *keys,
-        ]
-        flat = await self._lookup(keys=[self._keys.registry], args=args)
+        head: list[_Arg] = [repr(float(self._clock())), -1 if pods is None else len(wanted)]
+        size = len(keys[0])
+        if size and all(len(k) == size for k in keys):
+            tail: list[_Arg] = [size, b"".join(keys)]  # one argument: cheaper to send and parse
+        else:
+            tail = [0, *keys]
+        flat = await self._run(self._lookup, [*head, *wanted, *tail])
         return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     async def add(
@@ -133,8 +138,8 @@ class RedisBlockIndex:
     ) -> bool:
         check_pod(pod)
         check_medium(medium)
-        args: list[_Arg] = [pod, generation or "", medium, self._max_exact, *keys]
-        return bool(await self._add(keys=self._pod_keys(pod), args=args))
+        head: list[_Arg] = [pod, generation or "", medium, self._max_exact]
+        return bool(await self._run(self._add, [*head, *keys]))
 
     async def remove(
         self,
@@ -146,41 +151,54 @@ class RedisBlockIndex:
     ) -> bool:
         check_pod(pod)
         check_medium(medium)
-        args: list[_Arg] = [pod, generation or "", medium, *keys]
-        return bool(await self._remove(keys=self._pod_keys(pod), args=args))
+        head: list[_Arg] = [pod, generation or "", medium]
+        return bool(await self._run(self._remove, [*head, *keys]))
 
     async def add_approximate(self, pod: str, keys: Sequence[BlockKey], ttl_seconds: float) -> None:
         check_pod(pod)
         if not ttl_seconds > 0:
             raise ValueError(f"ttl_seconds must be > 0, got {ttl_seconds!r}")
         now = float(self._clock())
-        args: list[_Arg] = [
+        head: list[_Arg] = [
             pod,
             repr(now),
             repr(now + ttl_seconds),
             self._max_approx,
             math.ceil(ttl_seconds * 1000),
-            *keys,
         ]
-        await self._add_approximate(keys=self._pod_keys(pod), args=args)
+        await self._run(self._add_approximate, [*head, *keys])
 
     async def clear_pod(self, pod: str) -> None:
-        await self._client.unlink(self._keys.exact(pod), self._keys.approximate(pod))
+        if await self._run(self._clear, [pod, 0]):
+            await self.collect_garbage()
 
     async def forget_pod(self, pod: str) -> None:
-        async with self._client.pipeline(transaction=True) as pipe:
-            pipe.unlink(self._keys.exact(pod), self._keys.approximate(pod))
-            pipe.hdel(self._keys.registry, pod)
-            await pipe.execute()
+        if await self._run(self._clear, [pod, 1]):
+            await self.collect_garbage()
 
     async def set_generation(self, pod: str, generation: str) -> bool:
         check_pod(pod)
         check_generation(generation)
-        return bool(await self._set_generation(keys=self._pod_keys(pod), args=[pod, generation]))
+        changed = bool(await self._run(self._set_generation, [pod, generation]))
+        if changed:
+            await self.collect_garbage()
+        return changed
+
+    async def collect_garbage(self) -> None:
+        """Erase retired slots' bits from the forward index (bounded steps, until none left).
+
+        Correctness never waits for this: a retired slot belongs to no pod, so its bits are
+        ignored; this only returns the memory and the slot.
+        """
+        while await self._run(self._collect, [redis_scripts.GC_BUDGET]):
+            pass
 
     async def get_generation(self, pod: str) -> str | None:
         value = await self._client.hget(self._keys.registry, pod)
-        return _text(value) if value else None
+        if value is None:
+            return None
+        generation = _text(value).partition("|")[2]  # "<slot>|<generation>"
+        return generation or None
 
     async def pods(self) -> set[str]:
         return {_text(p) for p in await self._client.hkeys(self._keys.registry)}

@@ -2,149 +2,295 @@
 
 Each script runs atomically in Redis, so concurrent routers and indexers never see half a write,
 and each operation is one round trip. Scripts only touch keys of one pool (one hash tag), so
-they run on Redis Cluster too. Approximate-entry times are the caller's wall clock in seconds.
+they run on Redis Cluster too. ARGV[1] is always the pool's key base. Approximate-entry times are
+the caller's wall clock in seconds.
+
+Every known pod owns a *slot*; the forward index `m:<word>` maps a block key to a 32-bit mask of
+the slots `32*word .. 32*word+31` holding it exactly, so a lookup reads one value per block (per
+32 pods) instead of one per (block, pod). A pod's exact entries are also in its reverse hash
+`x:<pod>` (block key -> media). Clearing a pod gives it a fresh slot at once and queues the old
+slot's reverse hash (renamed `gc:<slot>`) for garbage collection: stale bits of a retired slot
+are never read because no pod owns that slot, and they are erased in bounded steps by every
+later write (and by the client until the queue is empty) before the slot is reused.
 """
 
 from __future__ import annotations
 
-# KEYS[1] registry. ARGV: base, now, npods (-1 = every known pod), pods..., block keys...
-# Returns a flat array pod, count, pod, count, ... (pods with count 0 are left out).
-# For each pod still matching, probe the next chunk of the chain with HMGET (and ZMSCORE when
-# the pod has approximate entries); a pod leaves at its first missing block. Chunks grow 4x so
-# short matches cost little and a 2,048-block match takes four probes per pod.
-LOOKUP = """
-local base, now, npods = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local first, pods = 4, nil
-if npods < 0 then
-  pods = redis.call('HKEYS', KEYS[1])
-else
-  pods = {}
-  for i = 4, 3 + npods do
-    if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then pods[#pods + 1] = ARGV[i] end
-  end
-  first = 4 + npods
+GC_BUDGET = 1000  # garbage entries a write script reclaims on its way
+
+_PRELUDE = """
+local base = ARGV[1]
+local registry = base .. 'pods'
+local function reg_get(pod)
+  local v = redis.call('HGET', registry, pod)
+  if not v then return nil, nil end
+  local sep = string.find(v, '|', 1, true)
+  return tonumber(string.sub(v, 1, sep - 1)), string.sub(v, sep + 1)
 end
-local nkeys = #ARGV - first + 1
-local active = {}
-for _, pod in ipairs(pods) do
-  local approx = base .. 'a:' .. pod
-  if redis.call('EXISTS', approx) == 0 then approx = false end
-  active[#active + 1] = {pod, base .. 'x:' .. pod, approx}
+local function reg_set(pod, slot, gen) redis.call('HSET', registry, pod, slot .. '|' .. gen) end
+local function new_slot()
+  local s = redis.call('LPOP', base .. 'free')
+  if s then return tonumber(s) end
+  return redis.call('HINCRBY', base .. 'meta', 'next_slot', 1) - 1
+end
+local function mask_of(slot) return bit.lshift(1, slot % 32), base .. 'm:' .. math.floor(slot / 32) end
+local function set_bit(k, slot)
+  local b, mk = mask_of(slot)
+  local v = tonumber(redis.call('HGET', mk, k)) or 0
+  local nv = bit.bor(v, b)
+  if nv ~= v then redis.call('HSET', mk, k, nv) end
+end
+local function clear_bit(k, slot)
+  local b, mk = mask_of(slot)
+  local v = tonumber(redis.call('HGET', mk, k)) or 0
+  local nv = bit.band(v, bit.bnot(b))
+  if nv == 0 then redis.call('HDEL', mk, k) elseif nv ~= v then redis.call('HSET', mk, k, nv) end
+end
+local function retire(pod, slot)
+  local x = base .. 'x:' .. pod
+  if redis.call('EXISTS', x) == 1 then
+    redis.call('RENAME', x, base .. 'gc:' .. slot)
+    redis.call('RPUSH', base .. 'gcq', slot)
+  else
+    redis.call('RPUSH', base .. 'free', slot)
+  end
+  redis.call('UNLINK', base .. 'a:' .. pod)
+end
+local function collect(budget)
+  while budget > 0 do
+    local s = redis.call('LINDEX', base .. 'gcq', 0)
+    if not s then return 0 end
+    local g = base .. 'gc:' .. s
+    local fields = redis.call('HRANDFIELD', g, math.min(budget, 1000))
+    if #fields == 0 then
+      redis.call('LPOP', base .. 'gcq')
+      redis.call('RPUSH', base .. 'free', s)
+    else
+      local slot = tonumber(s)
+      for _, k in ipairs(fields) do clear_bit(k, slot) end
+      redis.call('HDEL', g, unpack(fields))
+      budget = budget - #fields
+    end
+  end
+  return 1
+end
+local function unpack_chunks(cmd, key, first, last)
+  for i = first, last, 1000 do redis.call(cmd, key, unpack(ARGV, i, math.min(last, i + 999))) end
+end
+"""
+
+
+def _script(body: str) -> str:
+    return "redis.replicate_commands()\n" + _PRELUDE + body
+
+
+# ARGV: base, now, npods (-1 = every known pod), pods..., key size, chain
+# The chain is the block keys concatenated (all `key size` bytes long); key size 0 means the
+# keys follow as separate arguments instead. Returns a flat array pod, count, ... (pods with
+# count 0 left out). Chunks of the chain are read with one HMGET per 32-slot word (growing 4x,
+# so short matches cost little); a running AND of each word's mask drops pods at their first
+# missing block. Pods with approximate entries are also checked per key against their ZSET.
+LOOKUP = _script("""
+local band = bit.band
+local now, npods = tonumber(ARGV[2]), tonumber(ARGV[3])
+local chosen, pods_end = {}, 3
+if npods < 0 then
+  local flat = redis.call('HGETALL', registry)
+  for i = 1, #flat, 2 do
+    local v = flat[i + 1]
+    chosen[#chosen + 1] = {flat[i], tonumber(string.sub(v, 1, string.find(v, '|', 1, true) - 1))}
+  end
+else
+  for i = 4, 3 + npods do
+    local slot = reg_get(ARGV[i])
+    if slot then chosen[#chosen + 1] = {ARGV[i], slot} end
+  end
+  pods_end = 3 + npods
+end
+local keys, size = {}, tonumber(ARGV[pods_end + 1])
+if size == 0 then
+  for i = pods_end + 2, #ARGV do keys[#keys + 1] = ARGV[i] end
+else
+  local chain = ARGV[pods_end + 2]
+  for i = 1, #chain, size do keys[#keys + 1] = string.sub(chain, i, i + size - 1) end
+end
+local nkeys = #keys
+local words, wordlist, approx = {}, {}, {}
+for _, c in ipairs(chosen) do
+  local pod, slot = c[1], c[2]
+  local b, w = bit.lshift(1, slot % 32), math.floor(slot / 32)
+  local st = words[w]
+  if not st then
+    st = {w = w, active = 0, pods = {}, vals = {}}
+    words[w] = st
+    wordlist[#wordlist + 1] = st
+  end
+  local zkey = base .. 'a:' .. pod
+  if redis.call('EXISTS', zkey) == 1 then
+    approx[#approx + 1] = {pod = pod, st = st, b = b, zkey = zkey, count = 0}
+  else
+    st.active = bit.bor(st.active, b)
+    st.pods[#st.pods + 1] = {pod, b, 0}
+  end
+end
+-- Exact pods: per word, scan while any pod of the word still matches. A pod's count is
+-- the index of the block where its bit dropped out (or every block scanned).
+local fetched = 0  -- blocks of the chain whose masks are in st.vals (for every word)
+local function fetch(upto)
+  for _, st in ipairs(wordlist) do
+    local got = redis.call('HMGET', base .. 'm:' .. st.w, unpack(keys, fetched + 1, upto))
+    for i = 1, #got do st.vals[fetched + i] = tonumber(got[i]) or 0 end
+  end
+  fetched = upto
+end
+local width = 64
+local function scanned_to(i)
+  while i > fetched and fetched < nkeys do
+    fetch(math.min(nkeys, fetched + width))
+    width = math.min(width * 4, 2048)
+  end
+end
+for _, st in ipairs(wordlist) do
+  local active, i = st.active, 0
+  local vals = st.vals
+  while active ~= 0 and i < nkeys do
+    i = i + 1
+    if i > fetched then scanned_to(i) end
+    local kept = band(active, vals[i])
+    if kept ~= active then
+      for _, p in ipairs(st.pods) do
+        if band(active, p[2]) ~= 0 and band(kept, p[2]) == 0 then p[3] = i - 1 end
+      end
+      active = kept
+    end
+  end
+  for _, p in ipairs(st.pods) do
+    if band(active, p[2]) ~= 0 then p[3] = i end
+  end
+end
+-- Pods with approximate entries: a block counts if held exactly or by an unexpired entry.
+for _, a in ipairs(approx) do
+  local i, scores, from = 0, {}, 0
+  while i < nkeys do
+    i = i + 1
+    scanned_to(i)
+    if i > from then
+      local upto = math.min(nkeys, math.max(fetched, i + 63))
+      local got = redis.call('ZMSCORE', a.zkey, unpack(keys, i, upto))
+      for j = 1, #got do scores[i + j - 1] = got[j] end
+      from = upto
+    end
+    local s = scores[i]
+    if band(a.st.vals[i], a.b) == 0 and not (s and tonumber(s) > now) then
+      i = i - 1
+      break
+    end
+  end
+  a.count = i
 end
 local out = {}
-local done, width = 0, 32
-while #active > 0 and done < nkeys do
-  local stop = math.min(nkeys, done + width)
-  local n = stop - done
-  local survivors = {}
-  for _, a in ipairs(active) do
-    local held = redis.call('HMGET', a[2], unpack(ARGV, first + done, first + stop - 1))
-    local scores = false
-    if a[3] then
-      scores = redis.call('ZMSCORE', a[3], unpack(ARGV, first + done, first + stop - 1))
-    end
-    local j = 1
-    while j <= n do
-      if not held[j] and not (scores and scores[j] and tonumber(scores[j]) > now) then break end
-      j = j + 1
-    end
-    if j > n then
-      survivors[#survivors + 1] = a
-    elseif done + j > 1 then
-      out[#out + 1] = a[1]
-      out[#out + 1] = done + j - 1
+for _, st in ipairs(wordlist) do
+  for _, p in ipairs(st.pods) do
+    if p[3] > 0 then
+      out[#out + 1] = p[1]
+      out[#out + 1] = p[3]
     end
   end
-  active = survivors
-  done = stop
-  width = math.min(width * 4, 2048)
 end
-if done > 0 then
-  for _, a in ipairs(active) do
-    out[#out + 1] = a[1]
-    out[#out + 1] = done
+for _, a in ipairs(approx) do
+  if a.count > 0 then
+    out[#out + 1] = a.pod
+    out[#out + 1] = a.count
   end
 end
 return out
-"""
+""")
 
-# KEYS registry, exact, approx. ARGV: pod, generation ('' = none), medium, cap, block keys...
+# ARGV: base, pod, generation ('' = none), medium, cap, block keys...
 # Returns 1 when applied, 0 for a stale generation.
-ADD = """
-redis.replicate_commands()
-local cur, gen = redis.call('HGET', KEYS[1], ARGV[1]), ARGV[2]
-if not cur or (cur == '' and gen ~= '') then
-  redis.call('HSET', KEYS[1], ARGV[1], gen)
-elseif gen ~= '' and cur ~= gen then
-  return 0
+ADD = _script("""
+local pod, gen, medium = ARGV[2], ARGV[3], ARGV[4]
+local slot, cur = reg_get(pod)
+if not slot then
+  slot = new_slot()
+  reg_set(pod, slot, gen)
+elseif gen ~= '' then
+  if cur == '' then
+    reg_set(pod, slot, gen)
+  elseif cur ~= gen then
+    collect(GC_BUDGET)
+    return 0
+  end
 end
-local x, medium = KEYS[2], ARGV[3]
+local x = base .. 'x:' .. pod
 local needle = ',' .. medium .. ','
-for i = 5, #ARGV do
-  if redis.call('HSETNX', x, ARGV[i], medium) == 0 then
-    local media = redis.call('HGET', x, ARGV[i])
+for i = 6, #ARGV do
+  local k = ARGV[i]
+  if redis.call('HSETNX', x, k, medium) == 1 then
+    set_bit(k, slot)
+  else
+    local media = redis.call('HGET', x, k)
     if not string.find(',' .. media .. ',', needle, 1, true) then
-      redis.call('HSET', x, ARGV[i], media .. ',' .. medium)
+      redis.call('HSET', x, k, media .. ',' .. medium)
     end
   end
 end
-if #ARGV >= 5 and redis.call('EXISTS', KEYS[3]) == 1 then
-  for i = 5, #ARGV, 1000 do
-    redis.call('ZREM', KEYS[3], unpack(ARGV, i, math.min(#ARGV, i + 999)))
-  end
-end
-local excess = redis.call('HLEN', x) - tonumber(ARGV[4])
+local z = base .. 'a:' .. pod
+if #ARGV >= 6 and redis.call('EXISTS', z) == 1 then unpack_chunks('ZREM', z, 6, #ARGV) end
+local excess = redis.call('HLEN', x) - tonumber(ARGV[5])
 while excess > 0 do
   local victims = redis.call('HRANDFIELD', x, math.min(excess, 1000))
+  for _, k in ipairs(victims) do clear_bit(k, slot) end
   redis.call('HDEL', x, unpack(victims))
   excess = excess - #victims
 end
+collect(GC_BUDGET)
 return 1
-"""
+""").replace("GC_BUDGET", str(GC_BUDGET))
 
-# KEYS registry, exact, approx. ARGV: pod, generation ('' = any), medium, block keys...
-REMOVE = """
-local cur, gen = redis.call('HGET', KEYS[1], ARGV[1]), ARGV[2]
-if not cur then return 1 end
+# ARGV: base, pod, generation ('' = any), medium, block keys...
+REMOVE = _script("""
+local pod, gen, medium = ARGV[2], ARGV[3], ARGV[4]
+local slot, cur = reg_get(pod)
+if not slot then return 1 end
 if gen ~= '' and cur ~= '' and cur ~= gen then return 0 end
-local x, medium = KEYS[2], ARGV[3]
-for i = 4, #ARGV do
-  local media = redis.call('HGET', x, ARGV[i])
+local x = base .. 'x:' .. pod
+for i = 5, #ARGV do
+  local k = ARGV[i]
+  local media = redis.call('HGET', x, k)
   if media then
-    if media == medium then
-      redis.call('HDEL', x, ARGV[i])
-    else
-      local left = {}
-      for m in string.gmatch(media, '[^,]+') do
-        if m ~= medium then left[#left + 1] = m end
-      end
-      if #left == 0 then
-        redis.call('HDEL', x, ARGV[i])
-      else
-        redis.call('HSET', x, ARGV[i], table.concat(left, ','))
-      end
+    local left, total = {}, 0
+    for m in string.gmatch(media, '[^,]+') do
+      total = total + 1
+      if m ~= medium then left[#left + 1] = m end
+    end
+    if #left == 0 then
+      redis.call('HDEL', x, k)
+      clear_bit(k, slot)
+    elseif #left ~= total then
+      redis.call('HSET', x, k, table.concat(left, ','))
     end
   end
 end
-if #ARGV >= 4 and redis.call('EXISTS', KEYS[3]) == 1 then
-  for i = 4, #ARGV, 1000 do
-    redis.call('ZREM', KEYS[3], unpack(ARGV, i, math.min(#ARGV, i + 999)))
-  end
-end
+local z = base .. 'a:' .. pod
+if #ARGV >= 5 and redis.call('EXISTS', z) == 1 then unpack_chunks('ZREM', z, 5, #ARGV) end
+collect(GC_BUDGET)
 return 1
-"""
+""").replace("GC_BUDGET", str(GC_BUDGET))
 
-# KEYS registry, exact, approx. ARGV: pod, now, expiry, cap, ttl_ms, block keys...
+# ARGV: base, pod, now, expiry, cap, ttl_ms, block keys...
 # Collects expired entries, skips keys held exactly, evicts the soonest-expiring over the cap,
-# and keeps the ZSET's own TTL at least as long as its newest entry so an idle pool vanishes.
-ADD_APPROXIMATE = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then redis.call('HSET', KEYS[1], ARGV[1], '') end
-local z = KEYS[3]
-redis.call('ZREMRANGEBYSCORE', z, '-inf', ARGV[2])
+# and keeps the ZSET's own TTL at least as long as its newest entry so an idle pool's routing
+# history disappears entirely.
+ADD_APPROXIMATE = _script("""
+local pod = ARGV[2]
+if not reg_get(pod) then reg_set(pod, new_slot(), '') end
+local x, z = base .. 'x:' .. pod, base .. 'a:' .. pod
+redis.call('ZREMRANGEBYSCORE', z, '-inf', ARGV[3])
 local args = {}
-for i = 6, #ARGV do
-  if redis.call('HEXISTS', KEYS[2], ARGV[i]) == 0 then
-    args[#args + 1] = ARGV[3]
+for i = 7, #ARGV do
+  if redis.call('HEXISTS', x, ARGV[i]) == 0 then
+    args[#args + 1] = ARGV[4]
     args[#args + 1] = ARGV[i]
     if #args >= 2000 then
       redis.call('ZADD', z, unpack(args))
@@ -153,19 +299,45 @@ for i = 6, #ARGV do
   end
 end
 if #args > 0 then redis.call('ZADD', z, unpack(args)) end
-local excess = redis.call('ZCARD', z) - tonumber(ARGV[4])
+local excess = redis.call('ZCARD', z) - tonumber(ARGV[5])
 if excess > 0 then redis.call('ZPOPMIN', z, excess) end
-local ttl = tonumber(ARGV[5])
+local ttl = tonumber(ARGV[6])
 local pttl = redis.call('PTTL', z)
 if pttl ~= -2 and pttl < ttl then redis.call('PEXPIRE', z, ttl) end
 return 1
-"""
+""")
 
-# KEYS registry, exact, approx. ARGV: pod, generation. Returns 1 when it changed.
-SET_GENERATION = """
-local cur = redis.call('HGET', KEYS[1], ARGV[1])
-if cur == ARGV[2] then return 0 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-if cur and cur ~= '' then redis.call('UNLINK', KEYS[2], KEYS[3]) end
+# ARGV: base, pod, generation. Returns 1 when it changed.
+SET_GENERATION = _script("""
+local pod, gen = ARGV[2], ARGV[3]
+local slot, cur = reg_get(pod)
+if cur == gen then return 0 end
+if not slot then
+  reg_set(pod, new_slot(), gen)
+elseif cur == '' then
+  reg_set(pod, slot, gen)
+else
+  retire(pod, slot)
+  reg_set(pod, new_slot(), gen)
+end
 return 1
-"""
+""")
+
+# ARGV: base, pod, forget (1 = also drop the generation). Entries vanish at once.
+CLEAR = _script("""
+local pod = ARGV[2]
+local slot, cur = reg_get(pod)
+if not slot then return 0 end
+retire(pod, slot)
+if ARGV[3] == '1' then
+  redis.call('HDEL', registry, pod)
+else
+  reg_set(pod, new_slot(), cur)
+end
+return 1
+""")
+
+# ARGV: base, budget. Reclaims garbage of cleared pods; returns 1 while some remains.
+COLLECT = _script("""
+return collect(tonumber(ARGV[2]))
+""")

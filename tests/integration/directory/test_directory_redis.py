@@ -58,7 +58,31 @@ async def test_every_key_is_under_the_prefix_and_hash_tag(
     await index.add("a", chain(3), generation="g")
     await index.add_approximate("b", chain(2), ttl_seconds=60)
     names = sorted(k.decode() for k in await raw.keys("*"))
-    assert names == ["test:{ns/pool}:a:b", "test:{ns/pool}:pods", "test:{ns/pool}:x:a"]
+    assert names == [
+        "test:{ns/pool}:a:b",
+        "test:{ns/pool}:m:0",
+        "test:{ns/pool}:meta",
+        "test:{ns/pool}:pods",
+        "test:{ns/pool}:x:a",
+    ]
+
+
+async def test_cleared_entries_are_reclaimed_and_slots_reused(
+    index: RedisBlockIndex, raw: aioredis.Redis
+) -> None:
+    keys = chain(CAP)
+    for generation in range(20):
+        await index.set_generation("a", f"g{generation}")
+        await index.add("a", keys, generation=f"g{generation}")
+        await index.add("b", keys[:3])
+    assert await index.lookup(keys) == {"a": CAP, "b": 3}
+    await index.forget_pod("a")
+    await index.clear_pod("b")
+    assert await index.lookup(keys) == {}
+    names = {k.decode() for k in await raw.keys("*")}
+    assert not any(":gc:" in n or n.endswith(":m:0") for n in names), names
+    assert await raw.llen("test:{ns/pool}:gcq") == 0
+    assert int(await raw.hget("test:{ns/pool}:meta", "next_slot")) <= 3
 
 
 async def test_pools_are_isolated(redis_url: str) -> None:

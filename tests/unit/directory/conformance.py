@@ -89,6 +89,17 @@ class BlockIndexConformance:
         assert await index.lookup(keys) == {pod: 4}
         assert await index.lookup([b"\x00" * 7]) == {}
 
+    async def test_many_pods(self, index: BlockIndex) -> None:
+        keys = chain(10)
+        for pod in range(70):  # more than one 32- or 64-bit word of pods
+            await index.add(f"p{pod}", keys[: 1 + pod % 10])
+        expected = {f"p{pod}": 1 + pod % 10 for pod in range(70)}
+        assert await index.lookup(keys) == expected
+        assert await index.lookup(keys, pods=["p9", "p68"]) == {"p9": 10, "p68": 9}
+        await index.remove("p69", keys[:1])
+        del expected["p69"]
+        assert await index.lookup(keys) == expected
+
     # -- add / remove ------------------------------------------------------------------------
 
     async def test_add_is_idempotent_and_order_free(self, index: BlockIndex) -> None:
