@@ -114,7 +114,11 @@ def crds_markdown() -> str:
             out.append("|---|---|---|---|---|---|")
             out.extend(list(_rows(root["properties"][part], part, False))[1:])
             out.append("")
-        rules = list(_rules(root["properties"]["spec"], "spec"))
+        rules = [
+            f"- `metadata.name`: {r['message']} (`{r['rule']}`)"
+            for r in root.get("x-kubernetes-validations", [])
+        ]
+        rules += list(_rules(root["properties"]["spec"], "spec"))
         if rules:
             out.append("### Validation rules (checked by the API server)\n")
             out.extend(rules)

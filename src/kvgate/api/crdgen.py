@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from kvgate.api.base import API_GROUP, API_VERSION
+from kvgate.api.base import API_GROUP, API_VERSION, cel
 from kvgate.api.policy import POLICY_KIND, POLICY_PLURAL, RoutingPolicySpec, RoutingPolicyStatus
 from kvgate.api.pool import POOL_KIND, POOL_PLURAL, InferencePoolSpec, InferencePoolStatus
 
@@ -140,7 +140,14 @@ def _crd(
     status: type[BaseModel],
     columns: list[Schema],
     scale: bool,
+    max_name_length: int,
 ) -> Schema:
+    name_rule = cel(
+        f"self.metadata.name.matches('^[a-z]([-a-z0-9]{{0,{max_name_length - 2}}}[a-z0-9])?$')",
+        f"{kind} names must start with a lowercase letter, contain only lowercase letters, "
+        f"digits and '-', and be at most {max_name_length} characters: the Services kvgate "
+        "creates take their names from them",
+    )
     root: Schema = {
         "type": "object",
         "description": description,
@@ -152,6 +159,7 @@ def _crd(
             "status": openapi_schema(status, keep_defaults=False),
         },
         "required": ["spec"],
+        "x-kubernetes-validations": [name_rule],
     }
     subresources: Schema = {"status": {}}
     if scale:
@@ -202,6 +210,7 @@ def inference_pool_crd() -> Schema:
         spec=InferencePoolSpec,
         status=InferencePoolStatus,
         scale=True,
+        max_name_length=63,  # the engine Service is named after the pool
         columns=[
             _column("Model", "string", ".status.servedModelName", "Served model name."),
             _column("Class", "string", ".spec.poolClass", "online or batch."),
@@ -224,6 +233,7 @@ def routing_policy_crd() -> Schema:
         spec=RoutingPolicySpec,
         status=RoutingPolicyStatus,
         scale=False,
+        max_name_length=56,  # the router Service is <policy>-router
         columns=[
             _column("Pools", "string", ".status.pools", "Pools served."),
             _column("Endpoints", "integer", ".status.endpoints", "Ready engine endpoints."),

@@ -174,3 +174,26 @@ def test_policy_defaults_mirror_the_router_config() -> None:
 def test_borrowing_limit_outside_unit_interval_is_rejected_by_the_model(value: float) -> None:
     with pytest.raises(ValidationError):
         RoutingPolicySpec.model_validate({"pools": ["p"], "borrowing": {"maxKvCacheUsage": value}})
+
+
+def _root_failures(name: str, resource_name: str) -> list[str]:
+    crd = all_crds()[name]
+    root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    only_root = {"x-kubernetes-validations": root["x-kubernetes-validations"]}
+    return cel_failures(only_root, {"metadata": {"name": resource_name}, "spec": {}})
+
+
+@pytest.mark.parametrize("bad", ["1llama", "Llama", "llama_3", "llama-", "x" * 64])
+def test_pool_names_must_make_valid_service_names(bad: str) -> None:
+    failures = _root_failures(POOL, bad)
+    assert len(failures) == 1 and "at most 63 characters" in failures[0]
+
+
+@pytest.mark.parametrize("good", ["l", "llama-3-8b", "x" * 63])
+def test_valid_pool_names_pass(good: str) -> None:
+    assert _root_failures(POOL, good) == []
+
+
+def test_policy_names_leave_room_for_the_router_suffix() -> None:
+    assert _root_failures(POLICY, "x" * 56) == []
+    assert "at most 56 characters" in _root_failures(POLICY, "x" * 57)[0]
