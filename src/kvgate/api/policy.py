@@ -143,7 +143,7 @@ class SessionsSpec(ApiModel):
 class TenantSpec(ApiModel):
     """A tenant: API keys from Secrets, and its own cache salt."""
 
-    name: str = Field(min_length=1, description="Tenant name.")
+    name: str = Field(min_length=1, max_length=63, description="Tenant name.")
     api_keys: list[SecretKeyRef] = Field(
         default_factory=list, description="Secret keys holding this tenant's API keys."
     )
@@ -171,7 +171,7 @@ class TenantsSpec(ApiModel):
     )
 
     items: list[TenantSpec] = Field(
-        default_factory=list, max_length=256, description="The tenants."
+        default_factory=list, max_length=128, description="The tenants."
     )
     unknown_key: str = Field(
         default=_TENANTS.unknown_key,

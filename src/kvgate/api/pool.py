@@ -115,7 +115,7 @@ class EngineSettings(ApiModel):
         max_length=64,
         description="Further `vllm serve` arguments, appended verbatim.",
         json_schema_extra={
-            "items": {"type": "string", "maxLength": 4096},
+            "items": {"type": "string", "maxLength": 1024},
             "x-kubernetes-validations": [_managed_flags_rule()],
         },
     )
