@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
+from kvgate import __version__
 from kvgate.api.base import GROUP_VERSION, JsonDict
 from kvgate.api.policy import POLICY_KIND, RoutingPolicySpec
 from kvgate.api.pool import POOL_KIND, InferencePoolSpec
@@ -56,7 +57,7 @@ def utc_now() -> str:
 class OperatorSettings:
     """Knobs of the operator (`kvgate operator` flags)."""
 
-    router_image: str = "kvgate:0.1.0"
+    router_image: str = f"kvgate:{__version__}"
     resync_seconds: float = 30.0
     cleanup_timeout_seconds: float = 5.0
 
