@@ -68,7 +68,7 @@ class BlockStored:
 
     @property
     def keys(self) -> list[BlockKey]:
-        return [block_key(h) for h in self.block_hashes]
+        return _keys(self.block_hashes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +79,14 @@ class BlockRemoved:
 
     @property
     def keys(self) -> list[BlockKey]:
-        return [block_key(h) for h in self.block_hashes]
+        return _keys(self.block_hashes)
+
+
+def _keys(hashes: list[BlockHash]) -> list[BlockKey]:
+    """Directory keys of decoded hashes (bytes stay as they are; ints become 8 bytes)."""
+    if set(map(type, hashes)) <= {bytes}:
+        return hashes  # type: ignore[return-value]  # all bytes: already block keys
+    return [block_key(h) for h in hashes]
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +207,8 @@ def _hashes(fields: Mapping[str, Any]) -> list[BlockHash]:
     value = fields.get("block_hashes")
     if not isinstance(value, list):
         raise _Reject("bad_field", "block_hashes must be a list")
+    if set(map(type, value)) <= {bytes} and set(map(len, value)) <= HASH_SIZES:
+        return value  # the common case, checked in C
     return [_check_hash(h) for h in value]
 
 
@@ -212,9 +221,8 @@ def _int(fields: Mapping[str, Any], name: str) -> int:
 
 def _int_list(fields: Mapping[str, Any], name: str) -> list[int]:
     value = fields.get(name)
-    if not isinstance(value, list) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for v in value
-    ):
+    # set(map(type, ...)) runs in C: token lists are long and this is the ingest hot path
+    if not isinstance(value, list) or not set(map(type, value)) <= {int}:
         raise _Reject("bad_field", f"{name} must be a list of ints")
     return value
 

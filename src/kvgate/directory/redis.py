@@ -38,6 +38,15 @@ from kvgate.prefix import BlockKey
 _Arg = str | bytes | int | float
 
 
+def _packed(keys: Sequence[BlockKey]) -> list[_Arg]:
+    """Keys as the scripts read them: `[size, concatenation]` when all have one size (one
+    argument is far cheaper to encode and parse than thousands), else `[0, *keys]`."""
+    sizes = set(map(len, keys))
+    if len(sizes) == 1 and (size := sizes.pop()) > 0:
+        return [size, b"".join(keys)]
+    return [0, *keys]
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -120,12 +129,7 @@ class RedisBlockIndex:
             return {}
         wanted = [] if pods is None else sorted(set(pods))
         head: list[_Arg] = [repr(float(self._clock())), -1 if pods is None else len(wanted)]
-        size = len(keys[0])
-        if size and all(len(k) == size for k in keys):
-            tail: list[_Arg] = [size, b"".join(keys)]  # one argument: cheaper to send and parse
-        else:
-            tail = [0, *keys]
-        flat = await self._run(self._lookup, [*head, *wanted, *tail])
+        flat = await self._run(self._lookup, [*head, *wanted, *_packed(keys)])
         return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     async def add(
@@ -139,7 +143,7 @@ class RedisBlockIndex:
         check_pod(pod)
         check_medium(medium)
         head: list[_Arg] = [pod, generation or "", medium, self._max_exact]
-        return bool(await self._run(self._add, [*head, *keys]))
+        return bool(await self._run(self._add, [*head, *_packed(keys)]))
 
     async def remove(
         self,
@@ -152,7 +156,7 @@ class RedisBlockIndex:
         check_pod(pod)
         check_medium(medium)
         head: list[_Arg] = [pod, generation or "", medium]
-        return bool(await self._run(self._remove, [*head, *keys]))
+        return bool(await self._run(self._remove, [*head, *_packed(keys)]))
 
     async def add_approximate(self, pod: str, keys: Sequence[BlockKey], ttl_seconds: float) -> None:
         check_pod(pod)
@@ -166,7 +170,7 @@ class RedisBlockIndex:
             self._max_approx,
             math.ceil(ttl_seconds * 1000),
         ]
-        await self._run(self._add_approximate, [*head, *keys])
+        await self._run(self._add_approximate, [*head, *_packed(keys)])
 
     async def clear_pod(self, pod: str) -> None:
         if await self._run(self._clear, [pod, 0]):

@@ -74,8 +74,19 @@ local function collect(budget)
   end
   return 1
 end
-local function unpack_chunks(cmd, key, first, last)
-  for i = first, last, 1000 do redis.call(cmd, key, unpack(ARGV, i, math.min(last, i + 999))) end
+local function read_keys(at)
+  -- ARGV[at] = key size; then the keys concatenated in ARGV[at + 1], or (size 0) one per arg
+  local keys, size = {}, tonumber(ARGV[at])
+  if size == 0 then
+    for i = at + 1, #ARGV do keys[#keys + 1] = ARGV[i] end
+  elseif ARGV[at + 1] then
+    local chain = ARGV[at + 1]
+    for i = 1, #chain, size do keys[#keys + 1] = string.sub(chain, i, i + size - 1) end
+  end
+  return keys
+end
+local function call_chunks(cmd, key, keys)
+  for i = 1, #keys, 1000 do redis.call(cmd, key, unpack(keys, i, math.min(#keys, i + 999))) end
 end
 """
 
@@ -85,8 +96,8 @@ def _script(body: str) -> str:
 
 
 # ARGV: base, now, npods (-1 = every known pod), pods..., key size, chain
-# The chain is the block keys concatenated (all `key size` bytes long); key size 0 means the
-# keys follow as separate arguments instead. Returns a flat array pod, count, ... (pods with
+# The chain is the block keys concatenated (all `key size` bytes long; one argument is much
+# cheaper to send and parse than thousands); key size 0 means one key per argument instead. Returns a flat array pod, count, ... (pods with
 # count 0 left out). Chunks of the chain are read with one HMGET per 32-slot word (growing 4x,
 # so short matches cost little); a running AND of each word's mask drops pods at their first
 # missing block. Pods with approximate entries are also checked per key against their ZSET.
@@ -107,13 +118,7 @@ else
   end
   pods_end = 3 + npods
 end
-local keys, size = {}, tonumber(ARGV[pods_end + 1])
-if size == 0 then
-  for i = pods_end + 2, #ARGV do keys[#keys + 1] = ARGV[i] end
-else
-  local chain = ARGV[pods_end + 2]
-  for i = 1, #chain, size do keys[#keys + 1] = string.sub(chain, i, i + size - 1) end
-end
+local keys = read_keys(pods_end + 1)
 local nkeys = #keys
 local words, wordlist, approx = {}, {}, {}
 for _, c in ipairs(chosen) do
@@ -206,7 +211,7 @@ end
 return out
 """)
 
-# ARGV: base, pod, generation ('' = none), medium, cap, block keys...
+# ARGV: base, pod, generation ('' = none), medium, cap, key size, keys (as in LOOKUP)
 # Returns 1 when applied, 0 for a stale generation.
 ADD = _script("""
 local pod, gen, medium = ARGV[2], ARGV[3], ARGV[4]
@@ -224,8 +229,8 @@ elseif gen ~= '' then
 end
 local x = base .. 'x:' .. pod
 local needle = ',' .. medium .. ','
-for i = 6, #ARGV do
-  local k = ARGV[i]
+local keys = read_keys(6)
+for _, k in ipairs(keys) do
   if redis.call('HSETNX', x, k, medium) == 1 then
     set_bit(k, slot)
   else
@@ -236,7 +241,7 @@ for i = 6, #ARGV do
   end
 end
 local z = base .. 'a:' .. pod
-if #ARGV >= 6 and redis.call('EXISTS', z) == 1 then unpack_chunks('ZREM', z, 6, #ARGV) end
+if #keys > 0 and redis.call('EXISTS', z) == 1 then call_chunks('ZREM', z, keys) end
 local excess = redis.call('HLEN', x) - tonumber(ARGV[5])
 while excess > 0 do
   local victims = redis.call('HRANDFIELD', x, math.min(excess, 1000))
@@ -248,15 +253,15 @@ collect(GC_BUDGET)
 return 1
 """).replace("GC_BUDGET", str(GC_BUDGET))
 
-# ARGV: base, pod, generation ('' = any), medium, block keys...
+# ARGV: base, pod, generation ('' = any), medium, key size, keys (as in LOOKUP)
 REMOVE = _script("""
 local pod, gen, medium = ARGV[2], ARGV[3], ARGV[4]
 local slot, cur = reg_get(pod)
 if not slot then return 1 end
 if gen ~= '' and cur ~= '' and cur ~= gen then return 0 end
 local x = base .. 'x:' .. pod
-for i = 5, #ARGV do
-  local k = ARGV[i]
+local keys = read_keys(5)
+for _, k in ipairs(keys) do
   local media = redis.call('HGET', x, k)
   if media then
     local left, total = {}, 0
@@ -273,12 +278,12 @@ for i = 5, #ARGV do
   end
 end
 local z = base .. 'a:' .. pod
-if #ARGV >= 5 and redis.call('EXISTS', z) == 1 then unpack_chunks('ZREM', z, 5, #ARGV) end
+if #keys > 0 and redis.call('EXISTS', z) == 1 then call_chunks('ZREM', z, keys) end
 collect(GC_BUDGET)
 return 1
 """).replace("GC_BUDGET", str(GC_BUDGET))
 
-# ARGV: base, pod, now, expiry, cap, ttl_ms, block keys...
+# ARGV: base, pod, now, expiry, cap, ttl_ms, key size, keys (as in LOOKUP)
 # Collects expired entries, skips keys held exactly, evicts the soonest-expiring over the cap,
 # and keeps the ZSET's own TTL at least as long as its newest entry so an idle pool's routing
 # history disappears entirely.
@@ -288,10 +293,10 @@ if not reg_get(pod) then reg_set(pod, new_slot(), '') end
 local x, z = base .. 'x:' .. pod, base .. 'a:' .. pod
 redis.call('ZREMRANGEBYSCORE', z, '-inf', ARGV[3])
 local args = {}
-for i = 7, #ARGV do
-  if redis.call('HEXISTS', x, ARGV[i]) == 0 then
+for _, k in ipairs(read_keys(7)) do
+  if redis.call('HEXISTS', x, k) == 0 then
     args[#args + 1] = ARGV[4]
-    args[#args + 1] = ARGV[i]
+    args[#args + 1] = k
     if #args >= 2000 then
       redis.call('ZADD', z, unpack(args))
       args = {}

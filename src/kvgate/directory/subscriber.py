@@ -22,7 +22,9 @@ Algorithm, with `expected` = the next seq this subscriber needs (None before the
 * If the directory fails (Redis down), the batch's seq becomes `expected` again after a short
   back-off, so the next message triggers a replay and the directory catches up.
 
-Consecutive events of the same kind and medium are coalesced into one directory call.
+Messages that queued up while the previous ones were written are drained together (up to
+`drain_messages`) and consecutive events of the same kind and medium are coalesced: under load,
+one directory call covers many batches.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from kvgate.directory.events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    EventBatch,
     EventDecodeError,
     decode_batch,
 )
@@ -64,6 +65,13 @@ class PodEndpoint:
     generation: str = ""  # pod UID (+ restart count); "" = the pod id
 
 
+@dataclass(slots=True)
+class _Op:
+    op: str  # add | remove | clear
+    medium: str
+    keys: list[BlockKey]
+
+
 class PodSubscriber:
     """Subscribe to one pod; `run()` until cancelled."""
 
@@ -78,6 +86,7 @@ class PodSubscriber:
         replay_timeout_seconds: float = 2.0,
         kv_cache_group: int | None = 0,
         retry_seconds: float = 0.5,
+        drain_messages: int = 256,
     ) -> None:
         self.endpoint = endpoint
         self._index = index
@@ -90,6 +99,10 @@ class PodSubscriber:
         self._token = secrets.token_hex(4)
         self._restarts = 0
         self._log = LogOnce(log)
+        self._drain = drain_messages
+        self._ops: list[_Op] = []  # queued directory writes, coalesced
+        self._ops_from: int | None = None  # seq of the first batch in _ops
+        self._batches = 0
         self.expected: int | None = None
         self.generation = self._next_generation()
 
@@ -105,9 +118,14 @@ class PodSubscriber:
         try:
             await self._new_generation("start")
             while True:
-                frames = await sock.recv_multipart()
+                messages = [await sock.recv_multipart()]
+                while len(messages) < self._drain:  # what queued up meanwhile: one write for all
+                    try:
+                        messages.append(await sock.recv_multipart(flags=zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
                 try:
-                    await self.handle(frames)
+                    await self.handle_many(messages)
                 except Exception as exc:  # the directory failed mid-way: start over cleanly
                     self._log.warning(("handle", self.endpoint.pod),
                                       "pod %s: %s; resynchronising", self.endpoint.pod, exc)  # fmt: skip
@@ -120,6 +138,15 @@ class PodSubscriber:
 
     async def handle(self, frames: Sequence[bytes]) -> None:
         """Process one PUB message `[topic, seq, payload]`."""
+        await self.handle_many([frames])
+
+    async def handle_many(self, messages: Sequence[Sequence[bytes]]) -> None:
+        """Process PUB messages in order; their directory writes are coalesced and flushed once."""
+        for frames in messages:
+            await self._handle_one(frames)
+        await self._flush()
+
+    async def _handle_one(self, frames: Sequence[bytes]) -> None:
         if len(frames) != 3 or len(frames[1]) != 8:
             self._bad("malformed_frame", f"{len(frames)} frames")
             return
@@ -131,6 +158,7 @@ class PodSubscriber:
         expected = self.expected
         if expected is not None and seq < expected:
             log.info("pod %s: seq %d after %d: engine restarted", self.endpoint.pod, seq, expected)
+            self._ops.clear()  # writes for the old engine are moot
             await self._restart("restart")
             expected = None
         if expected is None and seq > 0:
@@ -139,16 +167,18 @@ class PodSubscriber:
             if self._metrics:
                 self._metrics.seq_gaps.labels(self._pool).inc()
             await self._replay(expected, seq, clear_if_incomplete=True)
-        await self._apply_payload(seq, payload)
+        self._apply_payload(seq, payload)
 
     async def _replay(self, start: int, stop: int, *, clear_if_incomplete: bool) -> None:
         """Apply batches [start, stop) from the replay socket; on failure maybe clear the pod."""
+        await self._flush()
         got = await self._fetch_replay(start, stop)
         complete = [seq for seq, _ in got] == list(range(start, stop))
         outcome = "ok" if complete else ("partial" if got else "failed")
         if self._metrics:
             self._metrics.replays.labels(self._pool, outcome).inc()
         if not complete and clear_if_incomplete:
+            self._ops.clear()
             self._log.warning(
                 ("gap", self.endpoint.pod),
                 "pod %s: seq gap [%d, %d) not replayable (%s): clearing the pod",
@@ -158,7 +188,7 @@ class PodSubscriber:
             await self._index.clear_pod(self.endpoint.pod)
             return
         for seq, payload in got:
-            await self._apply_payload(seq, payload)
+            self._apply_payload(seq, payload)
 
     async def _fetch_replay(self, start: int, stop: int) -> list[tuple[int, bytes]]:
         """Batches with start <= seq < stop, in order, as the replay socket gives them."""
@@ -191,8 +221,11 @@ class PodSubscriber:
         finally:
             sock.close(linger=0)
 
-    async def _apply_payload(self, seq: int, payload: bytes) -> None:
+    def _apply_payload(self, seq: int, payload: bytes) -> None:
+        """Decode a batch and queue its writes (flushed by `_flush`)."""
         self.expected = seq + 1
+        if self._ops_from is None:
+            self._ops_from = seq
         try:
             batch = decode_batch(payload)
         except EventDecodeError as exc:
@@ -200,58 +233,58 @@ class PodSubscriber:
             return
         for rejected in batch.rejected:
             self._bad(rejected.reason, rejected.detail)
-        try:
-            await self._apply(batch)
-        except (asyncio.CancelledError, KeyboardInterrupt):
-            raise
-        except Exception as exc:
-            self._log.warning(("apply", self.endpoint.pod),
-                              "pod %s: directory write failed (%s); will replay from seq %d",
-                              self.endpoint.pod, exc, seq)  # fmt: skip
-            if self._metrics:
-                self._metrics.bad_events.labels(self._pool, "directory_error").inc()
-            self.expected = seq
-            await asyncio.sleep(self._retry)
-            return
-        if self._metrics:
-            self._metrics.event_batches.labels(self._pool).inc()
-
-    async def _apply(self, batch: EventBatch) -> None:
-        pod, gen = self.endpoint.pod, self.generation
-        pending: list[BlockKey] = []
-        pending_kind: tuple[str, str] | None = None
-
-        async def flush() -> None:
-            nonlocal pending, pending_kind
-            if pending_kind is not None:
-                kind, medium = pending_kind
-                write = self._index.add if kind == "BlockStored" else self._index.remove
-                if not await write(pod, pending, medium=medium, generation=gen):
-                    self._bad("stale_generation", f"generation {gen} superseded")
-            pending, pending_kind = [], None
-
+        self._batches += 1
+        ops = self._ops
         for event in batch.events:
             kind = type(event).__name__
             if self._metrics:
                 self._metrics.events.labels(self._pool, kind).inc()
             if isinstance(event, AllBlocksCleared):
-                await flush()
                 self._count_clear("all_blocks_cleared")
-                await self._index.clear_pod(pod)
+                ops.clear()  # everything before is moot
+                ops.append(_Op("clear", DEFAULT_MEDIUM, []))
                 continue
             assert isinstance(event, BlockStored | BlockRemoved)
             if self._group is not None and event.group_idx not in (None, self._group):
                 self._bad("other_kv_cache_group", f"group {event.group_idx}")
                 continue
-            key = (kind, event.medium or DEFAULT_MEDIUM)
-            if key != pending_kind:
-                await flush()
-                pending_kind = key
-            pending.extend(event.keys)
-        await flush()
+            op = "add" if isinstance(event, BlockStored) else "remove"
+            medium = event.medium or DEFAULT_MEDIUM
+            if ops and ops[-1].op == op and ops[-1].medium == medium:
+                ops[-1].keys.extend(event.keys)
+            else:
+                ops.append(_Op(op, medium, list(event.keys)))
+
+    async def _flush(self) -> None:
+        """Apply the queued writes in order. If the directory fails, the seq of the first
+        unapplied batch becomes `expected` again, so the next message replays from there."""
+        ops, first, batches = self._ops, self._ops_from, self._batches
+        self._ops, self._ops_from, self._batches = [], None, 0
+        pod, gen = self.endpoint.pod, self.generation
+        try:
+            for op in ops:
+                if op.op == "clear":
+                    await self._index.clear_pod(pod)
+                    continue
+                write = self._index.add if op.op == "add" else self._index.remove
+                if not await write(pod, op.keys, medium=op.medium, generation=gen):
+                    self._bad("stale_generation", f"generation {gen} superseded")
+        except Exception as exc:
+            self._log.warning(("apply", pod),
+                              "pod %s: directory write failed (%s); will replay from seq %s",
+                              pod, exc, first)  # fmt: skip
+            if self._metrics:
+                self._metrics.bad_events.labels(self._pool, "directory_error").inc()
+            if first is not None:
+                self.expected = first
+            await asyncio.sleep(self._retry)
+            return
+        if self._metrics and batches:
+            self._metrics.event_batches.labels(self._pool).inc(batches)
 
     async def _restart(self, reason: str) -> None:
         """Forget everything known about the pod: new generation, no expected seq."""
+        self._ops, self._ops_from, self._batches = [], None, 0
         self._restarts += 1
         self.generation = self._next_generation()
         self.expected = None

@@ -1,0 +1,58 @@
+"""Shared helpers of the directory benchmarks (a real redis-server, latency percentiles)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from tests.integration.conftest import RedisServer
+
+PODS = 16
+CHAIN = 2048
+
+
+def chain(n: int, tag: str) -> list[bytes]:
+    return [hashlib.sha256(f"{tag}/{i}".encode()).digest() for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    server = RedisServer(Path(tmp_path_factory.mktemp("bench-redis")))
+    server.start()
+    yield server
+    server.stop()
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    """p50/p99/max in milliseconds."""
+    ordered = sorted(samples)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000
+
+    return {"p50_ms": at(0.50), "p99_ms": at(0.99), "max_ms": ordered[-1] * 1000}
+
+
+def time_each(call: Callable[[], Awaitable[object]], rounds: int) -> list[float]:
+    """Run `call` `rounds` times in one event loop; the latency of each, in seconds."""
+
+    async def loop() -> list[float]:
+        for _ in range(max(5, rounds // 20)):  # warm up
+            await call()
+        out = []
+        for _ in range(rounds):
+            start = time.perf_counter()
+            await call()
+            out.append(time.perf_counter() - start)
+        return out
+
+    return asyncio.run(loop())
+
+
+def report(title: str, numbers: dict[str, float]) -> None:
+    shown = ", ".join(f"{k}={v:,.3f}" if v < 1000 else f"{k}={v:,.0f}" for k, v in numbers.items())
+    print(f"\n{title}: {shown}")  # noqa: T201 - benchmarks print their numbers

@@ -1,0 +1,85 @@
+"""Directory lookup of a 2,048-block chain across 16 pods (targets: memory p99 <= 0.3 ms,
+Redis p99 <= 2 ms).
+
+    .venv/bin/python -m pytest benchmarks/test_directory_lookup.py --benchmark-only -q -s
+
+`full`: all 16 pods hold the whole chain (the worst case: nothing ends early).
+`staggered`: pod i holds the first 128*(i+1) blocks (a realistic spread of prefix lengths).
+Each latency is one awaited `lookup` (for Redis: one EVALSHA round trip on loopback).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from benchmarks.directory_common import (
+    CHAIN,
+    PODS,
+    chain,
+    percentiles,
+    redis_server,
+    report,
+    time_each,
+)
+from tests.integration.conftest import RedisServer
+
+from kvgate.directory.base import BlockIndex
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.redis import RedisBlockIndex
+
+__all__ = ["redis_server"]
+ROUNDS = 2000
+
+
+async def _fill(index: BlockIndex, keys: list[bytes], layout: str) -> None:
+    for pod in range(PODS):
+        held = CHAIN if layout == "full" else 128 * (pod + 1)
+        await index.add(f"pod-{pod}", keys[:held])
+
+
+def _expected(layout: str) -> dict[str, int]:
+    return {f"pod-{p}": CHAIN if layout == "full" else 128 * (p + 1) for p in range(PODS)}
+
+
+@pytest.mark.parametrize("layout", ["full", "staggered"])
+def test_lookup_memory(benchmark, layout):
+    keys = chain(CHAIN, "lookup")
+    index = MemoryBlockIndex()
+    asyncio.run(_fill(index, keys, layout))
+    samples = time_each(lambda: index.lookup(keys), ROUNDS)
+    assert asyncio.run(index.lookup(keys)) == _expected(layout)
+    stats = percentiles(samples)
+    benchmark.extra_info.update(stats)
+    report(f"memory lookup 2048 blocks x 16 pods ({layout})", stats)
+    benchmark.pedantic(lambda: asyncio.run(index.lookup(keys)), rounds=20, iterations=1)
+
+
+@pytest.mark.parametrize("layout", ["full", "staggered"])
+def test_lookup_redis(benchmark, layout, redis_server: RedisServer):
+    keys = chain(CHAIN, "lookup")
+    redis_server.flushall()
+
+    async def run() -> list[float]:
+        index = RedisBlockIndex.from_url(redis_server.url, "bench/lookup")
+        try:
+            await _fill(index, keys, layout)
+            assert await index.lookup(keys) == _expected(layout)
+            out = []
+            import time
+
+            for _ in range(50):
+                await index.lookup(keys)
+            for _ in range(ROUNDS // 4):
+                start = time.perf_counter()
+                await index.lookup(keys)
+                out.append(time.perf_counter() - start)
+            return out
+        finally:
+            await index.close()
+
+    samples = asyncio.run(run())
+    stats = percentiles(samples)
+    benchmark.extra_info.update(stats)
+    report(f"redis lookup 2048 blocks x 16 pods ({layout})", stats)
+    benchmark.pedantic(lambda: None, rounds=1, iterations=1)
