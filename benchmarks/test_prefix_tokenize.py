@@ -2,8 +2,8 @@
 
     .venv/bin/python -m pytest benchmarks/test_prefix_tokenize.py --benchmark-only -q
 
-An agent session resends its growing history every turn. `cold`: fresh tokenizer and hasher
-(nothing seen). `next_turn`: the previous turn was seen; the new turn appends a tool call and
+An agent session resends its growing history every turn. `cold`: a loaded tokenizer without
+segment cache and an empty chain cache (nothing of the prompt seen). `next_turn`: the previous turn was seen; the new turn appends a tool call and
 its result (~1k tokens). Sizes are the prompt's length in tokens of the test tokenizer.
 """
 
@@ -53,11 +53,14 @@ def history(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
 
 
 def test_tokenize_and_hash_cold(benchmark, history):
-    def setup():
-        requests = RequestTokenizer(Tokenizer.from_dir(DATA / "tokenizer"))
-        return (requests, BlockHasher("sha256", 16)), {}
+    # A loaded tokenizer, but nothing of this prompt seen: no segment cache, empty chain cache.
+    requests = RequestTokenizer(Tokenizer.from_dir(DATA / "tokenizer", segment_cache_size=0))
+    requests.chat_token_ids({"messages": history[:2]})
 
-    def run(requests: RequestTokenizer, hasher: BlockHasher) -> int:
+    def setup():
+        return (BlockHasher("sha256", 16),), {}
+
+    def run(hasher: BlockHasher) -> int:
         return len(hasher.block_keys(requests.chat_token_ids({"messages": history})))
 
     benchmark.pedantic(run, setup=setup, rounds=15, iterations=1)

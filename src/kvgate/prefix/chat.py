@@ -25,7 +25,6 @@ Only text content is supported; images, audio and other parts raise ``ChatTempla
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -162,6 +161,16 @@ def _cut_after_final_message(text: str, final_text: str) -> str:
     return text[:at].rstrip()
 
 
+# Text part types and the key holding their text (vLLM's MM_PARSER_MAP); others are media.
+_TEXT_PARTS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
+
+
 def _content_text(role: str, content: Any) -> str:
     if content is None:
         return ""
@@ -173,18 +182,20 @@ def _content_text(role: str, content: Any) -> str:
         raise ChatTemplateError(f"{role} message content must be a string or a list of parts")
     texts: list[str] = []
     for part in parts:
+        strippable = isinstance(part, str)
         if isinstance(part, str):
-            text = part
-        elif (
-            isinstance(part, dict)
-            and part.get("type") == "text"
-            and isinstance(part.get("text"), str)
-        ):
-            text = part["text"]
+            text: Any = part
+        elif isinstance(part, dict) and part.get("type") in _TEXT_PARTS and "uuid" not in part:
+            text = part.get(_TEXT_PARTS[part["type"]])
+            strippable = part["type"] == "text"
+            if text is None:  # vLLM skips text parts without text
+                continue
+            if not isinstance(text, str):
+                raise ChatTemplateError(f"{role} message has a non-string {part['type']} part")
         else:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise ChatTemplateError(f"unsupported content part {kind!r} (text only)")
-        if role == "system" and text.startswith(_BILLING_HEADER):
+        if role == "system" and strippable and text.startswith(_BILLING_HEADER):
             text = text.partition("\n")[2]
             if not text:
                 continue
@@ -222,7 +233,9 @@ def normalize_messages(
         if role == "assistant":
             tool_calls = message.get("tool_calls")
             if tool_calls is not None:
-                result["tool_calls"] = _tool_calls(index, tool_calls)
+                calls = _tool_calls(index, tool_calls)
+                if calls:  # vLLM drops an empty list: templates take the plain path
+                    result["tool_calls"] = calls
             reasoning = message.get("reasoning")
             if reasoning is not None:
                 result["reasoning"] = reasoning
@@ -241,15 +254,17 @@ def normalize_messages(
     return out
 
 
-def _tool_calls(index: int, tool_calls: Any) -> list[Any] | None:
+def _tool_calls(index: int, tool_calls: Any) -> list[Any]:
+    """Copies of the calls with ``arguments`` parsed (the request body is left untouched)."""
     if not isinstance(tool_calls, list):
         raise ChatTemplateError(f"messages[{index}].tool_calls must be a list")
-    calls = copy.deepcopy(tool_calls)
-    for call in calls:
+    calls: list[Any] = []
+    for call in tool_calls:
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or call.get("type", "function") != "function":
             raise ChatTemplateError(f"messages[{index}].tool_calls entries must be functions")
-        function["arguments"] = _parse_arguments(function.get("arguments"))
+        arguments = _parse_arguments(function.get("arguments"))
+        calls.append({**call, "function": {**function, "arguments": arguments}})
     return calls
 
 

@@ -102,7 +102,16 @@ def test_normalize_messages_follows_vllm():
     header = "x-anthropic-billing-header: cch=123\nReal system prompt"
     raw = [
         {"role": "system", "content": [{"type": "text", "text": header}]},
-        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "a"},
+                {"type": "input_text", "text": "b"},
+                {"type": "text", "text": None},
+                "c",
+                {"type": "refusal", "refusal": "no"},
+            ],
+        },
         {
             "role": "assistant",
             "content": None,
@@ -116,18 +125,20 @@ def test_normalize_messages_follows_vllm():
         },
         {"role": "tool", "tool_call_id": "1", "content": [{"type": "text", "text": "out"}]},
         {"role": "user", "content": "c", "name": "bob"},
+        {"role": "assistant", "content": "plain", "tool_calls": []},
     ]
     before = json.dumps(raw)
     out = normalize_messages(raw)
     assert json.dumps(raw) == before  # the request body is not mutated
     assert out[0] == {"role": "system", "content": "Real system prompt"}
-    assert out[1]["content"] == "a\nb"
+    assert out[1]["content"] == "a\nb\nc\nno"
     assert out[2]["content"] == ""
     assert out[2]["reasoning"] == out[2]["reasoning_content"] == "think"
     args = [call["function"]["arguments"] for call in out[2]["tool_calls"]]
     assert args == [{"x": 1}, {}, {}, {}]
     assert out[3] == {"role": "tool", "content": "out", "tool_call_id": "1"}
     assert out[4] == {"role": "user", "content": "c", "name": "bob"}
+    assert out[5] == {"role": "assistant", "content": "plain"}  # empty tool_calls dropped
 
 
 def test_developer_messages_become_one_system_message():
