@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+# transformers only ever reads the local test tokenizer; never let it look for a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 DATA = Path(__file__).parents[2] / "data" / "prefix"
 TOKENIZER_DIR = DATA / "tokenizer"
