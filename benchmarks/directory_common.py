@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -37,20 +36,16 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     return {"p50_ms": at(0.50), "p99_ms": at(0.99), "max_ms": ordered[-1] * 1000}
 
 
-def time_each(call: Callable[[], Awaitable[object]], rounds: int) -> list[float]:
-    """Run `call` `rounds` times in one event loop; the latency of each, in seconds."""
-
-    async def loop() -> list[float]:
-        for _ in range(max(5, rounds // 20)):  # warm up
-            await call()
-        out = []
-        for _ in range(rounds):
-            start = time.perf_counter()
-            await call()
-            out.append(time.perf_counter() - start)
-        return out
-
-    return asyncio.run(loop())
+async def time_each(call: Callable[[], Awaitable[object]], rounds: int) -> list[float]:
+    """Await `call` `rounds` times (after a warm-up); the latency of each, in seconds."""
+    for _ in range(max(5, rounds // 20)):
+        await call()
+    out = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        await call()
+        out.append(time.perf_counter() - start)
+    return out
 
 
 def report(title: str, numbers: dict[str, float]) -> None:
