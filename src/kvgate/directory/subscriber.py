@@ -100,6 +100,7 @@ class PodSubscriber:
         self._restarts = 0
         self._log = LogOnce(log)
         self._drain = drain_messages
+        self._topic = endpoint.topic.encode()
         self._ops: list[_Op] = []  # queued directory writes, coalesced
         self._ops_from: int | None = None  # seq of the first batch in _ops
         self._batches = 0
@@ -151,7 +152,7 @@ class PodSubscriber:
             self._bad("malformed_frame", f"{len(frames)} frames")
             return
         topic, seq_bytes, payload = frames
-        if topic != self.endpoint.topic.encode():
+        if self._topic and topic != self._topic:  # a ZMQ subscription matches prefixes only
             self._bad("unknown_pod", f"topic {topic[:80]!r}")
             return
         seq = int.from_bytes(seq_bytes, "big", signed=True)

@@ -302,3 +302,15 @@ async def test_reconcile_adds_removes_and_clears(
 
 async def _eq(got: Awaitable[dict[str, int]], want: dict[str, int]) -> bool:
     return await got == want
+
+
+async def test_empty_topic_follows_whatever_the_pod_publishes(
+    manager: SubscriptionManager, ctx: zmq.asyncio.Context
+) -> None:
+    engine = FakeEngine(ctx, "kv@10.0.0.9@model")
+    index: MemoryBlockIndex = manager.index  # type: ignore[attr-defined]
+    await manager.reconcile([PodEndpoint("p1", engine.events_endpoint, engine.replay_endpoint)])
+    await connected(manager, engine, "p1")
+    await engine.publish(stored(h(0)))
+    await until(lambda: _eq(index.lookup([h(0)]), {"p1": 1}))
+    await engine.close()
