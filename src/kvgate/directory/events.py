@@ -119,8 +119,12 @@ class _Reject(Exception):
         self.reason = reason
 
 
-def decode_batch(payload: bytes) -> EventBatch:
-    """Decode one ZMQ payload. Raises `EventDecodeError` if it is not a KV event batch."""
+def decode_batch(payload: bytes, *, check_token_ids: bool = True) -> EventBatch:
+    """Decode one ZMQ payload. Raises `EventDecodeError` if it is not a KV event batch.
+
+    `check_token_ids=False` skips checking that every token id is an int (the indexer never
+    reads them, and they are most of a payload's values); the list itself is still required.
+    """
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises a zoo of types for malformed/truncated input
@@ -140,13 +144,13 @@ def decode_batch(payload: bytes) -> EventBatch:
     rejected: list[RejectedEvent] = []
     for raw_event in raw_events:
         try:
-            events.append(_decode_event(raw_event))
+            events.append(_decode_event(raw_event, check_token_ids))
         except _Reject as exc:
             rejected.append(RejectedEvent(exc.reason, str(exc)))
     return EventBatch(ts=float(ts), events=events, data_parallel_rank=rank, rejected=rejected)
 
 
-def _decode_event(raw: Any) -> KVEvent:
+def _decode_event(raw: Any, check_token_ids: bool) -> KVEvent:
     if isinstance(raw, list) and raw and isinstance(raw[0], str):
         tag, values = raw[0], raw[1:]
         names = {"BlockStored": _STORED_FIELDS, "BlockRemoved": _REMOVED_FIELDS}.get(tag, ())
@@ -161,7 +165,7 @@ def _decode_event(raw: Any) -> KVEvent:
         return BlockStored(
             block_hashes=_hashes(fields),
             parent_block_hash=_opt_hash(fields.get("parent_block_hash")),
-            token_ids=_int_list(fields, "token_ids"),
+            token_ids=_int_list(fields, "token_ids", check_token_ids),
             block_size=_int(fields, "block_size"),
             lora_id=_opt(fields, "lora_id", int),
             medium=_medium(fields),
@@ -219,10 +223,10 @@ def _int(fields: Mapping[str, Any], name: str) -> int:
     return value
 
 
-def _int_list(fields: Mapping[str, Any], name: str) -> list[int]:
+def _int_list(fields: Mapping[str, Any], name: str, check_items: bool) -> list[int]:
     value = fields.get(name)
-    # set(map(type, ...)) runs in C: token lists are long and this is the ingest hot path
-    if not isinstance(value, list) or not set(map(type, value)) <= {int}:
+    # set(map(type, ...)) runs in C: token lists are long
+    if not isinstance(value, list) or (check_items and not set(map(type, value)) <= {int}):
         raise _Reject("bad_field", f"{name} must be a list of ints")
     return value
 

@@ -138,16 +138,19 @@ class MemoryBlockIndex:
         bit = state.bit
         masks = self._masks
         exact = state.exact
-        approx = state.approx
-        for key in keys:
-            held = exact.get(key)
-            if held is None:
-                exact[key] = medium_bit
-                masks[key] = masks.get(key, 0) | bit
-                if approx:
-                    approx.pop(key, None)
-            else:
-                exact[key] = held | medium_bit
+        fresh = [key for key in keys if key not in exact]
+        if len(fresh) != len(keys):  # some are held already (maybe in another medium)
+            for key in keys:
+                held = exact.get(key)
+                if held is not None:
+                    exact[key] = held | medium_bit
+        exact.update(dict.fromkeys(fresh, medium_bit))
+        get = masks.get
+        for key in fresh:
+            masks[key] = get(key, 0) | bit
+        if state.approx:
+            for key in fresh:
+                state.approx.pop(key, None)
         if len(exact) > self._max_exact:
             self._evict_exact(state, len(exact) - self._max_exact)
         return True

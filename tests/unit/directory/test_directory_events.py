@@ -164,3 +164,12 @@ def test_hash_must_fit_64_bits() -> None:
     # msgpack cannot even carry larger ints; the top of the range is fine
     batch = decode_batch(_payload([["BlockRemoved", [2**64 - 1, 0]]]))
     assert batch.events == [BlockRemoved([2**64 - 1, 0])]
+
+
+def test_token_ids_check_can_be_skipped_by_the_indexer() -> None:
+    payload = _payload([["BlockStored", [b"\x01" * 32], None, [1, "x"], 16]])
+    assert [r.reason for r in decode_batch(payload).rejected] == ["bad_field"]
+    batch = decode_batch(payload, check_token_ids=False)
+    assert batch.rejected == [] and len(batch.events) == 1
+    not_a_list = _payload([["BlockStored", [b"\x01" * 32], None, 5, 16]])
+    assert decode_batch(not_a_list, check_token_ids=False).rejected[0].reason == "bad_field"
