@@ -2,8 +2,10 @@
 
 Two steps, each mirroring the code that runs in the engine:
 
-1. **Normalise the messages** as vLLM's ``parse_chat_messages`` does for templates that take
-   string content: text parts are joined with ``"\\n"`` (``None`` content → ``""``); the
+1. **Normalise the messages** as vLLM's ``parse_chat_messages`` does. For templates that
+   take string content (``kvgate.prefix.content_format``) text parts are joined with ``"\\n"``
+   (``None`` content → ``""``); templates that loop over content get a list of
+   ``{"type": "text", "text": ...}`` parts (tool results stay strings). The
    attribution header line Claude Code puts in system prompts is dropped; assistant
    ``tool_calls`` and ``reasoning`` (also as ``reasoning_content``), tool ``tool_call_id``,
    ``name``, ``task`` are kept; tool-call ``arguments`` strings are parsed into objects (invalid
@@ -28,13 +30,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import jinja2
 import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from kvgate.prefix.content_format import ContentFormat, detect_content_format
 
 _BILLING_HEADER = "x-anthropic-billing-header"
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
@@ -83,6 +87,7 @@ class ChatTemplate:
         source: str,
         special_tokens: Mapping[str, str] | None = None,
         *,
+        content_format: ContentFormat | Literal["auto"] = "auto",
         clock: Callable[[], datetime] = datetime.now,
     ) -> None:
         self.source = source
@@ -100,6 +105,9 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"invalid chat template: {exc}") from None
         self.supports_developer_role = '"developer"' in source or "'developer'" in source
+        self.content_format: ContentFormat = (
+            detect_content_format(source, env) if content_format == "auto" else content_format
+        )
 
     def render(
         self,
@@ -116,7 +124,9 @@ class ChatTemplate:
             raise ChatTemplateError(
                 "continue_final_message and add_generation_prompt cannot both be set"
             )
-        conversation = normalize_messages(messages, self.supports_developer_role)
+        conversation = normalize_messages(
+            messages, self.supports_developer_role, self.content_format
+        )
         if not conversation:
             raise ChatTemplateError("messages must not be empty")
         final_text = ""
@@ -171,18 +181,28 @@ _TEXT_PARTS = {
 }
 
 
-def _content_text(role: str, content: Any) -> str:
+# Part fields vLLM knows; any other field of a text part is kept in "openai" format.
+_KNOWN_PART_FIELDS = frozenset(
+    {"type", "text", "refusal", "thinking", "uuid", "image_url", "input_audio", "audio_url"}
+    | {"video_url", "image_pil", "image_embeds", "audio_embeds", "video_embeds", "data"}
+    | {"prompt_embeds", "tool_reference", "file"}
+)
+
+
+def _text_parts(role: str, content: Any) -> list[tuple[str, dict[str, Any]]]:
+    """The text of each part, with the part's extra fields (for "openai" content)."""
     if content is None:
-        return ""
+        return []
     if isinstance(content, str):
         parts: list[Any] = [content]
     elif isinstance(content, list):
         parts = list(content)
     else:
         raise ChatTemplateError(f"{role} message content must be a string or a list of parts")
-    texts: list[str] = []
+    texts: list[tuple[str, dict[str, Any]]] = []
     for part in parts:
         strippable = isinstance(part, str)
+        extra: dict[str, Any] = {}
         if isinstance(part, str):
             text: Any = part
         elif isinstance(part, dict) and part.get("type") in _TEXT_PARTS and "uuid" not in part:
@@ -192,6 +212,7 @@ def _content_text(role: str, content: Any) -> str:
                 continue
             if not isinstance(text, str):
                 raise ChatTemplateError(f"{role} message has a non-string {part['type']} part")
+            extra = {k: v for k, v in part.items() if k not in _KNOWN_PART_FIELDS}
         else:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
             raise ChatTemplateError(f"unsupported content part {kind!r} (text only)")
@@ -199,8 +220,15 @@ def _content_text(role: str, content: Any) -> str:
             text = text.partition("\n")[2]
             if not text:
                 continue
-        texts.append(text)
-    return "\n".join(texts)
+        texts.append((text, extra))
+    return texts
+
+
+def _content(role: str, content: Any, content_format: ContentFormat) -> str | list[Any]:
+    parts = _text_parts(role, content)
+    if content_format == "string" or role == "tool":  # vLLM flattens tool results to text
+        return "\n".join(text for text, _ in parts)
+    return [{"type": "text", "text": text, **extra} for text, extra in parts]
 
 
 def _parse_arguments(arguments: Any) -> dict[str, Any]:
@@ -218,9 +246,11 @@ def _parse_arguments(arguments: Any) -> dict[str, Any]:
 
 
 def normalize_messages(
-    messages: Sequence[Mapping[str, Any]], supports_developer_role: bool = True
+    messages: Sequence[Mapping[str, Any]],
+    supports_developer_role: bool = True,
+    content_format: ContentFormat = "string",
 ) -> list[dict[str, Any]]:
-    """vLLM's ``parse_chat_messages`` (string content format) for text-only requests."""
+    """vLLM's ``parse_chat_messages`` for text-only requests."""
     out: list[dict[str, Any]] = []
     for index, message in enumerate(messages):
         if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
@@ -228,7 +258,7 @@ def normalize_messages(
         role = message["role"]
         result: dict[str, Any] = {
             "role": role,
-            "content": _content_text(role, message.get("content")),
+            "content": _content(role, message.get("content"), content_format),
         }
         if role == "assistant":
             tool_calls = message.get("tool_calls")

@@ -14,9 +14,10 @@ A request-supplied ``chat_template`` is used when present, as vLLM does when it 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from kvgate.prefix.chat import ChatTemplate, ChatTemplateError
+from kvgate.prefix.content_format import ContentFormat
 from kvgate.prefix.tokenizer import Tokenizer
 
 
@@ -40,11 +41,21 @@ def _is_token_list(value: Any) -> bool:
 class RequestTokenizer:
     """Turns request bodies into prompt token ids for one model (tokenizer + chat template)."""
 
-    def __init__(self, tokenizer: Tokenizer, chat_template: str | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        chat_template: str | None = None,
+        *,
+        content_format: ContentFormat | Literal["auto"] = "auto",
+    ) -> None:
+        """``content_format``: vLLM's ``--chat-template-content-format`` (``auto`` detects)."""
         self.tokenizer = tokenizer
+        self.content_format = content_format
         source = chat_template if chat_template is not None else tokenizer.chat_template
         self.template = (
-            ChatTemplate(source, tokenizer.special_tokens_map) if source is not None else None
+            ChatTemplate(source, tokenizer.special_tokens_map, content_format=content_format)
+            if source is not None
+            else None
         )
         self._request_templates: dict[str, ChatTemplate] = {}
 
@@ -121,7 +132,11 @@ class RequestTokenizer:
             template = self._request_templates.get(source)
             if template is None:
                 try:
-                    template = ChatTemplate(source, self.tokenizer.special_tokens_map)
+                    template = ChatTemplate(
+                        source,
+                        self.tokenizer.special_tokens_map,
+                        content_format=self.content_format,
+                    )
                 except ChatTemplateError as exc:
                     raise PromptError(str(exc)) from None
                 if len(self._request_templates) >= 16:

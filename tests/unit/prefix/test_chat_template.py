@@ -194,29 +194,7 @@ def test_tools_dump_like_vllm():
 
 
 # A Llama-3-style template: namespace(), trim, `is defined`, strftime_now and a date default.
-LLAMA_STYLE = """{{- bos_token }}
-{%- set ns = namespace(system='') %}
-{%- if messages[0]['role'] == 'system' %}
-    {%- set ns.system = messages[0]['content'] | trim %}
-    {%- set messages = messages[1:] %}
-{%- endif %}
-{%- if date_string is not defined %}{% set date_string = "26 Jul 2024" %}{% endif %}
-{{- '<|start_header_id|>system<|end_header_id|>\\n\\nToday Date: ' + date_string + '\\n\\n' }}
-{%- if tools is not none %}{{- 'Tools:\\n' }}{% for t in tools %}{{- t | tojson(indent=4) + '\\n\\n' }}{% endfor %}{% endif %}
-{{- ns.system + '<|eot_id|>' }}
-{%- for message in messages %}
-    {%- if message.tool_calls is defined and message.tool_calls %}
-        {{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}
-        {%- for call in message.tool_calls %}{{- call.function | tojson }}{% endfor %}
-        {{- '<|eot_id|>' }}
-    {%- elif message.role == 'tool' %}
-        {{- '<|start_header_id|>ipython<|end_header_id|>\\n\\n' + message.content | trim + '<|eot_id|>' }}
-    {%- else %}
-        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] | trim + '<|eot_id|>' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}
-"""
+LLAMA_STYLE = (TOKENIZER_DIR.parent / "templates" / "llama_style.jinja").read_text()
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"date_string": "01 Jan 2026"}])
