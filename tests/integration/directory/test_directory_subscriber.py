@@ -10,6 +10,7 @@ import pytest
 import zmq
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
+from tests.integration.conftest import RedisServer
 
 from kvgate.directory.events import (
     AllBlocksCleared,
@@ -22,6 +23,7 @@ from kvgate.directory.events import (
 from kvgate.directory.indexer import SubscriptionManager
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.directory.redis import RedisBlockIndex
 from kvgate.directory.subscriber import PodEndpoint
 
 END = (-1).to_bytes(8, "big", signed=True)
@@ -314,3 +316,38 @@ async def test_empty_topic_follows_whatever_the_pod_publishes(
     await engine.publish(stored(h(0)))
     await until(lambda: _eq(index.lookup([h(0)]), {"p1": 1}))
     await engine.close()
+
+
+async def test_events_into_redis_survive_a_redis_outage(
+    ctx: zmq.asyncio.Context,
+    redis_server_factory: Callable[[], RedisServer],
+    registry: CollectorRegistry,
+) -> None:
+    server = redis_server_factory()
+    index = RedisBlockIndex.from_url(server.url, "ns/pool", socket_timeout_seconds=1.0)
+    mgr = SubscriptionManager(index, pool="ns/pool", metrics=DirectoryMetrics(registry))
+    engine = FakeEngine(ctx, "t")
+    try:
+        await mgr.reconcile([engine.endpoint("p1")])
+        await connected(mgr, engine, "p1")
+        await engine.publish(stored(h(0), h(1)))
+        await until(lambda: _eq(index.lookup([h(0), h(1)]), {"p1": 2}))
+        server.stop()
+        await engine.publish(BlockRemoved([h(1)]))  # cannot be written: Redis is down
+        await until(lambda: _positive(bad(registry, "directory_error")))
+        server.start()  # same port, empty (no persistence)
+        await engine.publish(stored(h(2)))
+        # the subscriber resumes once Redis answers, replaying from the batch that failed
+        await until(lambda: _eq(index.lookup([h(2)]), {"p1": 1}), lambda: engine.publish())
+        gaps = registry.get_sample_value(
+            "kvgate_directory_event_seq_gaps_total", {"pool": "ns/pool"}
+        )
+        assert gaps is not None and gaps >= 1
+    finally:
+        await mgr.close()
+        await index.close()
+        await engine.close()
+
+
+async def _positive(value: float) -> bool:
+    return value > 0
