@@ -48,6 +48,23 @@ class ChatTemplateError(ValueError):
     """The messages cannot be rendered (bad message, unsupported content, template error)."""
 
 
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _SandboxForDicts(ImmutableSandboxedEnvironment):
+    """The sandbox, minus an exception per ``message.role`` on a plain dict.
+
+    For ``obj.name`` Jinja tries the Python attribute, and on ``AttributeError`` the item.
+    On a plain ``dict`` a name that is not a dict attribute can only be an item, so looking
+    the item up first gives the same value without raising and catching an exception.
+    """
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and attribute not in _DICT_ATTRIBUTES and attribute in obj:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
+
 class _GenerationTag(jinja2.ext.Extension):
     """``{% generation %}...{% endgeneration %}`` renders its body (assistant-mask marker)."""
 
@@ -92,7 +109,7 @@ class ChatTemplate:
     ) -> None:
         self.source = source
         self.special_tokens = dict(special_tokens or {})
-        env = ImmutableSandboxedEnvironment(
+        env = _SandboxForDicts(
             trim_blocks=True,
             lstrip_blocks=True,
             extensions=[_GenerationTag, jinja2.ext.loopcontrols],

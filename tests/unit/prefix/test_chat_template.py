@@ -212,3 +212,17 @@ def test_second_template_style_renders_like_transformers(hf_tokenizer, conversat
             **kwargs,
         )
         assert template.render(raw, tools=tools, chat_template_kwargs=kwargs) == expected
+
+
+def test_attribute_lookup_on_messages_keeps_jinja_semantics(hf_tokenizer):
+    # dict methods win over keys of the same name; missing keys are undefined
+    source = (
+        "{% for m in messages %}{{ m.keys is callable }}|{{ m.content }}|{{ m.role }}"
+        "|{{ m.missing is defined }}|{{ m['keys'] }}{% endfor %}"
+    )
+    messages = [{"role": "user", "content": "c"}]
+    conversation = normalize_messages(messages)
+    conversation[0]["keys"] = "k"
+    expected = hf_tokenizer.apply_chat_template(conversation, chat_template=source, tokenize=False)
+    template = ChatTemplate(source)
+    assert template._template.render(messages=conversation) == expected == "True|c|user|False|k"
