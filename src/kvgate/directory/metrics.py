@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _BLOCK_BUCKETS = (0, 1, 4, 16, 64, 256, 1024, 4096, 16384)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
 class DirectoryMetrics:
@@ -63,6 +64,13 @@ class DirectoryMetrics:
             "kvgate_directory_bad_events_total",
             "KV event payloads, frames or events skipped, by reason",
             ["pool", "reason"],
+        )
+        self.event_lag = Histogram(
+            "kvgate_directory_event_lag_seconds",
+            "Time from a KV event batch's engine timestamp to its receipt by the subscriber",
+            ["pool"],
+            buckets=_LAG_BUCKETS,
+            registry=registry,
         )
         self.seq_gaps = counter(
             "kvgate_directory_event_seq_gaps_total", "Gaps detected in KV event seq", ["pool"]

@@ -144,7 +144,7 @@ local fetched = 0  -- blocks of the chain whose masks are in st.vals (for every 
 local function fetch(upto)
   for _, st in ipairs(wordlist) do
     local got = redis.call('HMGET', base .. 'm:' .. st.w, unpack(keys, fetched + 1, upto))
-    for i = 1, #got do st.vals[fetched + i] = tonumber(got[i]) or 0 end
+    for i = 1, #got do st.vals[fetched + i] = got[i] end  -- raw: false or the mask as a string
   end
   fetched = upto
 end
@@ -156,17 +156,23 @@ local function scanned_to(i)
   end
 end
 for _, st in ipairs(wordlist) do
-  local active, i = st.active, 0
+  local active, i, same = st.active, 0, nil
   local vals = st.vals
   while active ~= 0 and i < nkeys do
     i = i + 1
     if i > fetched then scanned_to(i) end
-    local kept = band(active, vals[i])
-    if kept ~= active then
-      for _, p in ipairs(st.pods) do
-        if band(active, p[2]) ~= 0 and band(kept, p[2]) == 0 then p[3] = i - 1 end
+    local v = vals[i]
+    -- a run of blocks held by the same pods has equal (interned) mask strings: once a mask
+    -- leaves `active` unchanged, equal masks will too, so most blocks cost one comparison
+    if v ~= same then
+      local kept = band(active, tonumber(v) or 0)
+      if kept ~= active then
+        for _, p in ipairs(st.pods) do
+          if band(active, p[2]) ~= 0 and band(kept, p[2]) == 0 then p[3] = i - 1 end
+        end
+        active = kept
       end
-      active = kept
+      same = v
     end
   end
   for _, p in ipairs(st.pods) do
@@ -186,7 +192,7 @@ for _, a in ipairs(approx) do
       from = upto
     end
     local s = scores[i]
-    if band(a.st.vals[i], a.b) == 0 and not (s and tonumber(s) > now) then
+    if band(tonumber(a.st.vals[i]) or 0, a.b) == 0 and not (s and tonumber(s) > now) then
       i = i - 1
       break
     end

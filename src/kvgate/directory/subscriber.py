@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -234,6 +235,8 @@ class PodSubscriber:
             return
         for rejected in batch.rejected:
             self._bad(rejected.reason, rejected.detail)
+        if self._metrics:  # engine clock to ours: wall clocks, so lag includes any skew
+            self._metrics.event_lag.labels(self._pool).observe(max(0.0, time.time() - batch.ts))
         self._batches += 1
         ops = self._ops
         for event in batch.events:

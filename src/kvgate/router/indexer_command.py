@@ -3,12 +3,15 @@
 Runs the router's discovery and indexer without the data plane: every ready pod of every pool
 in the config that publishes KV events is subscribed, and its events are applied to the pool's
 Redis index, which any number of routers (with `directory.embedded_indexer: false`) read.
-Serves `/metrics` (kvgate_directory_*) and `/health` on `--port` (default 8001).
+Serves `/metrics` (kvgate_directory_*) and `/health` on `--port` (default 8001); the size
+gauges (`kvgate_directory_pods`, `kvgate_directory_entries`) are refreshed every few seconds.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -18,6 +21,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from kvgate.api.router_config import RouterConfig, load_router_config
 
 log = logging.getLogger(__name__)
+
+STATS_INTERVAL_SECONDS = 5.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +58,7 @@ class IndexerService:
         self.indexer = EventIndexer(self.endpoints, self.indexes, self.directory_metrics)
         self.endpoints.add_listener(self.indexer.endpoints_changed)
         self._discoveries: list[Any] = []
+        self._stats_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         from kvgate.router.discovery import build_discovery
@@ -61,8 +67,23 @@ class IndexerService:
             discovery = build_discovery(pool, self.endpoints)
             self._discoveries.append(discovery)
             await discovery.start()
+        self._stats_task = asyncio.create_task(self._refresh_stats(), name="indexer-stats")
+
+    async def _refresh_stats(self) -> None:
+        """Keep the directory size gauges current (the instrumented index sets them in stats())."""
+        while True:
+            for pool, index in self.indexes.items():
+                try:
+                    await index.stats()
+                except Exception as exc:  # Redis down: counted by the index, retried next round
+                    log.debug("directory stats of %s failed: %s", pool, exc)
+            await asyncio.sleep(STATS_INTERVAL_SECONDS)
 
     async def stop(self) -> None:
+        if self._stats_task is not None:
+            self._stats_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._stats_task
         for discovery in self._discoveries:
             await discovery.stop()
         await self.indexer.close()

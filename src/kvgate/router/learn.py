@@ -110,6 +110,9 @@ class Learner:
             return
         m.prompt_tokens.labels(pool, ep).inc(usage.prompt_tokens)
         cached = usage.cached_tokens or 0
+        if plan.classification.session_id is not None:
+            m.session_prompt_tokens.labels(pool).inc(usage.prompt_tokens)
+            m.session_cached_tokens.labels(pool).observe(cached)
         if cached:
             m.cached_tokens.labels(pool, ep).inc(cached)
             rate = self.estimator.rate(ep) or self.prior

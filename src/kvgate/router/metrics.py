@@ -25,6 +25,7 @@ _LATENCY_BUCKETS = (
 )
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_TOKEN_BUCKETS = (0, 16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
 class RouterMetrics:
@@ -123,6 +124,27 @@ class RouterMetrics:
             "kvgate_router_prefix_breaks_total",
             "Session turns whose prompt diverged from the previous turn's prompt",
             ["pool", "field"],
+            registry=r,
+        )
+        # Per session turn, not per session: a session id label would be unbounded.
+        self.session_cached_tokens = Histogram(
+            "kvgate_router_session_cached_tokens",
+            "Cached prompt tokens (engine-reported) of each request that carries a session id",
+            ["pool"],
+            buckets=_TOKEN_BUCKETS,
+            registry=r,
+        )
+        self.session_prompt_tokens = Counter(
+            "kvgate_router_session_prompt_tokens_total",
+            "Prompt tokens (engine-reported) of requests that carry a session id",
+            ["pool"],
+            registry=r,
+        )
+        self.prefix_break_lost_tokens = Histogram(
+            "kvgate_router_prefix_break_lost_tokens",
+            "Tokens of the previous turn's prompt after a session's prefix break (cache lost)",
+            ["pool"],
+            buckets=_TOKEN_BUCKETS,
             registry=r,
         )
         self.scrape_errors = Counter(

@@ -124,6 +124,8 @@ class SessionTracker:
             field=_field_label(path) if difference is not None else "template",
         )
         self._metrics.prefix_breaks.labels(plan.pool.key, brk.field).inc()
+        lost = brk.previous_tokens - brk.token_position
+        self._metrics.prefix_break_lost_tokens.labels(plan.pool.key).observe(lost)
         log.info(
             "prefix break: session=%s at token %d of %d, first difference in %s",
             brk.session,
