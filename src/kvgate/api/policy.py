@@ -214,6 +214,18 @@ class RedisSpec(ApiModel):
 class DirectorySpec(ApiModel):
     """Where the router keeps which pod holds which blocks."""
 
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.embeddedIndexer || self.backend == 'redis'",
+                    "embeddedIndexer: false needs backend: redis (a separate `kvgate indexer` "
+                    "can only feed a shared directory)",
+                )
+            ]
+        }
+    )
+
     backend: str = Field(
         default=_DIRECTORY.backend,
         description="memory (per router replica) or redis (shared by replicas and indexers).",
@@ -226,7 +238,8 @@ class DirectorySpec(ApiModel):
     )
     embedded_indexer: bool = Field(
         default=_DIRECTORY.embedded_indexer,
-        description="Subscribe to KV events inside the router; off when `kvgate indexer` runs.",
+        description="Subscribe to KV events inside the router; false runs a `kvgate indexer` "
+        "Deployment that feeds the Redis directory instead.",
     )
     approximate_ttl_seconds: float = Field(
         default=_DIRECTORY.approximate_ttl_seconds,

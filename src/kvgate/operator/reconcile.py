@@ -39,7 +39,7 @@ from kvgate.operator.render import (
     policy_children,
     pool_children,
 )
-from kvgate.operator.render.router import router_name
+from kvgate.operator.render.router import indexer_name, needs_indexer, router_name
 from kvgate.operator.status import Problem, Rollout, policy_status, pool_status
 
 log = logging.getLogger(__name__)
@@ -297,6 +297,14 @@ class Reconciler:
         reason = "NoPools" if not pools else "PoolsMissing"
         return pools, endpoints, Problem(reason, "; ".join(problems)) if problems else None
 
+    async def _indexer_replicas(self, owner: Owner, spec: RoutingPolicySpec) -> int | None:
+        """1 when the policy needs `kvgate indexer`; 0 to park one it no longer needs."""
+        if needs_indexer(spec):
+            return 1
+        name = indexer_name(owner.name)
+        existing = await self._get("apps/v1", "Deployment", owner.namespace, name)
+        return 0 if existing is not None else None
+
     async def _reconcile_policy(self, body: JsonDict, owner: Owner) -> JsonDict:
         problem: Problem | None = None
         pools: list[SelectedPool] = []
@@ -315,9 +323,10 @@ class Reconciler:
             except KubeError as exc:
                 problem = Problem("ApplyFailed", f"cannot list InferencePools: {exc.message}")
         if spec is not None and pools:
+            indexer_replicas = await self._indexer_replicas(owner, spec)
             try:
                 children, config_hash = policy_children(
-                    owner, spec, pools, self.settings.router_image
+                    owner, spec, pools, self.settings.router_image, indexer_replicas
                 )
             except ValueError as exc:
                 problem = Problem("InvalidConfig", f"router config is invalid: {exc}")

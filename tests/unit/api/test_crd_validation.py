@@ -197,3 +197,11 @@ def test_valid_pool_names_pass(good: str) -> None:
 def test_policy_names_leave_room_for_the_router_suffix() -> None:
     assert _root_failures(POLICY, "x" * 56) == []
     assert "at most 56 characters" in _root_failures(POLICY, "x" * 57)[0]
+
+
+def test_external_indexer_needs_the_redis_directory() -> None:
+    spec = {"pools": ["p"], "directory": {"embeddedIndexer": False}}
+    failures = _check(POLICY, spec)
+    assert len(failures) == 1 and "needs backend: redis" in failures[0]
+    spec = {"pools": ["p"], "directory": {"embeddedIndexer": False, "backend": "redis"}}
+    assert _check(POLICY, spec) == []

@@ -354,3 +354,27 @@ async def test_every_pool_child_is_owned(kube: FakeKube, events: Events, kind: s
     assert child is not None
     assert child["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kvgate"
     assert child["metadata"]["ownerReferences"][0]["controller"] is True
+
+
+async def test_external_indexer_is_run_and_parked(kube: FakeKube, events: Events) -> None:
+    rec = make(kube, events)
+    kube.put(pool())
+    directory = {"backend": "redis", "embeddedIndexer": False}
+    await rec.reconcile_policy(kube.put(policy(directory=directory)))
+    indexer = kube.find("Deployment", "front-indexer")
+    assert indexer is not None and indexer["spec"]["replicas"] == 1
+    container = indexer["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][2:] == [
+        "indexer",
+        "--port",
+        "8001",
+        "--config",
+        "/etc/kvgate/router.yaml",
+    ]
+    assert indexer["spec"]["template"]["spec"]["serviceAccountName"] == "front-router"
+    # Back to routers indexing themselves: the indexer is scaled to zero, not left running.
+    await rec.reconcile_policy(kube.put(policy(directory={"backend": "redis"})))
+    assert kube.find("Deployment", "front-indexer")["spec"]["replicas"] == 0  # type: ignore[index]
+    # A policy that never had one gets none.
+    await rec.reconcile_policy(kube.put(policy("plain")))
+    assert kube.find("Deployment", "plain-indexer") is None

@@ -19,6 +19,7 @@ from kvgate.api.pool import InferencePoolSpec
 from kvgate.api.router_config import parse_router_config
 from kvgate.operator.reconcile import selects
 from kvgate.operator.render import Owner, SelectedPool, policy_children, pool_children
+from kvgate.operator.render.router import needs_indexer
 
 ROOT = Path(__file__).resolve().parents[3]
 DATA = ROOT / "tests" / "data" / "operator"
@@ -55,7 +56,8 @@ def render_documents(paths: list[Path]) -> list[dict[str, Any]]:
             for p in pools
             if selects(spec, p)
         ]
-        children, _hash = policy_children(owner, spec, selected, ROUTER_IMAGE)
+        indexer = 1 if needs_indexer(spec) else None
+        children, _hash = policy_children(owner, spec, selected, ROUTER_IMAGE, indexer)
         out += children
     return out
 
