@@ -24,14 +24,14 @@ SIZES = [2048, 8192, 32768]
 
 def _history(target_tokens: int, requests: RequestTokenizer) -> list[dict[str, Any]]:
     doc = json.loads((DATA / "conversations.json").read_text())
-    pool = [m for c in doc["conversations"] for m in c["messages"][1:]]
-    messages: list[dict[str, Any]] = [doc["conversations"][0]["messages"][0]]
+    pool = [m for c in doc["conversations"] for m in c["messages"][2:]]
+    messages: list[dict[str, Any]] = doc["conversations"][0]["messages"][:1]
     for i in itertools.count():
         message = dict(pool[i % len(pool)])
         if message.get("content"):
             message["content"] = f"[{i}] {message['content']}"
         messages.append(message)
-        if message["role"] in {"user", "tool"} and i % 8 == 0:
+        if message["role"] in {"user", "tool"}:
             tokens = len(requests.chat_token_ids({"messages": messages}))
             if tokens >= target_tokens:
                 return messages

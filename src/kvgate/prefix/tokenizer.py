@@ -118,14 +118,21 @@ class Tokenizer:
         if self._splitter is None or self.segment_cache_size == 0:
             return self.encode_uncached(text, add_special_tokens=add_special_tokens)
         ids: list[int] = list(self._specials_prefix) if add_special_tokens else []
-        position = 0
-        for match in self._splitter.finditer(text):
-            if match.start() > position:
-                ids.extend(self._segment_ids(text[position : match.start()]))
-            ids.append(self._added_ids[match.group()])
-            position = match.end()
-        if position < len(text):
-            ids.extend(self._segment_ids(text[position:]))
+        added = self._added_ids
+        cache = self._segments
+        # The splitter has one capturing group: pieces alternate text, added token, text, ...
+        pieces = self._splitter.split(text)
+        for index, piece in enumerate(pieces):
+            if index % 2:
+                ids.append(added[piece])
+            elif piece:
+                segment = cache.get(piece)
+                if segment is None:
+                    segment = self._encode_segment(piece)
+                else:
+                    cache.move_to_end(piece)
+                    self.segment_hits += 1
+                ids.extend(segment)
         if add_special_tokens:
             ids.extend(self._specials_suffix)
         return ids
@@ -138,13 +145,8 @@ class Tokenizer:
         value: int | None = self.backend.token_to_id(token)
         return value
 
-    def _segment_ids(self, segment: str) -> tuple[int, ...]:
+    def _encode_segment(self, segment: str) -> tuple[int, ...]:
         cache = self._segments
-        ids = cache.get(segment)
-        if ids is not None:
-            cache.move_to_end(segment)
-            self.segment_hits += 1
-            return ids
         self.segment_misses += 1
         ids = tuple(self.backend.encode(segment, add_special_tokens=False).ids)
         cache[segment] = ids
@@ -175,7 +177,8 @@ class Tokenizer:
             return None, {}
         # Longest first: at one position the longest added token wins, as in the library.
         alternatives = sorted(contents, key=len, reverse=True)
-        return re.compile("|".join(re.escape(a) for a in alternatives)), contents
+        pattern = "|".join(re.escape(a) for a in alternatives)
+        return re.compile(f"({pattern})"), contents
 
     def _post_processor_affixes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The ids the post-processor puts around any single sequence (e.g. ``(BOS,), ()``)."""
