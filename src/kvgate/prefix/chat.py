@@ -146,13 +146,7 @@ class ChatTemplate:
         )
         if not conversation:
             raise ChatTemplateError("messages must not be empty")
-        final_text = ""
-        if continue_final_message:
-            final = conversation[-1].get("content")
-            if not isinstance(final, str):
-                raise ChatTemplateError("continue_final_message needs text in the last message")
-            final_text = final
-            conversation[-1]["content"] = final + _CONTINUE_TAG
+        final_text = _mark_final_message(conversation) if continue_final_message else ""
         # vLLM merges its own arguments over the request's chat_template_kwargs; transformers
         # renders with {**special_tokens_map, **kwargs} plus its named arguments.
         kwargs = {
@@ -171,11 +165,26 @@ class ChatTemplate:
             text = self._template.render(**context)
         except jinja2.TemplateError as exc:
             raise ChatTemplateError(f"chat template rejected the request: {exc}") from None
-        except (TypeError, KeyError, AttributeError, ValueError) as exc:
-            raise ChatTemplateError(f"chat template failed: {exc}") from None
+        except Exception as exc:  # as vLLM: any failure inside the template is a bad request
+            raise ChatTemplateError(f"chat template failed: {exc!r}") from None
         if continue_final_message:
             text = _cut_after_final_message(text, final_text)
         return text
+
+
+def _mark_final_message(conversation: list[dict[str, Any]]) -> str:
+    """transformers: tag the end of the last message's (last) text so the cut can find it."""
+    final = conversation[-1].get("content")
+    if isinstance(final, str):
+        conversation[-1]["content"] = final + _CONTINUE_TAG
+        return final
+    if isinstance(final, list):
+        for part in reversed(final):
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                text: str = part["text"]
+                part["text"] = text + _CONTINUE_TAG
+                return text
+    raise ChatTemplateError("continue_final_message needs text in the last message")
 
 
 def _cut_after_final_message(text: str, final_text: str) -> str:

@@ -91,6 +91,8 @@ def test_raise_exception_and_sandbox():
         ChatTemplate("{{ messages.append(1) }}").render([{"role": "user", "content": ""}])
     with pytest.raises(ChatTemplateError):
         ChatTemplate("{% if %}")
+    with pytest.raises(ChatTemplateError, match="ZeroDivisionError"):
+        ChatTemplate("{{ 1 / 0 }}").render([{"role": "user", "content": ""}])
 
 
 def test_strftime_uses_injected_clock():

@@ -74,3 +74,19 @@ def test_explicit_format_overrides_detection(conversations):
     template = ChatTemplate(_source("gemma_style.jinja"), content_format="string")
     assert template.content_format == "string"
     assert normalize_tools([]) == []
+
+
+def test_continue_final_message_with_content_parts(hf_tokenizer):
+    source = _source("gemma_style.jinja")
+    raw = [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hi, I"}]
+    expected = hf_tokenizer.apply_chat_template(
+        normalize_messages(raw, content_format="openai"),
+        chat_template=source,
+        tokenize=False,
+        continue_final_message=True,
+        bos_token="<s>",
+    )
+    got = ChatTemplate(source, {"bos_token": "<s>"}).render(
+        raw, add_generation_prompt=False, continue_final_message=True
+    )
+    assert got == expected and got.endswith("Hi, I")
