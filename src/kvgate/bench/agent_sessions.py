@@ -12,6 +12,11 @@ Scaling to many concurrent sessions: session *i* replays trajectory ``i mod T`` 
 share the system prompt but not the task; session starts form a Poisson process that spreads
 ``num_sessions`` starts over ``ramp_s`` seconds. ``max_turns`` cuts every session short.
 
+With ``api=completions`` the history is rendered to text (:func:`render_chat_text`, the
+simulator's fallback template) and sent to ``/v1/completions``: the pod computes the same tokens,
+and a client or router that measures TTFT at the first byte is not misled by a server that opens
+chat streams with a role-only chunk before the first token.
+
 Roles other than system/user/assistant (``tool``) are sent as ``user`` messages: the chat template
 renders the observation text either way, and plain roles pass every OpenAI validator.
 
@@ -27,11 +32,11 @@ import random
 from collections.abc import Callable, Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvgate.bench.workload import CHAT_COMPLETIONS, BenchRequest, Session, Workload
+from kvgate.bench.workload import CHAT_COMPLETIONS, COMPLETIONS, BenchRequest, Session, Workload
 
 Message = dict[str, str]
 # Renders messages with the pods' chat template and tokenizes them; None = character stand-ins.
@@ -55,6 +60,11 @@ class AgentSessionParams(BaseModel):
         2.0, ge=0, description="mean pause between a turn's answer and the next turn"
     )
     max_output_len: int = Field(default=256, ge=1, description="cap on the tokens asked per turn")
+    api: Literal["chat", "completions"] = Field(
+        default="chat",
+        description="chat: send messages; completions: send the history rendered as text "
+        "with the simulator's fallback chat template (see render_chat_text)",
+    )
     trajectory_dir: str | None = Field(
         None, description="folder of *.traj files; default: bundled copy"
     )
@@ -87,6 +97,13 @@ def load_histories(trajectory_dir: str | None) -> list[list[Message]]:
         return [[_message(raw) for raw in json.loads(line)] for line in handle if line.strip()]
 
 
+def render_chat_text(messages: Sequence[Message]) -> str:
+    """The text the simulator's fallback codec renders for ``messages`` (generation prompt
+    included): sending it to ``/v1/completions`` gives the pod the same tokens as the chat
+    request would."""
+    return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
+
+
 def character_units(messages: Sequence[Message]) -> list[int]:
     """Stand-in token ids: the ChatML-like text cut into 4-character chunks (code points)."""
     text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
@@ -117,18 +134,22 @@ def session_turns(
         output = max(1, min(params.max_output_len, len(message["content"]) // CHARS_PER_TOKEN))
         units = tokenize(prompt) if tokenize is not None else character_units(prompt)
         think = rng.expovariate(1.0 / params.think_time_s) if params.think_time_s > 0 else 0.0
+        body: dict[str, Any] = {
+            "max_tokens": output,
+            "min_tokens": output,
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "user": session_id,
+        }
+        if params.api == "chat":
+            body["messages"] = [dict(m) for m in prompt]
+        else:
+            body["prompt"] = render_chat_text(prompt)
         turns.append(
             BenchRequest(
                 request_id=f"{session_id}-t{len(turns)}",
-                path=CHAT_COMPLETIONS,
-                body={
-                    "messages": [dict(m) for m in prompt],
-                    "max_tokens": output,
-                    "min_tokens": output,
-                    "ignore_eos": True,
-                    "temperature": 0.0,
-                    "user": session_id,
-                },
+                path=CHAT_COMPLETIONS if params.api == "chat" else COMPLETIONS,
+                body=body,
                 max_tokens=output,
                 prefix_units=tuple(units),
                 session_id=session_id,

@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from rich.progress import (
 
 from kvgate.bench.agent_sessions import ChatTokenizer
 from kvgate.bench.harness import BenchResult, HarnessSettings, run_live, write_outputs
+from kvgate.bench.plots import write_plots
 from kvgate.bench.records import RequestRecord
 from kvgate.bench.targets import TARGET_NAMES, validate_targets
 from kvgate.bench.workload import Workload
@@ -66,7 +67,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--duration", type=float, default=None, help="send no new request after S seconds"
     )
     parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument("--mode", choices=("live",), default="live")
+    parser.add_argument(
+        "--mode",
+        choices=("live", "des"),
+        default="live",
+        help="live: real processes and HTTP; des: discrete-event simulation (kvgate policies only)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="des mode: routing RNG seed")
     parser.add_argument("--model", default="sim-model", help="model name the fleet serves")
     parser.add_argument(
         "--time-scale",
@@ -135,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         console.print(f"[red]error:[/red] {exc}")
         return 2
+    if args.mode == "des":
+        return run_des_mode(workload, targets, args, console)
     settings = HarnessSettings(
         pods=args.pods,
         model=args.model,
@@ -157,6 +166,41 @@ def run(args: argparse.Namespace) -> int:
     for plot in result.plots:
         console.print(f"plot:   {plot}")
     return exit_code(result.report.targets.keys(), targets)
+
+
+def run_des_mode(
+    workload: Workload, targets: list[str], args: argparse.Namespace, console: Console
+) -> int:
+    """``--mode des``: every kvgate policy on simulated engines, in simulated time."""
+    from kvgate.bench.des import DES_POLICIES, des_report
+
+    console.print(
+        f"[bold]{workload.name}[/bold] (discrete-event): {workload.description} — "
+        f"{workload.size} requests, {args.pods} pods, targets {', '.join(targets)}"
+    )
+    progress = Progress(
+        TextColumn("{task.description:<20}"),
+        BarColumn(),
+        TextColumn("{task.completed:.0f}/{task.total:.0f} requests"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+    def on_target(name: str) -> Callable[[int], None]:
+        task = progress.add_task(name, total=workload.size)
+        return lambda done: progress.update(task, completed=done) if done % 200 == 0 else None
+
+    with progress:
+        report, records, samples = des_report(
+            workload, args.pods, targets, seed=args.seed, on_target=on_target
+        )
+    report_path = report.write(args.out)
+    plots = write_plots(report, records, samples, args.out)
+    console.print(result_table_text(report_path), markup=False)
+    console.print(f"report: {report_path}")
+    for plot in plots:
+        console.print(f"plot:   {plot}")
+    return exit_code(report.targets.keys(), [t for t in targets if t in DES_POLICIES])
 
 
 def quiet_http_logs() -> None:
@@ -193,7 +237,13 @@ def run_live_with_progress(
     total = settings.duration_s if timed else workload.size
     state: dict[str, Any] = {}
 
+    def finish_previous() -> None:
+        if "task" in state:
+            progress.update(state["task"], completed=total)
+            progress.stop_task(state["task"])
+
     def on_target(name: str, _index: int, _count: int) -> None:
+        finish_previous()
         state["task"] = progress.add_task(name, total=total, done=0, errors=0)
         state["t0"] = time.monotonic()
 
@@ -214,4 +264,5 @@ def run_live_with_progress(
         run = asyncio.run(
             run_live(workload, settings, out_dir / "logs", on_target=on_target, progress=on_record)
         )
+        finish_previous()
     return write_outputs(workload, settings, run, out_dir)

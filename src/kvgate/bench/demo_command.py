@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
             "think_time_s": args.think_time,
             "max_output_len": args.max_output,
             "seed": args.seed,
+            # Text prompts: the simulator opens chat streams before the first token, which
+            # would fool every TTFT measured at the first byte (the router's included).
+            "api": "completions",
         },
         tokenize=chat_tokenizer(),
     )

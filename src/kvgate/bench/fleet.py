@@ -28,6 +28,57 @@ from kvgate.bench.targets import HOST, kvgate_command
 _GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)\{[^}]*\}\s+([0-9.eE+-]+)", re.M)
 
 
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)\s*$", re.M)
+
+ENGINE_COUNTERS = (
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_queue_time_seconds_count",
+    "vllm:e2e_request_latency_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count",
+)
+
+
+def sum_metrics(metrics_text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Each named series of a Prometheus text page, summed over its label sets."""
+    wanted = set(names)
+    out = dict.fromkeys(names, 0.0)
+    for name, value in _SAMPLE.findall(metrics_text):
+        if name in wanted and value != "NaN":
+            out[name] += float(value)
+    return out
+
+
+async def scrape_sums(
+    client: httpx.AsyncClient, urls: list[str], names: tuple[str, ...]
+) -> dict[str, float]:
+    """:func:`sum_metrics` over several servers' /metrics (unreachable ones count as 0)."""
+
+    async def one(url: str) -> dict[str, float]:
+        try:
+            response = await client.get(url + "/metrics", timeout=5.0)
+        except httpx.HTTPError:
+            return dict.fromkeys(names, 0.0)
+        return sum_metrics(response.text, names)
+
+    total = dict.fromkeys(names, 0.0)
+    for part in await asyncio.gather(*(one(u) for u in urls)):
+        for name, value in part.items():
+            total[name] += value
+    return total
+
+
+def mean_from_delta(
+    before: dict[str, float], after: dict[str, float], histogram: str, scale: float = 1.0
+) -> float | None:
+    """Mean of a histogram over the interval between two scrapes (None if nothing observed)."""
+    count = after[histogram + "_count"] - before[histogram + "_count"]
+    if count <= 0:
+        return None
+    return (after[histogram + "_sum"] - before[histogram + "_sum"]) / count / scale
+
+
 def parse_load(metrics_text: str) -> tuple[float, float]:
     """(running, waiting) from a vLLM /metrics page (summed over label sets)."""
     running = waiting = 0.0

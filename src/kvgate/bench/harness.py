@@ -24,7 +24,13 @@ from pathlib import Path
 
 import httpx
 
-from kvgate.bench.fleet import PodLoadSampler, SimFleet
+from kvgate.bench.fleet import (
+    ENGINE_COUNTERS,
+    PodLoadSampler,
+    SimFleet,
+    mean_from_delta,
+    scrape_sums,
+)
 from kvgate.bench.loadgen import LoadGenerator, ProgressCallback
 from kvgate.bench.plots import write_plots
 from kvgate.bench.processes import StartError
@@ -137,8 +143,10 @@ async def run_live(
                     log.error("target %s did not start: %s", name, exc)
                     notes.append(f"{name} did not start: {str(exc).splitlines()[0]}")
                     continue
+                engine_before = await scrape_sums(client, fleet.urls, ENGINE_COUNTERS)
                 sampler = PodLoadSampler(client, fleet.urls, settings.sample_interval_s)
                 sampler.start()
+                router_stats: dict[str, float | None] = {}
                 try:
                     generator = LoadGenerator(
                         client,
@@ -151,12 +159,29 @@ async def run_live(
                         progress=progress,
                     )
                     wall_records, health = await generator.run(wall_workload)
+                    if name in _KVGATE:
+                        router_stats = await _router_stats(client, target.base_url, scale)
                 finally:
                     samples[name] = [replace(s, t_s=s.t_s / scale) for s in await sampler.stop()]
                     await target.stop()
                 recs = [rescaled(r, scale) for r in wall_records]
                 records[name] = recs
-                summaries[name] = summarize(name, recs, health)
+                engine_after = await scrape_sums(client, fleet.urls, ENGINE_COUNTERS)
+                summary = summarize(name, recs, health)
+                summary.engine = {
+                    # the pods' own histograms: what the GPUs did, without router or client
+                    "ttft_mean_s": mean_from_delta(
+                        engine_before, engine_after, "vllm:time_to_first_token_seconds"
+                    ),
+                    "queue_mean_s": mean_from_delta(
+                        engine_before, engine_after, "vllm:request_queue_time_seconds"
+                    ),
+                    "e2e_mean_s": mean_from_delta(
+                        engine_before, engine_after, "vllm:e2e_request_latency_seconds"
+                    ),
+                }
+                summary.router = router_stats
+                summaries[name] = summary
                 if health.max_loop_lag_s > 0.25 or health.late_sends > len(recs) // 20:
                     notes.append(
                         f"{name}: the load generator lagged (max send lag "
@@ -206,6 +231,26 @@ def write_outputs(
 
 
 _KVGATE = ("round-robin", "least-load", "prefix", "kvgate")
+
+
+ROUTER_COUNTERS = (
+    "kvgate_router_decision_latency_seconds_sum",
+    "kvgate_router_decision_latency_seconds_count",
+    "kvgate_router_ttft_seconds_sum",
+    "kvgate_router_ttft_seconds_count",
+)
+
+
+async def _router_stats(
+    client: httpx.AsyncClient, base_url: str, scale: float
+) -> dict[str, float | None]:
+    """kvgate's own view: mean decision time (wall) and mean TTFT it measured (simulated s)."""
+    zero = dict.fromkeys(ROUTER_COUNTERS, 0.0)
+    sums = await scrape_sums(client, [base_url], ROUTER_COUNTERS)
+    return {
+        "decision_mean_s": mean_from_delta(zero, sums, "kvgate_router_decision_latency_seconds"),
+        "ttft_mean_s": mean_from_delta(zero, sums, "kvgate_router_ttft_seconds", scale),
+    }
 
 
 def kvgate_router_args(settings: HarnessSettings, fleet: SimFleet) -> list[str]:

@@ -3,8 +3,9 @@
 Every request is sent with ``stream: true`` and ``stream_options.include_usage`` so that one
 response gives both timings and the pod's own token accounting:
 
-- TTFT = first byte of the response body - send time (a vLLM server sends nothing before the
-  first token); end-to-end = last byte - send time; TPOT = (end - first byte) / (tokens - 1);
+- TTFT = arrival of the first SSE chunk carrying generated text - send time (with vLLM that is
+  the first byte of the body; a chat stream's opening role-only chunk does not count);
+  end-to-end = last byte - send time; TPOT = (end - first byte) / (tokens - 1);
 - ``usage.prompt_tokens`` and ``usage.prompt_tokens_details.cached_tokens`` from the final chunk
   (the hit rate is computed from these, i.e. from the pods, not from what the router predicted);
 - the pod chosen, from the ``x-kvgate-endpoint`` response header where the target sets it.
@@ -49,6 +50,26 @@ def parse_usage(line: str) -> dict[str, Any] | None:
         return None
     usage = chunk.get("usage") if isinstance(chunk, dict) else None
     return usage if isinstance(usage, dict) else None
+
+
+def carries_text(line: str) -> bool:
+    """Whether an SSE line carries generated text (the first one marks the first token).
+
+    A chat stream may open with a chunk holding only the assistant role and empty content; that
+    chunk is not a token (vLLM's own benchmark skips it too).
+    """
+    if not line.startswith("data:") or line.startswith("data: [DONE]"):
+        return False
+    try:
+        chunk = json.loads(line[5:])
+    except json.JSONDecodeError:
+        return False
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    if not choices:
+        return False
+    choice = choices[0]
+    delta = choice.get("delta") or {}
+    return bool(choice.get("text") or delta.get("content") or delta.get("reasoning_content"))
 
 
 def apply_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
@@ -192,7 +213,7 @@ class LoadGenerator:
                 record.error = f"HTTP {response.status_code}: {text[:200]}"
                 return
             async for line in response.aiter_lines():
-                if record.first_byte_s is None:
+                if record.first_byte_s is None and carries_text(line):
                     record.first_byte_s = self._now()
                 usage = parse_usage(line)
                 if usage is not None:

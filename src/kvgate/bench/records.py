@@ -15,7 +15,7 @@ class RequestRecord:
     session_id: str | None
     scheduled_s: float  # when the schedule wanted it sent
     sent_s: float  # when it was sent (sent_s - scheduled_s = the generator's own lag)
-    first_byte_s: float | None = None  # first byte of the response body (TTFT)
+    first_byte_s: float | None = None  # first chunk carrying generated text (TTFT)
     end_s: float | None = None
     status: int | None = None
     error: str | None = None

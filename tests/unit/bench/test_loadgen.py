@@ -4,7 +4,7 @@ import json
 
 import httpx
 
-from kvgate.bench.loadgen import LoadGenerator, parse_usage
+from kvgate.bench.loadgen import LoadGenerator, carries_text, parse_usage
 from kvgate.bench.workload import Session, Workload, completion_request, token_text
 
 
@@ -38,6 +38,17 @@ def _handler(seen: list[httpx.Request]):
         )
 
     return handle
+
+
+def test_first_token_is_the_first_chunk_with_text():
+    role_only = {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}
+    token = {"choices": [{"index": 0, "delta": {"content": " the"}}]}
+    completion = {"choices": [{"index": 0, "text": " of"}]}
+    assert not carries_text(f"data: {json.dumps(role_only)}")
+    assert carries_text(f"data: {json.dumps(token)}")
+    assert carries_text(f"data: {json.dumps(completion)}")
+    assert not carries_text("data: [DONE]") and not carries_text("")
+    assert not carries_text('data: {"choices": [], "usage": {"prompt_tokens": 1}}')
 
 
 def test_parse_usage_only_from_usage_chunks():

@@ -157,3 +157,23 @@ def test_token_text_is_one_simulator_token_per_id():
     encoded = ChunkCodec().encode(text)
     assert len(encoded) == 4 and encoded[0] == encoded[3] and len(set(encoded[:3])) == 3
     assert token_text([5, 6]) == token_text([5]) + token_text([6])
+
+
+def test_completions_api_sends_the_text_the_pod_would_render():
+    from kvgate.bench.agent_sessions import render_chat_text
+    from kvgate.sim.text import ChunkCodec
+
+    codec = ChunkCodec()
+    params = AgentSessionParams(num_sessions=2, max_turns=2, api="completions")
+    w = build_agent_sessions(params, tokenize=codec.render_chat)
+    chat = build_agent_sessions(
+        params.model_copy(update={"api": "chat"}), tokenize=codec.render_chat
+    )
+    for session, chat_session in zip(w.sessions, chat.sessions, strict=True):
+        for turn, chat_turn in zip(session.turns, chat_session.turns, strict=True):
+            assert turn.path == "/v1/completions" and "messages" not in turn.body
+            assert turn.body["prompt"] == render_chat_text(chat_turn.body["messages"])
+            assert codec.encode(turn.body["prompt"]) == codec.render_chat(
+                chat_turn.body["messages"]
+            )
+            assert turn.prefix_units == chat_turn.prefix_units
