@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from collections import OrderedDict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +141,10 @@ class Tokenizer:
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         return ids
+
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        text: str = self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
+        return text
 
     def token_id(self, token: str) -> int | None:
         value: int | None = self.backend.token_to_id(token)

@@ -103,3 +103,11 @@ def test_segment_cache_turns_itself_off_when_pieces_are_not_independent(tmp_path
     text = "<|im_start|>user\nhi<|im_end|>\n  \n<|im_start|>assistant\n"
     assert tok.encode(text) == reference(text)["input_ids"]
     assert tok.segment_hits == tok.segment_misses == 0  # went straight to the library
+
+
+def test_decode_round_trips_text(hf_tokenizer):
+    tok = Tokenizer.from_dir(TOKENIZER_DIR)
+    text = "def main():\n    return 'héllo'\n"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == hf_tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert tok.decode(ids, skip_special_tokens=False).startswith("<s>")
