@@ -15,9 +15,8 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import httpx
-
 from kvgate.router.errors import bad_request
+from kvgate.router.upstream import UpstreamError, read_all
 from kvgate.router.usage import usage_from_json_body
 
 if TYPE_CHECKING:
@@ -49,18 +48,21 @@ async def warm(
 
     async def one(url: str, endpoint_id: str) -> dict[str, Any]:
         try:
-            resp = await runtime.client.post(
+            response = await runtime.upstream.request(
+                "POST",
                 url + path,
-                content=payload,
-                headers={"content-type": "application/json"},
-                timeout=timeout,
+                payload,
+                [(b"content-type", b"application/json")],
+                connect_timeout=runtime.config.limits.connect_timeout_seconds,
+                head_timeout=timeout,
             )
-        except httpx.HTTPError as exc:
-            return {"endpoint": endpoint_id, "status": None, "error": repr(exc)}
-        usage = usage_from_json_body(resp.content)
+            content = await read_all(response)
+        except UpstreamError as exc:
+            return {"endpoint": endpoint_id, "status": None, "error": str(exc)}
+        usage = usage_from_json_body(content)
         return {
             "endpoint": endpoint_id,
-            "status": resp.status_code,
+            "status": response.status,
             "prompt_tokens": usage.prompt_tokens if usage else None,
             "cached_tokens": usage.cached_tokens if usage else None,
         }

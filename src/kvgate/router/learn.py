@@ -99,24 +99,24 @@ class Learner:
         pool, ep = plan.pool.key, plan.endpoint.id
         cls = plan.classification.request_class
         m = self.metrics
-        m.requests.labels(pool, ep, cls, plan.decision.reason, str(outcome.status)).inc()
-        m.decision_latency.labels(pool).observe(plan.decision_seconds)
-        m.predicted_hit_tokens.labels(pool, ep).inc(plan.decision.predicted_hit_tokens)
-        m.duration.labels(pool, cls).observe(outcome.duration_seconds)
+        m.child(m.requests, pool, ep, cls, plan.decision.reason, str(outcome.status)).inc()
+        m.child(m.decision_latency, pool).observe(plan.decision_seconds)
+        m.child(m.predicted_hit_tokens, pool, ep).inc(plan.decision.predicted_hit_tokens)
+        m.child(m.duration, pool, cls).observe(outcome.duration_seconds)
         if outcome.ttft_seconds is not None:
-            m.ttft.labels(pool, cls).observe(outcome.ttft_seconds)
+            m.child(m.ttft, pool, cls).observe(outcome.ttft_seconds)
         usage = outcome.usage
         if usage is None:
             return
-        m.prompt_tokens.labels(pool, ep).inc(usage.prompt_tokens)
+        m.child(m.prompt_tokens, pool, ep).inc(usage.prompt_tokens)
         cached = usage.cached_tokens or 0
         if plan.classification.session_id is not None:
-            m.session_prompt_tokens.labels(pool).inc(usage.prompt_tokens)
-            m.session_cached_tokens.labels(pool).observe(cached)
+            m.child(m.session_prompt_tokens, pool).inc(usage.prompt_tokens)
+            m.child(m.session_cached_tokens, pool).observe(cached)
         if cached:
-            m.cached_tokens.labels(pool, ep).inc(cached)
+            m.child(m.cached_tokens, pool, ep).inc(cached)
             rate = self.estimator.rate(ep) or self.prior
-            m.saved_prefill_seconds.labels(pool).inc(cached / rate)
+            m.child(m.saved_prefill_seconds, pool).inc(cached / rate)
         if outcome.ttft_seconds is not None and outcome.status == 200:
             uncached = usage.prompt_tokens - cached if usage.cached_tokens is not None else None
             self.estimator.observe_ttft(

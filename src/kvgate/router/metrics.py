@@ -8,6 +8,8 @@ kind, never free text. The directory and its KV-event indexer export `kvgate_dir
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (
@@ -33,6 +35,7 @@ class RouterMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         r = self.registry
         self.requests = Counter(
             "kvgate_router_requests_total",
@@ -159,3 +162,11 @@ class RouterMetrics:
             ["result"],
             registry=r,
         )
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached: `labels()` costs more than the update on the hot path."""
+        key = (metric._name, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found

@@ -23,16 +23,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-
-import httpx
 
 from kvgate.api.router_config import LimitsConfig
 from kvgate.router.endpoints import Endpoint
 from kvgate.router.errors import RouterError, error_bytes
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.routing import RoutePlan
+from kvgate.router.upstream import Upstream, UpstreamError, read_all
 from kvgate.router.usage import SseUsageTap, Usage, usage_from_json_body
 
 log = logging.getLogger(__name__)
@@ -65,18 +64,15 @@ class Outcome:
 
 
 class _Retryable(Exception):
-    def __init__(self, kind: str, detail: str, status: int = 502, body: bytes = b"") -> None:
+    def __init__(self, kind: str, detail: str, status: int = 502) -> None:
         super().__init__(detail)
         self.kind = kind
         self.status = status
-        self.body = body
 
 
 class Proxy:
-    def __init__(
-        self, client: httpx.AsyncClient, metrics: RouterMetrics, limits: LimitsConfig
-    ) -> None:
-        self.client = client
+    def __init__(self, upstream: Upstream, metrics: RouterMetrics, limits: LimitsConfig) -> None:
+        self.upstream = upstream
         self.metrics = metrics
         self.limits = limits
 
@@ -149,7 +145,7 @@ class Proxy:
         ep.inflight += 1
         ep.pending_prefill_requests += 1
         ep.pending_prefill_tokens += uncached
-        inflight_gauge = self.metrics.inflight.labels(plan.pool.key, ep.id)
+        inflight_gauge = self.metrics.child(self.metrics.inflight, plan.pool.key, ep.id)
         inflight_gauge.inc()
         released = False
         release_timer: asyncio.TimerHandle | None = None
@@ -161,91 +157,79 @@ class Proxy:
                 ep.pending_prefill_requests -= 1
                 ep.pending_prefill_tokens -= uncached
 
-        sent_start = False
         try:
-            timeout = httpx.Timeout(
-                connect=limits.connect_timeout_seconds,
-                read=limits.first_byte_timeout_seconds,
-                write=limits.connect_timeout_seconds,
-                pool=limits.connect_timeout_seconds,
-            )
-            request = self.client.build_request(
-                "POST",
-                ep.spec.url + path,
-                content=body,
-                headers={"content-type": "application/json", "x-request-id": request_id},
-                timeout=timeout,
-            )
             try:
-                response = await self.client.send(request, stream=True)
-            except httpx.TimeoutException as exc:
-                raise _Retryable("timeout", repr(exc)) from exc
-            except (httpx.TransportError, OSError) as exc:
-                raise _Retryable("connect", repr(exc)) from exc
+                response = await self.upstream.request(
+                    "POST",
+                    ep.spec.url + path,
+                    body,
+                    [
+                        (b"content-type", b"application/json"),
+                        (b"x-request-id", request_id.encode()),
+                    ],
+                    connect_timeout=limits.connect_timeout_seconds,
+                    head_timeout=limits.first_byte_timeout_seconds,
+                )
+            except UpstreamError as exc:
+                raise _Retryable(exc.kind, str(exc)) from exc
             try:
-                if response.status_code >= 500:
-                    try:
-                        err_body = await response.aread()
-                    except httpx.HTTPError:
-                        err_body = b""
-                    raise _Retryable(
-                        "status", f"HTTP {response.status_code}", response.status_code, err_body
-                    )
-                chunks = response.aiter_raw()
+                if response.status >= 500:
+                    with contextlib.suppress(UpstreamError):
+                        await read_all(response)
+                    raise _Retryable("status", f"HTTP {response.status}", response.status)
+                chunks = response.chunks()
                 try:
-                    first = await anext(chunks)
-                except StopAsyncIteration:
-                    first = b""
-                except httpx.TimeoutException as exc:
-                    raise _Retryable("timeout", repr(exc)) from exc
-                except httpx.HTTPError as exc:
-                    raise _Retryable("stream", repr(exc)) from exc
+                    async with asyncio.timeout(limits.first_byte_timeout_seconds):
+                        first = await anext(chunks, b"")
+                except TimeoutError as exc:
+                    raise _Retryable("timeout", "no first byte in time") from exc
+                except UpstreamError as exc:
+                    raise _Retryable(exc.kind, str(exc)) from exc
                 first_byte_at = time.perf_counter()
                 ep.record_success()
-                is_sse = response.headers.get("content-type", "").startswith("text/event-stream")
+                content_type = _header(response.headers, b"content-type")
+                is_sse = content_type.startswith(b"text/event-stream")
                 if stream and is_sse:
                     release()
                 else:
                     delay = max(0.0, plan.decision.predicted_ttft_seconds)
                     release_timer = asyncio.get_running_loop().call_later(delay, release)
-                headers = self._response_headers(response, plan, request_id)
+                headers = _response_headers(response.headers, plan, request_id)
+                ttft: float | None = None
                 if stream and is_sse:
                     tap = SseUsageTap(strip_usage_chunk=strip_usage)
                     await send(
                         {
                             "type": "http.response.start",
-                            "status": response.status_code,
+                            "status": response.status,
                             "headers": headers,
                         }
                     )
-                    sent_start = True
                     completed = await self._stream(first, chunks, tap, send, plan)
                     usage = tap.usage
-                    ttft: float | None = first_byte_at - started
+                    ttft = first_byte_at - started
                 else:
                     parts = [first]
                     try:
                         async for chunk in chunks:
                             parts.append(chunk)
-                    except httpx.HTTPError as exc:
-                        raise _Retryable("stream", repr(exc)) from exc
+                    except UpstreamError as exc:
+                        raise _Retryable(exc.kind, str(exc)) from exc
                     payload = b"".join(parts)
-                    usage = usage_from_json_body(payload) if response.status_code == 200 else None
+                    usage = usage_from_json_body(payload) if response.status == 200 else None
                     headers.append((b"content-length", str(len(payload)).encode()))
                     await send(
                         {
                             "type": "http.response.start",
-                            "status": response.status_code,
+                            "status": response.status,
                             "headers": headers,
                         }
                     )
-                    sent_start = True
                     await send({"type": "http.response.body", "body": payload})
                     completed = True
-                    ttft = None
                 return Outcome(
                     plan=plan,
-                    status=response.status_code,
+                    status=response.status,
                     ttft_seconds=ttft,
                     duration_seconds=time.perf_counter() - started,
                     usage=usage,
@@ -255,10 +239,6 @@ class Proxy:
                 )
             finally:
                 await response.aclose()
-        except _Retryable:
-            if sent_start:  # cannot happen by construction; never retry after bytes went out
-                raise RuntimeError("retry after response start") from None
-            raise
         finally:
             if release_timer is not None and not released:
                 release_timer.cancel()
@@ -269,12 +249,11 @@ class Proxy:
     async def _stream(
         self,
         first: bytes,
-        chunks: object,
+        chunks: AsyncIterator[bytes],
         tap: SseUsageTap,
         send: Send,
         plan: RoutePlan,
     ) -> bool:
-        assert hasattr(chunks, "__anext__")
         read_timeout = self.limits.read_timeout_seconds
         out = tap.feed(first)
         if out:
@@ -283,10 +262,10 @@ class Proxy:
         while True:
             try:
                 async with asyncio.timeout(read_timeout):
-                    chunk = await chunks.__anext__()
+                    chunk = await anext(chunks)
             except StopAsyncIteration:
                 break
-            except (TimeoutError, httpx.HTTPError) as exc:
+            except (TimeoutError, UpstreamError) as exc:
                 kind = "timeout" if isinstance(exc, TimeoutError) else "stream"
                 self.metrics.upstream_errors.labels(plan.pool.key, ep.id, kind).inc()
                 log.warning("stream from %s broke after the first byte: %r", ep.id, exc)
@@ -299,17 +278,24 @@ class Proxy:
         await send({"type": "http.response.body", "body": tap.flush()})
         return True
 
-    @staticmethod
-    def _response_headers(
-        response: httpx.Response, plan: RoutePlan, request_id: str
-    ) -> list[tuple[bytes, bytes]]:
-        headers = [
-            (k, v)
-            for k, v in response.headers.raw
-            if k.lower() not in _DROP_RESPONSE_HEADERS and not k.lower().startswith(b"x-kvgate-")
-        ]
-        headers.extend(plan_headers(plan, request_id))
-        return headers
+
+def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes:
+    for key, value in headers:
+        if key == name:
+            return value
+    return b""
+
+
+def _response_headers(
+    upstream: list[tuple[bytes, bytes]], plan: RoutePlan, request_id: str
+) -> list[tuple[bytes, bytes]]:
+    headers = [
+        (k, v)
+        for k, v in upstream
+        if k not in _DROP_RESPONSE_HEADERS and not k.startswith(b"x-kvgate-")
+    ]
+    headers.extend(plan_headers(plan, request_id))
+    return headers
 
 
 def plan_headers(plan: RoutePlan, request_id: str) -> list[tuple[bytes, bytes]]:

@@ -35,6 +35,7 @@ from kvgate.router.proxy import Proxy
 from kvgate.router.routing import Router, RouterState
 from kvgate.router.scrape import LoadScraper
 from kvgate.router.setup import build_index, build_keyer, build_policy
+from kvgate.router.upstream import HttpxUpstream, RawUpstream, RoutingUpstream, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +59,19 @@ class RouterRuntime:
         self.config_path = config_path
         state = build_state(config)
         limits = config.limits
+        # httpx serves tests (an injected transport) and https pods; plain http goes raw.
         self.client = httpx.AsyncClient(
             transport=transport,
             limits=httpx.Limits(
                 max_connections=None,
                 max_keepalive_connections=limits.max_connections_per_endpoint,
-                keepalive_expiry=30.0,
             ),
-            timeout=httpx.Timeout(limits.first_byte_timeout_seconds),
+        )
+        fallback = HttpxUpstream(self.client)
+        self.upstream: Upstream = (
+            fallback
+            if transport is not None
+            else RoutingUpstream(RawUpstream(limits.max_connections_per_endpoint), fallback)
         )
         self.endpoints = EndpointSet(clock)
         self.indexes: dict[str, BlockIndex] = {}
@@ -78,10 +84,10 @@ class RouterRuntime:
             self.writes,
             approximate_ttl_seconds=config.directory.approximate_ttl_seconds,
         )
-        self.proxy = Proxy(self.client, self.metrics, limits)
+        self.proxy = Proxy(self.upstream, self.metrics, limits)
         self.scraper = LoadScraper(
             self.endpoints,
-            self.client,
+            self.upstream,
             self.metrics,
             interval=config.load_metrics.scrape_interval_seconds,
             timeout=config.load_metrics.scrape_timeout_seconds,
@@ -125,7 +131,7 @@ class RouterRuntime:
         await self.writes.close()
         for index in self.indexes.values():
             await index.close()
-        await self.client.aclose()
+        await self.upstream.aclose()
         self.started = False
 
     def ready(self) -> bool:

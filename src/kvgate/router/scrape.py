@@ -16,10 +16,9 @@ import logging
 import time
 from collections.abc import Callable
 
-import httpx
-
 from kvgate.router.endpoints import Endpoint, EndpointSet, LoadSample
 from kvgate.router.metrics import RouterMetrics
+from kvgate.router.upstream import Upstream, UpstreamError, read_all
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +65,7 @@ class LoadScraper:
     def __init__(
         self,
         endpoints: EndpointSet,
-        client: httpx.AsyncClient,
+        upstream: Upstream,
         metrics: RouterMetrics,
         *,
         interval: float,
@@ -77,7 +76,7 @@ class LoadScraper:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._endpoints = endpoints
-        self._client = client
+        self._upstream = upstream
         self._metrics = metrics
         self.interval = interval
         self.timeout = timeout
@@ -114,14 +113,24 @@ class LoadScraper:
 
     async def _scrape(self, ep: Endpoint) -> None:
         try:
-            resp = await self._client.get(ep.spec.url + self.path, timeout=self.timeout)
-            resp.raise_for_status()
-        except (httpx.HTTPError, OSError) as exc:
+            async with asyncio.timeout(self.timeout):
+                response = await self._upstream.request(
+                    "GET",
+                    ep.spec.url + self.path,
+                    b"",
+                    [],
+                    connect_timeout=self.timeout,
+                    head_timeout=self.timeout,
+                )
+                text = (await read_all(response)).decode("utf-8", "replace")
+            if response.status != 200:
+                raise UpstreamError("status", f"HTTP {response.status}")
+        except (UpstreamError, TimeoutError) as exc:
             self._metrics.scrape_errors.labels(ep.pool, ep.id).inc()
             if ep.record_failure(self._clock(), self._eject_after, self._eject_seconds):
-                log.warning("endpoint %s ejected: /metrics failing (%s)", ep.id, exc)
+                log.warning("endpoint %s ejected: /metrics failing (%r)", ep.id, exc)
             return
-        ep.load = parse_load(resp.text, self._clock())
+        ep.load = parse_load(text, self._clock())
         if not ep.healthy(self._clock()):
             log.info("endpoint %s answers again; back in rotation", ep.id)
             ep.ejected_until = 0.0

@@ -1,0 +1,369 @@
+"""HTTP/1.1 to the pods: a lean keep-alive client, and an httpx-backed one for tests.
+
+The proxy needs little from HTTP: POST a JSON body, read the status and headers, stream the body
+back chunk by chunk, reuse connections. httpx does this at ~1.6 ms of CPU per request on our
+machines; `RawUpstream` does it at under 0.1 ms (asyncio streams + the httptools parser that
+uvicorn already uses), which is what lets one router process pass 1,000 small requests/s.
+
+`RawUpstream` keeps, per `host:port`, a stack of idle keep-alive connections. A request takes
+one (or connects, bounded by `connect_timeout`), writes the request, and parses the response as
+bytes arrive; the body is yielded as it is decoded (chunked or content-length). A connection goes
+back to the pool only when its response was read to the end and neither side asked to close;
+anything else (an error, a cancellation because the client left) closes it, which is how the
+pod learns that the request was abandoned. A reused connection that the pod had already closed
+(EOF before any response byte) is retried once on a fresh connection: the pod never saw it.
+
+`HttpxUpstream` adapts an `httpx.AsyncClient` to the same interface, so unit tests can use
+`httpx.MockTransport`. Both raise `UpstreamError(kind)` with kind `connect`, `timeout` or `stream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Protocol
+from urllib.parse import urlsplit
+
+import httptools
+import httpx
+
+
+class UpstreamError(Exception):
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
+
+
+class UpstreamResponse(Protocol):
+    status: int
+    headers: list[tuple[bytes, bytes]]  # lower-case names
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body as it arrives; raises UpstreamError if the pod fails mid-body."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the connection (back to the pool if the body was read to the end)."""
+        ...
+
+
+class Upstream(Protocol):
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        connect_timeout: float,
+        head_timeout: float,
+    ) -> UpstreamResponse:
+        """Send; return once the status line and headers arrived (within `head_timeout`)."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _StaleConnection(Exception):
+    """A reused connection was closed by the pod before it answered (it never saw the request)."""
+
+
+class _Connection:
+    __slots__ = ("key", "reader", "writer")
+
+    def __init__(
+        self, key: tuple[str, int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.key = key
+        self.reader = reader
+        self.writer = writer
+
+    def usable(self) -> bool:
+        return not self.reader.at_eof() and not self.writer.is_closing()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class _Parser:
+    """httptools callbacks collecting one response."""
+
+    def __init__(self) -> None:
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.headers_done = False
+        self.body: list[bytes] = []
+        self.complete = False
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+    def on_headers_complete(self) -> None:
+        self.headers_done = True
+
+    def on_body(self, body: bytes) -> None:
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+class _RawResponse:
+    def __init__(
+        self,
+        pool: RawUpstream,
+        conn: _Connection,
+        parser: httptools.HttpResponseParser,
+        state: _Parser,
+    ) -> None:
+        self._pool = pool
+        self._conn: _Connection | None = conn
+        self._parser = parser
+        self._state = state
+        self.status: int = parser.get_status_code()
+        self.headers = state.headers
+        # llhttp forgets keep-alive once the message completes: decide from the head.
+        self._keep_alive = parser.get_http_version() == "1.1" and not any(
+            name == b"connection" and value.lower() == b"close" for name, value in state.headers
+        )
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        state = self._state
+        while True:
+            if state.body:
+                pending, state.body = state.body, []
+                for piece in pending:
+                    yield piece
+            if state.complete:
+                return
+            conn = self._conn
+            if conn is None:
+                raise UpstreamError("stream", "response already closed")
+            try:
+                data = await conn.reader.read(65536)
+            except OSError as exc:
+                raise UpstreamError("stream", repr(exc)) from exc
+            if not data:
+                # EOF: fine for a body delimited by the connection's end, else a broken stream.
+                with contextlib.suppress(httptools.HttpParserError):
+                    self._parser.feed_data(b"")
+                if state.complete or self._delimited_by_close():
+                    state.complete = True
+                    self._keep_alive = False
+                    continue
+                raise UpstreamError("stream", "connection closed mid-body")
+            try:
+                self._parser.feed_data(data)
+            except httptools.HttpParserError as exc:
+                raise UpstreamError("stream", f"bad response: {exc}") from exc
+
+    def _delimited_by_close(self) -> bool:
+        names = {name for name, _ in self.headers}
+        return b"content-length" not in names and b"transfer-encoding" not in names
+
+    async def aclose(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        if self._state.complete and self._keep_alive and conn.usable():
+            self._pool._release(conn)
+        else:
+            conn.close()
+
+
+class RawUpstream:
+    """Keep-alive HTTP/1.1 connections per `host:port` (plain TCP; https goes through httpx)."""
+
+    def __init__(self, max_idle_per_host: int = 512) -> None:
+        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._max_idle = max_idle_per_host
+
+    def _release(self, conn: _Connection) -> None:
+        idle = self._idle.setdefault(conn.key, [])
+        if len(idle) < self._max_idle:
+            idle.append(conn)
+        else:
+            conn.close()
+
+    async def _connect(self, key: tuple[str, int], limit_seconds: float) -> _Connection:
+        try:
+            async with asyncio.timeout(limit_seconds):
+                reader, writer = await asyncio.open_connection(key[0], key[1])
+        except TimeoutError as exc:
+            raise UpstreamError("connect", f"connect to {key[0]}:{key[1]} timed out") from exc
+        except OSError as exc:
+            raise UpstreamError("connect", f"connect to {key[0]}:{key[1]}: {exc}") from exc
+        return _Connection(key, reader, writer)
+
+    def _take_idle(self, key: tuple[str, int]) -> _Connection | None:
+        idle = self._idle.get(key)
+        while idle:
+            conn = idle.pop()
+            if conn.usable():
+                return conn
+            conn.close()
+        return None
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        connect_timeout: float,
+        head_timeout: float,
+    ) -> UpstreamResponse:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        key = (host, parts.port or 80)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        head = [f"{method} {target} HTTP/1.1\r\nhost: {parts.netloc}\r\n".encode()]
+        head.extend(name + b": " + value + b"\r\n" for name, value in headers)
+        head.append(b"content-length: %d\r\n\r\n" % len(body))
+        payload = b"".join(head) + body
+        conn = self._take_idle(key)
+        reused = conn is not None
+        while True:
+            if conn is None:
+                conn = await self._connect(key, connect_timeout)
+            try:
+                return await self._exchange(conn, payload, head_timeout)
+            except _StaleConnection:
+                conn.close()
+                if not reused:
+                    raise UpstreamError("stream", "connection closed before a response") from None
+                conn, reused = None, False  # the pod closed an idle connection: try a fresh one
+            except BaseException:
+                conn.close()
+                raise
+
+    async def _exchange(
+        self, conn: _Connection, payload: bytes, limit_seconds: float
+    ) -> _RawResponse:
+        state = _Parser()
+        parser = httptools.HttpResponseParser(state)
+        conn.writer.write(payload)
+        received = False
+        try:
+            async with asyncio.timeout(limit_seconds):
+                while not state.headers_done:
+                    data = await conn.reader.read(65536)
+                    if not data:
+                        if not received:
+                            raise _StaleConnection
+                        raise UpstreamError("stream", "connection closed in the response head")
+                    received = True
+                    parser.feed_data(data)
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", f"no response within {limit_seconds} s") from exc
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            if not received:
+                raise _StaleConnection from exc
+            raise UpstreamError("stream", repr(exc)) from exc
+        except OSError as exc:
+            raise UpstreamError("stream", repr(exc)) from exc
+        except httptools.HttpParserError as exc:
+            raise UpstreamError("stream", f"bad response: {exc}") from exc
+        return _RawResponse(self, conn, parser, state)
+
+    async def aclose(self) -> None:
+        for idle in self._idle.values():
+            for conn in idle:
+                conn.close()
+        self._idle.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _HttpxResponse:
+    def __init__(self, response: httpx.Response) -> None:
+        self._response = response
+        self.status = response.status_code
+        self.headers = [(k.lower(), v) for k, v in response.headers.raw]
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.aiter_raw():
+                yield chunk
+        except httpx.TimeoutException as exc:
+            raise UpstreamError("timeout", repr(exc)) from exc
+        except httpx.HTTPError as exc:
+            raise UpstreamError("stream", repr(exc)) from exc
+
+    async def aclose(self) -> None:
+        await self._response.aclose()
+
+
+class HttpxUpstream:
+    """The same interface over an `httpx.AsyncClient` (tests: `httpx.MockTransport`; https)."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self.client = client
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        connect_timeout: float,
+        head_timeout: float,
+    ) -> UpstreamResponse:
+        timeout = httpx.Timeout(
+            connect=connect_timeout, read=head_timeout, write=connect_timeout, pool=connect_timeout
+        )
+        request = self.client.build_request(
+            method, url, content=body, headers=headers, timeout=timeout
+        )
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.TimeoutException as exc:
+            kind = "connect" if isinstance(exc, httpx.ConnectTimeout) else "timeout"
+            raise UpstreamError(kind, repr(exc)) from exc
+        except (httpx.TransportError, OSError) as exc:
+            raise UpstreamError("connect", repr(exc)) from exc
+        return _HttpxResponse(response)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+class RoutingUpstream:
+    """Plain-HTTP URLs through `RawUpstream`, anything else (https) through httpx."""
+
+    def __init__(self, raw: RawUpstream, fallback: HttpxUpstream) -> None:
+        self._raw = raw
+        self._fallback = fallback
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        body: bytes,
+        headers: list[tuple[bytes, bytes]],
+        *,
+        connect_timeout: float,
+        head_timeout: float,
+    ) -> UpstreamResponse:
+        target: Upstream = self._raw if url.startswith("http://") else self._fallback
+        return await target.request(
+            method, url, body, headers, connect_timeout=connect_timeout, head_timeout=head_timeout
+        )
+
+    async def aclose(self) -> None:
+        await self._raw.aclose()
+        await self._fallback.aclose()
+
+
+async def read_all(response: UpstreamResponse) -> bytes:
+    """The whole body, then release the connection."""
+    try:
+        return b"".join([chunk async for chunk in response.chunks()])
+    finally:
+        await response.aclose()
