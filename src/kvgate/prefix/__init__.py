@@ -26,6 +26,7 @@ from kvgate.prefix.hashing import (
     hash_object,
     int_block_key,
     int_form,
+    max_cacheable_blocks,
     none_hash,
 )
 from kvgate.prefix.prompt import PromptError, RequestTokenizer
@@ -57,6 +58,7 @@ __all__ = [
     "hash_object",
     "int_block_key",
     "int_form",
+    "max_cacheable_blocks",
     "none_hash",
     "normalize_messages",
     "request_text",

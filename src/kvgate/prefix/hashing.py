@@ -106,6 +106,15 @@ def hash_block(
     return hash_object(algo, (parent, tuple(block_tokens), extra_keys))
 
 
+def max_cacheable_blocks(num_tokens: int, block_size: int) -> int:
+    """Blocks of a prompt that vLLM can serve from its prefix cache.
+
+    vLLM must compute at least the last prompt token to get logits, so a lookup is capped at
+    ``num_tokens - 1`` tokens: a block-aligned prompt never hits on its final block.
+    """
+    return max(0, num_tokens - 1) // block_size
+
+
 def int_form(digest: bytes) -> int:
     """The 64-bit integer vLLM publishes with ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``."""
     return int.from_bytes(digest, "big") & _MASK64

@@ -16,6 +16,7 @@ from kvgate.prefix import (
     extra_keys_for_block,
     int_block_key,
     int_form,
+    max_cacheable_blocks,
     none_hash,
 )
 
@@ -155,3 +156,8 @@ def test_int_form_block_keys():
 def test_rejects_bad_settings(bad):
     with pytest.raises(ValueError):
         BlockHasher(**bad)
+
+
+@pytest.mark.parametrize(("tokens", "blocks"), [(0, 0), (1, 0), (16, 0), (17, 1), (32, 1), (33, 2)])
+def test_last_prompt_token_is_never_served_from_cache(tokens, blocks):
+    assert max_cacheable_blocks(tokens, 16) == blocks
