@@ -88,3 +88,17 @@ def test_secret_ref_reads_value_file_and_env(tmp_path, monkeypatch):
 def test_non_mapping_is_rejected():
     with pytest.raises(ValueError):
         parse_router_config("- a\n- b\n")
+
+
+def test_documented_examples_are_valid_configs():
+    import re
+    from pathlib import Path
+
+    from kvgate.router.setup import build_policy
+
+    doc = (Path(__file__).parents[3] / "docs" / "configuration.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", doc, flags=re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        cfg = parse_router_config(block)
+        build_policy(cfg)  # policy params are checked against kvgate.scoring's registry
