@@ -8,7 +8,8 @@
   ``add_special_tokens`` (default false for chat, so a template's own BOS appears once).
 - ``truncate_prompt_tokens: k`` (k ≥ 0) keeps the last k tokens, as vLLM does.
 
-A request-supplied ``chat_template`` is used when present, as vLLM does when it trusts it.
+A request-supplied ``chat_template`` is refused, as vLLM refuses it, unless the engines run
+with ``--trust-request-chat-template`` (``trust_request_chat_template=True``).
 """
 
 from __future__ import annotations
@@ -47,10 +48,12 @@ class RequestTokenizer:
         chat_template: str | None = None,
         *,
         content_format: ContentFormat | Literal["auto"] = "auto",
+        trust_request_chat_template: bool = False,
     ) -> None:
-        """``content_format``: vLLM's ``--chat-template-content-format`` (``auto`` detects)."""
+        """``content_format`` and ``trust_request_chat_template``: the vLLM flags of that name."""
         self.tokenizer = tokenizer
         self.content_format = content_format
+        self.trust_request_chat_template = trust_request_chat_template
         source = chat_template if chat_template is not None else tokenizer.chat_template
         self.template = (
             ChatTemplate(source, tokenizer.special_tokens_map, content_format=content_format)
@@ -95,6 +98,9 @@ class RequestTokenizer:
             kwargs = {}
         if not isinstance(kwargs, Mapping):
             raise PromptError("chat_template_kwargs must be an object")
+        unexpected = {"chat_template", "tokenize"} & set(kwargs)
+        if unexpected:
+            raise PromptError(f"unexpected chat_template_kwargs: {sorted(unexpected)}")
         kwargs = dict(kwargs)
         effort = body.get("reasoning_effort")
         if effort is not None:
@@ -128,6 +134,13 @@ class RequestTokenizer:
 
     def _template_for(self, body: Mapping[str, Any]) -> ChatTemplate:
         source = body.get("chat_template")
+        if source is not None and not self.trust_request_chat_template:
+            raise PromptError(
+                "a chat template was passed with the request, but the engines do not trust "
+                "request chat templates (vLLM --trust-request-chat-template)"
+            )
+        if source is not None and not isinstance(source, str):
+            raise PromptError("chat_template must be a string")
         if isinstance(source, str):
             template = self._request_templates.get(source)
             if template is None:

@@ -53,12 +53,22 @@ def test_completion_prompts(requests, hf_tokenizer):
     ]
 
 
-def test_request_chat_template_is_used(requests):
+@pytest.fixture(scope="module")
+def trusting() -> RequestTokenizer:
+    return RequestTokenizer(Tokenizer.from_dir(TOKENIZER_DIR), trust_request_chat_template=True)
+
+
+def test_request_chat_template_needs_trust(requests, trusting):
     body = {"messages": [{"role": "user", "content": "x"}], "chat_template": "{{ 'fixed' }}"}
-    assert requests.chat_text(body) == "fixed"
+    assert trusting.chat_text(body) == "fixed"
+    with pytest.raises(PromptError, match="trust"):
+        requests.chat_text(body)
+    with pytest.raises(PromptError, match="unexpected"):
+        trusting.chat_text({**body, "chat_template_kwargs": {"chat_template": "x"}})
 
 
-def test_reasoning_effort_reaches_the_template(requests):
+def test_reasoning_effort_reaches_the_template(trusting):
+    requests = trusting
     body = {
         "messages": [{"role": "user", "content": "x"}],
         "chat_template": "{{ reasoning_effort }}/{{ enable_thinking }}",
@@ -90,9 +100,10 @@ def test_bad_completion_bodies(requests, body):
         {"messages": [{"role": "user", "content": "x"}], "tools": "x"},
         {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": []},
         {"messages": [{"role": "user", "content": "x"}], "chat_template": "{% if %}"},
+        {"messages": [{"role": "user", "content": "x"}], "chat_template": 5},
         {"messages": [{"role": "robot", "content": "x"}]},
     ],
 )
-def test_bad_chat_bodies(requests, body):
+def test_bad_chat_bodies(trusting, body):
     with pytest.raises(PromptError):
-        requests.chat_token_ids(body)
+        trusting.chat_token_ids(body)
