@@ -141,10 +141,6 @@ def block_key(block_hash: bytes | int, *, int_keys: bool = False) -> BlockKey:
     return bytes(block_hash)
 
 
-def _hash_one(algo: HashAlgo, parent: bytes, tokens: tuple[int, ...], extra: ExtraKeys) -> bytes:
-    return hash_object(algo, (parent, tokens, extra))
-
-
 class ChainCache:
     """Bounded map ``(parent, span tokens, extra keys) -> span digests``; two-generation LRU.
 
@@ -223,9 +219,6 @@ class BlockHasher:
     def __repr__(self) -> str:
         return f"BlockHasher(algo={self.algo!r}, block_size={self.block_size}, seed={self.seed!r})"
 
-    def num_full_blocks(self, num_tokens: int) -> int:
-        return num_tokens // self.block_size
-
     def hash_blocks(
         self,
         token_ids: Sequence[int],
@@ -269,7 +262,7 @@ class BlockHasher:
         first_hashed = block
         blocks = [tokens[i : i + size] for i in range(block * size, num_blocks * size, size)]
         if block == 0 and first_extra != rest_extra:
-            parent = _hash_one(self.algo, parent, blocks[0], first_extra)
+            parent = hash_block(self.algo, parent, blocks[0], first_extra)
             out.append(parent)
             blocks = blocks[1:]
         sha = hashlib.sha256
