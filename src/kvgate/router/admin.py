@@ -69,7 +69,7 @@ async def warm(
 
     results = await asyncio.gather(*(one(ep.spec.url, ep.id) for ep in endpoints))
     for ep in endpoints:
-        runtime.learner.routed(replace(plan, endpoint=ep, pool=router.state.pools[ep.pool]))
+        await runtime.learner.routed(replace(plan, endpoint=ep, pool=router.state.pools[ep.pool]))
     return {
         "model": cls.model,
         "prompt_tokens": plan.keys.prompt_tokens,

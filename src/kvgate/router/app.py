@@ -15,7 +15,6 @@ cancels the request, which closes the upstream connection.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -151,7 +150,7 @@ class RouterApp:
         plan = await router.plan(body, headers, kind)
         stream = body.get("stream") is True
         forward, strip_usage = _forward_body(raw, body, plan.classification.cache_salt, stream)
-        self.runtime.learner.routed(plan)
+        await self.runtime.learner.routed(plan)
         if plan.classification.session_id is not None:
             self.sessions.observe(plan, body)
 
@@ -160,8 +159,14 @@ class RouterApp:
                 body, headers, kind, exclude=tried, classification=plan.classification
             )
 
-        work = asyncio.create_task(
-            self.runtime.proxy.forward(
+        # One watcher task per request: on client disconnect it cancels this task, and the
+        # cancellation closes the upstream connection (the pod aborts the request).
+        this = asyncio.current_task()
+        assert this is not None
+        disconnected = asyncio.Event()
+        watcher = asyncio.create_task(_cancel_on_disconnect(receive, this, disconnected))
+        try:
+            outcome = await self.runtime.proxy.forward(
                 plan,
                 scope["path"],
                 forward,
@@ -171,22 +176,14 @@ class RouterApp:
                 send=send,
                 replan=replan,
             )
-        )
-        watcher = asyncio.create_task(_wait_disconnect(receive))
-        try:
-            done, _ = await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
-            work.cancel()
-            raise
-        finally:
-            watcher.cancel()
-        if work not in done:
-            work.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await work
+            if not disconnected.is_set():
+                raise
+            this.uncancel()
             log.info("request %s: client disconnected; upstream cancelled", request_id)
             return
-        outcome = work.result()  # RouterError propagates to the error response
+        finally:
+            watcher.cancel()
         self.runtime.learner.finished(outcome)
 
     async def _debug_route(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -245,10 +242,14 @@ def _forward_body(
     return json.dumps(body, separators=(",", ":")).encode(), strip_usage
 
 
-async def _wait_disconnect(receive: Receive) -> None:
+async def _cancel_on_disconnect(
+    receive: Receive, task: asyncio.Task[Any], disconnected: asyncio.Event
+) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
+            disconnected.set()
+            task.cancel()
             return
 
 

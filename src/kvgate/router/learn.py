@@ -1,8 +1,8 @@
 """After a request: record what happened, so the next decision is better informed.
 
 - Routing history: for pods without KV events, the request's block keys are added to the pod's
-  directory entries as approximate entries (TTL), right after the decision (so that a burst of
-  requests with one prefix already sees where the first went).
+  directory entries as approximate entries (TTL), right after the decision and before the request
+  is sent (so that a burst of requests with one prefix already sees where the first went).
 - Prefill rate: a streaming request's TTFT, on a pod that had nothing queued ahead of it from
   this router, is an observation of (uncached tokens → seconds) for the estimator; uncached
   tokens come from the engine's `cached_tokens` when it reported them.
@@ -12,11 +12,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from collections.abc import Coroutine, Mapping
-from typing import Any
+from collections.abc import Mapping
 
 from kvgate.directory.base import BlockIndex
 from kvgate.router.metrics import RouterMetrics
@@ -28,48 +25,12 @@ from kvgate.scoring.prefill_rate import PrefillRateEstimator
 log = logging.getLogger(__name__)
 
 
-class BackgroundWrites:
-    """Owned fire-and-forget tasks (directory writes off the request path); drained on close."""
-
-    def __init__(self, metrics: RouterMetrics, limit: int = 10_000) -> None:
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._metrics = metrics
-        self._limit = limit
-
-    def spawn(self, operation: str, coro: Coroutine[Any, Any, None]) -> None:
-        if len(self._tasks) >= self._limit:  # the directory is not keeping up: shed, count
-            coro.close()
-            self._metrics.directory_errors.labels(operation + "-shed").inc()
-            return
-        task = asyncio.create_task(self._guard(operation, coro))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _guard(self, operation: str, coro: Coroutine[Any, Any, None]) -> None:
-        try:
-            await coro
-        except Exception as exc:
-            self._metrics.directory_errors.labels(operation).inc()
-            log.warning("directory %s failed: %r", operation, exc)
-
-    async def close(self, grace_seconds: float = 2.0) -> None:
-        if not self._tasks:
-            return
-        _done, pending = await asyncio.wait(set(self._tasks), timeout=grace_seconds)
-        for task in pending:
-            task.cancel()
-        for task in pending:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
 class Learner:
     def __init__(
         self,
         metrics: RouterMetrics,
         estimator: PrefillRateEstimator,
         indexes: Mapping[str, BlockIndex],
-        writes: BackgroundWrites,
         *,
         approximate_ttl_seconds: float,
         prior_tokens_per_second: float = CostModelParams().prior_prefill_tokens_per_second,
@@ -77,12 +38,13 @@ class Learner:
         self.metrics = metrics
         self.estimator = estimator
         self.indexes = indexes
-        self.writes = writes
         self.ttl = approximate_ttl_seconds
         self.prior = prior_tokens_per_second
 
-    def routed(self, plan: RoutePlan) -> None:
-        """Right after the decision: routing history for pods without KV events."""
+    async def routed(self, plan: RoutePlan) -> None:
+        """Right after the decision: routing history for pods without KV events. Awaited on the
+        request path (memory: microseconds; Redis: one round trip) so that the next request of
+        a burst already sees it; a failing directory is counted, never fails the request."""
         ep = plan.endpoint
         exact_events = plan.pool.engine.kv_events and ep.spec.kv_events is not None
         if exact_events and plan.keys.exact:
@@ -90,9 +52,11 @@ class Learner:
         index = self.indexes.get(plan.pool.key)
         if index is None or not plan.keys.block_keys:
             return
-        self.writes.spawn(
-            "add_approximate", index.add_approximate(ep.id, list(plan.keys.block_keys), self.ttl)
-        )
+        try:
+            await index.add_approximate(ep.id, list(plan.keys.block_keys), self.ttl)
+        except Exception as exc:
+            self.metrics.directory_errors.labels("add_approximate").inc()
+            log.warning("routing history for %s not recorded: %r", ep.id, exc)
 
     def finished(self, outcome: Outcome) -> None:
         plan = outcome.plan

@@ -1,10 +1,9 @@
 """Assemble the router's parts from a config, own their background tasks, and reload.
 
-`RouterRuntime` owns: the HTTP client to the pods (pooled keep-alive connections), one directory
-index per pool, the endpoint set fed by discovery, the load scraper, the embedded indexer
-(KV-event subscriptions, `indexer.py`), the
-config-file watcher, and background directory writes. `start()` starts them; `stop()` cancels and
-awaits every task and closes every connection.
+`RouterRuntime` owns: the HTTP client to the pods (pooled keep-alive connections, `upstream.py`),
+one directory index per pool, the endpoint set fed by discovery, the load scraper, the embedded
+indexer (KV-event subscriptions, `indexer.py`) and the config-file watcher. `start()` starts
+them; `stop()` cancels and awaits every task and closes every connection.
 
 Reload: a new config builds a new `RouterState` (classifier, keyers, policy) and swaps it in
 atomically; requests already in flight keep the state they started with. Pools that remain keep
@@ -29,7 +28,7 @@ from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.router.discovery import Discovery, build_discovery
 from kvgate.router.endpoints import Endpoint, EndpointSet
 from kvgate.router.indexer import EventIndexer
-from kvgate.router.learn import BackgroundWrites, Learner
+from kvgate.router.learn import Learner
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.proxy import Proxy
 from kvgate.router.routing import Router, RouterState
@@ -76,12 +75,10 @@ class RouterRuntime:
         self.endpoints = EndpointSet(clock)
         self.indexes: dict[str, BlockIndex] = {}
         self.router = Router(state, self.endpoints, self.indexes, clock=clock)
-        self.writes = BackgroundWrites(self.metrics)
         self.learner = Learner(
             self.metrics,
             self.router.estimator,
             self.indexes,
-            self.writes,
             approximate_ttl_seconds=config.directory.approximate_ttl_seconds,
         )
         self.proxy = Proxy(self.upstream, self.metrics, limits)
@@ -128,7 +125,6 @@ class RouterRuntime:
         if self.indexer is not None:
             await self.indexer.close()
         await self.scraper.stop()
-        await self.writes.close()
         for index in self.indexes.values():
             await index.close()
         await self.upstream.aclose()

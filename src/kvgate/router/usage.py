@@ -42,7 +42,22 @@ def usage_from_obj(obj: Any) -> Usage | None:
     )
 
 
+_DECODER = json.JSONDecoder()
+
+
 def usage_from_json_body(body: bytes) -> Usage | None:
+    """Usage of a JSON response. vLLM writes `usage` after `choices`: parse only that object
+    (a long completion's text is not decoded again); fall back to the whole body."""
+    at = body.rfind(b'"usage"')
+    if at > 0 and body[at - 1 : at] != b"\\":
+        colon = body.find(b":", at + 7)
+        try:
+            value, _ = _DECODER.raw_decode(body[colon + 1 :].decode().lstrip())
+        except (ValueError, UnicodeDecodeError):
+            value = None
+        found = usage_from_obj({"usage": value})
+        if found is not None:
+            return found
     try:
         return usage_from_obj(json.loads(body))
     except (ValueError, UnicodeDecodeError):

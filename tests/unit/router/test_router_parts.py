@@ -240,3 +240,13 @@ def test_exact_chat_keys_match_the_engine_hashing_of_the_rendered_prompt():
     assert keys.block_keys == BlockHasher("sha256", 16, "42").block_keys(ids, cache_salt="salt")
     with pytest.raises(ValueError):
         load_request_tokenizer(TokenizerConfig(path=str(path / "missing")))
+
+
+def test_usage_is_read_from_the_tail_even_when_content_mentions_usage():
+    body = (
+        b'{"choices":[{"message":{"content":"the \\"usage\\": field"}}],'
+        b'"usage":{"prompt_tokens":9,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":4}}}'
+    )
+    usage = usage_from_json_body(body)
+    assert usage is not None and (usage.prompt_tokens, usage.cached_tokens) == (9, 4)
+    assert usage_from_json_body(b'{"usage": null}') is None
