@@ -6,8 +6,8 @@ performance profile as ``kvgate sim``), stepped in simulated time. Events, in ti
 - **arrival** (open-loop ``arrival_s``, or a session's next turn at the previous turn's finish +
   think time): the routing plug-in builds what the live router would see and calls the scoring
   policy (:func:`kvgate.scoring.registry.build_policy`) *unchanged*:
-  ``RoutingRequest`` (prompt tokens and vLLM block hashes), ``matched_blocks`` from each pod's
-  KV cache (what a KV-event-fed directory holds, without event lag), one ``EndpointSnapshot`` per
+  ``RoutingRequest`` (prompt tokens and vLLM block hashes), ``matched_blocks`` from an index of
+  the engines' own KV events (what kvgate's directory holds, without network lag), one ``EndpointSnapshot`` per
   pod (requests in flight and pending prefill from this router's own accounting; engine waiting /
   running / KV usage as a fresh ``/metrics`` scrape would report them; the prefill rate learned
   from TTFTs like the live router's estimator), the clock, a seeded RNG and the choice history.
@@ -41,6 +41,7 @@ from kvgate.scoring.base import (
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 from kvgate.scoring.registry import build_policy
 from kvgate.sim.engine import EngineConfig, SimEngine
+from kvgate.sim.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from kvgate.sim.hashing import PrefixBlockHasher
 from kvgate.sim.profile import DEFAULT_PROFILE, load_profile
 from kvgate.sim.request import SimRequest
@@ -117,6 +118,8 @@ class DesFleet:
         self.estimator = PrefillRateEstimator()
         self.sample_interval_s = sample_interval_s
         self._events: list[tuple[float, int, _Arrival | _Pod]] = []
+        # block hash -> pods holding it, kept from the engines' KV events (the directory)
+        self._holders: dict[object, set[str]] = {}
         self._order = itertools.count()
 
     def _pod_config(self, index: int) -> EngineConfig:
@@ -155,11 +158,7 @@ class DesFleet:
             block_tokens=self.config.block_size,
             block_keys=keys,
         )
-        matched = {}
-        for pod in self.pods:
-            held = pod.engine.kv_cache.cached_prefix_blocks(keys)
-            if held:
-                matched[pod.id] = held
+        matched = self.matched_blocks(keys)
         snapshots = [self._snapshot(pod, now) for pod in self.pods]
         decision = self.policy.decide(
             request, snapshots, matched, now=now, rng=self.rng, history=self.history
@@ -167,6 +166,40 @@ class DesFleet:
         self.history.record(decision.endpoint_id)
         pod = next(p for p in self.pods if p.id == decision.endpoint_id)
         return pod, max(0, len(tokens) - decision.predicted_hit_tokens)
+
+    def matched_blocks(self, keys: list[bytes]) -> dict[str, int]:
+        """Pod -> leading blocks of ``keys`` it holds, from the KV-event index."""
+        matched: dict[str, int] = {}
+        alive: set[str] | None = None
+        for index, key in enumerate(keys):
+            holders = self._holders.get(key)
+            if not holders:
+                break
+            alive = set(holders) if alive is None else alive & holders
+            if not alive:
+                break
+            for pod_id in alive:
+                matched[pod_id] = index + 1
+        return matched
+
+    def _apply_events(self, pod: _Pod, events: list[KVEvent]) -> None:
+        for event in events:
+            if isinstance(event, BlockStored):
+                for h in event.block_hashes:
+                    self._holders.setdefault(h, set()).add(pod.id)
+            elif isinstance(event, BlockRemoved):
+                for h in event.block_hashes:
+                    holders = self._holders.get(h)
+                    if holders is not None:
+                        holders.discard(pod.id)
+                        if not holders:
+                            del self._holders[h]
+            elif isinstance(event, AllBlocksCleared):
+                held = [key for key, pods in self._holders.items() if pod.id in pods]
+                for key in held:
+                    self._holders[key].discard(pod.id)
+                    if not self._holders[key]:
+                        del self._holders[key]
 
     # -- event loop --------------------------------------------------------------------------
 
@@ -230,6 +263,7 @@ class DesFleet:
     def _step(self, pod: _Pod, now: float, by_request: dict[str, _Pending]) -> list[_Pending]:
         engine = pod.engine
         result = engine.step(now)
+        self._apply_events(pod, result.events)
         finished: list[_Pending] = []
         for sim, _token in result.tokens:
             pending = by_request[sim.request_id]

@@ -54,3 +54,21 @@ def test_sessions_wait_for_their_previous_turn():
         turns.sort(key=lambda r: r.sent_s)
         for earlier, later in itertools.pairwise(turns):
             assert later.sent_s >= earlier.end_s
+
+
+def test_the_kv_event_index_matches_the_engines_caches():
+    from kvgate.bench.des import DesFleet
+
+    w = build_workload("shared-prefix", PARAMS)
+    fleet = DesFleet(3, "prefix")
+    fleet.run(w)
+    for request in w.requests:
+        keys = fleet.hasher.prompt_hashes(list(request.prefix_units), None)
+        expected = {
+            pod.id: n for pod in fleet.pods if (n := pod.engine.kv_cache.cached_prefix_blocks(keys))
+        }
+        assert fleet.matched_blocks(keys) == expected
+    assert any(
+        fleet.matched_blocks(fleet.hasher.prompt_hashes(list(r.prefix_units), None))
+        for r in w.requests
+    )
