@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -74,6 +75,14 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         help="live: real processes and HTTP; des: discrete-event simulation (kvgate policies only)",
     )
     parser.add_argument("--seed", type=int, default=0, help="des mode: routing RNG seed")
+    parser.add_argument(
+        "--policy-param",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="des mode: a parameter of the kvgate policy, dotted keys for nested ones, e.g. "
+        "cost_model.prior_prefill_tokens_per_second=30000 (repeatable)",
+    )
     parser.add_argument("--model", default="sim-model", help="model name the fleet serves")
     parser.add_argument(
         "--time-scale",
@@ -192,7 +201,12 @@ def run_des_mode(
 
     with progress:
         report, records, samples = des_report(
-            workload, args.pods, targets, seed=args.seed, on_target=on_target
+            workload,
+            args.pods,
+            targets,
+            seed=args.seed,
+            on_target=on_target,
+            policy_params=nested_params(args.policy_param),
         )
     report_path = report.write(args.out)
     plots = write_plots(report, records, samples, args.out)
@@ -201,6 +215,22 @@ def run_des_mode(
     for plot in plots:
         console.print(f"plot:   {plot}")
     return exit_code(report.targets.keys(), [t for t in targets if t in DES_POLICIES])
+
+
+def nested_params(pairs: list[str]) -> dict[str, Any]:
+    """``["a.b=1", "c=\"x\""]`` -> ``{"a": {"b": 1}, "c": "x"}`` (values are JSON, else text)."""
+    out: dict[str, Any] = {}
+    for key, raw in parse_overrides(pairs).items():
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
 
 
 def quiet_http_logs() -> None:

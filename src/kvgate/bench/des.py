@@ -27,6 +27,7 @@ import itertools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from kvgate.bench.records import GeneratorHealth, LoadSample, RequestRecord
 from kvgate.bench.report import BenchReport, arrival_order, ideal_hit_rate, summarize
@@ -101,6 +102,7 @@ class DesFleet:
         engine: EngineConfig | None = None,
         seed: int = 0,
         sample_interval_s: float = 1.0,
+        policy_params: dict[str, Any] | None = None,
     ) -> None:
         if policy not in DES_POLICIES:
             raise ValueError(
@@ -112,7 +114,7 @@ class DesFleet:
         self.pods = [
             _Pod(f"pod-{i}", SimEngine(self._pod_config(i), perf, self.hasher)) for i in range(pods)
         ]
-        self.policy: Policy = build_policy(policy)
+        self.policy: Policy = build_policy(policy, policy_params)
         self.rng = random.Random(seed)
         self.history = ChoiceHistory()
         self.estimator = PrefillRateEstimator()
@@ -316,9 +318,11 @@ def run_des(
     seed: int = 0,
     profile: str = DEFAULT_PROFILE,
     progress: ProgressFn | None = None,
+    policy_params: dict[str, Any] | None = None,
 ) -> DesResult:
     """One policy over one workload on ``pods`` simulated engines."""
-    return DesFleet(pods, policy, profile=profile, seed=seed).run(workload, progress)
+    fleet = DesFleet(pods, policy, profile=profile, seed=seed, policy_params=policy_params)
+    return fleet.run(workload, progress)
 
 
 def des_report(
@@ -329,6 +333,7 @@ def des_report(
     seed: int = 0,
     block_size: int = 16,
     on_target: Callable[[str], ProgressFn] | None = None,
+    policy_params: dict[str, Any] | None = None,
 ) -> tuple[BenchReport, dict[str, list[RequestRecord]], dict[str, list[LoadSample]]]:
     """Run every target that can run in des mode; the others are named in the report's notes."""
     summaries = {}
@@ -340,7 +345,8 @@ def des_report(
             notes.append(f"{name} is not a kvgate scoring policy and cannot run in des mode")
             continue
         progress = on_target(name) if on_target is not None else None
-        result = run_des(workload, name, pods, seed=seed, progress=progress)
+        params = policy_params if name == "kvgate" else None
+        result = run_des(workload, name, pods, seed=seed, progress=progress, policy_params=params)
         records[name] = result.records
         samples[name] = result.samples
         summaries[name] = summarize(name, result.records)

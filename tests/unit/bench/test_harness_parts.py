@@ -98,3 +98,13 @@ def test_bench_run_arguments_build_the_workload(tmp_path: Path):
 def test_exit_code_says_whether_every_target_ran():
     assert bench_command.exit_code(["a", "b"], ["a", "b"]) == 0
     assert bench_command.exit_code(["a"], ["a", "b"]) == 1
+
+
+def test_nested_policy_params():
+    assert bench_command.nested_params(
+        ["cost_model.prior_prefill_tokens_per_second=30000", "tie_break=random", "tolerance=0.2"]
+    ) == {
+        "cost_model": {"prior_prefill_tokens_per_second": 30000},
+        "tie_break": "random",
+        "tolerance": 0.2,
+    }
