@@ -143,3 +143,14 @@ def test_crds_command_writes_and_checks(tmp_path: Path, capsys: pytest.CaptureFi
     assert crds_command.run(args) == 0
     (out / POOL).write_text("edited", encoding="utf-8")
     assert crds_command.run(args) == 1
+
+
+def test_crds_command_stdout_is_one_applyable_stream(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = argparse.ArgumentParser()
+    crds_command.add_arguments(parser)
+    assert crds_command.run(parser.parse_args(["--stdout"])) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    assert [d["metadata"]["name"] for d in docs] == [
+        "inferencepools.kvgate.io",
+        "routingpolicies.kvgate.io",
+    ]
