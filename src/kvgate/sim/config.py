@@ -46,6 +46,7 @@ class ServerConfig:
     hash_algo: HashAlgo = "sha256"
     hash_seed: str | None = None
     kv_events: KVEventsConfig = field(default_factory=KVEventsConfig)
+    kv_events_bind: bool | None = None  # None: vLLM's rule (bind only wildcard endpoints)
     enable_prompt_tokens_details: bool = False
     tokenizer: str | None = None
     engine: EngineConfig = field(default_factory=EngineConfig)

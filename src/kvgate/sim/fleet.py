@@ -52,6 +52,7 @@ def fleet_configs(args: argparse.Namespace) -> list[ServerConfig]:
                 replay_endpoint=replay,
                 topic=f"kv@{cfg.host}:{cfg.port}@{cfg.served_model_name}",
             )
+            cfg.kv_events_bind = True
         configs.append(cfg)
     return configs
 

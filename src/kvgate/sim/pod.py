@@ -49,7 +49,10 @@ class SimPod:
                 self._own_context = True
             self._zmq = zmq_context
             self.publisher = KVEventPublisher(
-                config.kv_events, zmq_context, int_hashes=config.int_block_hashes
+                config.kv_events,
+                zmq_context,
+                int_hashes=config.int_block_hashes,
+                bind=config.kv_events_bind,
             )
         self.driver = EngineDriver(self.engine, config.time_scale, on_step=self._on_step)
 

@@ -7,7 +7,8 @@
   ``[identity, b"", start_seq (8 bytes)]`` to the ROUTER socket (a DEALER with an empty delimiter
   frame, or REQ) and receives ``[b"", topic, seq, payload]`` for every buffered batch with
   ``seq >= start_seq``, then the end marker ``[b"", b"", seq=-1, b""]``.
-- Endpoints containing ``*`` or ``::`` (or ipc/inproc) are bound, others connected, as in vLLM.
+- Endpoints containing ``*`` or ``::`` (or ipc/inproc) are bound, others connected, as in vLLM
+  (a fleet binds its per-pod addresses explicitly with ``bind=True``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class KVEventPublisher:
         context: zmq.asyncio.Context,
         int_hashes: bool = False,
         data_parallel_rank: int = 0,
+        bind: bool | None = None,
     ) -> None:
         self.config = config
         self._int_hashes = int_hashes
@@ -50,7 +52,7 @@ class KVEventPublisher:
         self._pub_async = context.socket(zmq.PUB)
         self._pub_async.set_hwm(config.hwm)
         self._pub_async.setsockopt(zmq.LINGER, 0)
-        if _is_bind_endpoint(config.endpoint):
+        if bind or (bind is None and _is_bind_endpoint(config.endpoint)):
             self._pub_async.bind(config.endpoint)
         else:
             self._pub_async.connect(config.endpoint)

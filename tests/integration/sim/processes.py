@@ -22,12 +22,20 @@ class SimProcess:
         self.log_path = log_path
         env = {**os.environ, "PYTHONHASHSEED": os.environ.get("SIM_TEST_HASH_SEED", "0")}
         self._log = log_path.open("wb")
+        self._client: httpx.Client | None = None
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kvgate.cli", "sim", *args],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=env,
         )
+
+    @property
+    def client(self) -> httpx.Client:
+        """A keep-alive client for pod 0 (a new connection per request is slow on a busy CI)."""
+        if self._client is None:
+            self._client = httpx.Client(base_url=self.url, timeout=30)
+        return self._client
 
     @property
     def url(self) -> str:
@@ -53,6 +61,8 @@ class SimProcess:
             time.sleep(0.05)
 
     def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

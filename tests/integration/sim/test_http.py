@@ -10,27 +10,27 @@ import sys
 
 import httpx
 import pytest
-from tests.integration.sim.processes import SimFactory
+from tests.integration.sim.processes import SimFactory, SimProcess
 
 LONG_TEXT = "The quick brown fox jumps over the lazy dog. " * 60  # ~675 fallback tokens
 
 
 @pytest.fixture(scope="module")
-def pod(start_sim_module: SimFactory) -> str:
+def pod(start_sim_module: SimFactory) -> SimProcess:
     proc = start_sim_module(
         "--model", "org/model-8b", "--served-model-name", "m8b", "--block-size", "16",
         "--enable-prefix-caching", "--prefix-caching-hash-algo", "sha256",
         "--enable-prompt-tokens-details", "--max-model-len", "4096",
         "--gpu-memory-utilization", "0.9", "--max-num-seqs", "64",
     )  # fmt: skip
-    return proc.url
+    return proc
 
 
-def _complete(url: str, **body: object) -> httpx.Response:
-    return httpx.post(url + "/v1/completions", json={"model": "m8b", **body}, timeout=30)
+def _complete(pod: SimProcess, **body: object) -> httpx.Response:
+    return pod.client.post("/v1/completions", json={"model": "m8b", **body})
 
 
-def test_same_long_prompt_twice_is_served_from_the_prefix_cache(pod: str) -> None:
+def test_same_long_prompt_twice_is_served_from_the_prefix_cache(pod: SimProcess) -> None:
     text = "first test. " + LONG_TEXT
     first = _complete(pod, prompt=text, max_tokens=4)
     second = _complete(pod, prompt=text, max_tokens=4)
@@ -47,7 +47,7 @@ def test_same_long_prompt_twice_is_served_from_the_prefix_cache(pod: str) -> Non
     assert first.json()["choices"][0]["finish_reason"] == "length"
 
 
-def test_token_id_prompts_and_unknown_fields(pod: str) -> None:
+def test_token_id_prompts_and_unknown_fields(pod: SimProcess) -> None:
     resp = _complete(
         pod, prompt=list(range(1000, 1100)), max_tokens=2, priority=0,
         sampling_params={"x": 1}, return_text=True, rid="sglang-extra",
@@ -57,10 +57,10 @@ def test_token_id_prompts_and_unknown_fields(pod: str) -> None:
     assert resp.json()["usage"]["completion_tokens"] == 2
 
 
-def test_streaming_completion_in_vllm_chunk_format(pod: str) -> None:
+def test_streaming_completion_in_vllm_chunk_format(pod: SimProcess) -> None:
     body = {"model": "m8b", "prompt": "hello", "max_tokens": 3, "stream": True,
             "stream_options": {"include_usage": True}}  # fmt: skip
-    with httpx.stream("POST", pod + "/v1/completions", json=body, timeout=30) as resp:
+    with pod.client.stream("POST", "/v1/completions", json=body, timeout=30) as resp:
         assert resp.headers["content-type"].startswith("text/event-stream")
         events = [line[6:] for line in resp.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
@@ -74,12 +74,10 @@ def test_streaming_completion_in_vllm_chunk_format(pod: str) -> None:
     assert chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
 
 
-def test_chat_streaming_and_non_streaming(pod: str) -> None:
+def test_chat_streaming_and_non_streaming(pod: SimProcess) -> None:
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
-    resp = httpx.post(
-        pod + "/v1/chat/completions",
-        json={"model": "m8b", "messages": messages, "max_tokens": 5},
-        timeout=30,
+    resp = pod.client.post(
+        "/v1/chat/completions", json={"model": "m8b", "messages": messages, "max_tokens": 5}
     )
     assert resp.status_code == 200, resp.text
     body = resp.json()
@@ -88,7 +86,7 @@ def test_chat_streaming_and_non_streaming(pod: str) -> None:
     assert body["usage"]["completion_tokens"] == 5
     stream_body = {"model": "m8b", "messages": messages, "max_tokens": 2, "stream": True,
                    "stream_options": {"include_usage": True}}  # fmt: skip
-    with httpx.stream("POST", pod + "/v1/chat/completions", json=stream_body, timeout=30) as r:
+    with pod.client.stream("POST", "/v1/chat/completions", json=stream_body, timeout=30) as r:
         events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
     chunks = [json.loads(e) for e in events[:-1]]
     assert chunks[0]["object"] == "chat.completion.chunk"
@@ -112,9 +110,9 @@ def test_chat_streaming_and_non_streaming(pod: str) -> None:
     ],
 )
 def test_invalid_requests_get_vllm_error_shape(
-    pod: str, body: dict[str, object], status: int, fragment: str
+    pod: SimProcess, body: dict[str, object], status: int, fragment: str
 ) -> None:
-    resp = httpx.post(pod + "/v1/completions", json={"model": "m8b", **body}, timeout=30)
+    resp = pod.client.post("/v1/completions", json={"model": "m8b", **body}, timeout=30)
     assert resp.status_code == status
     error = resp.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -122,16 +120,16 @@ def test_invalid_requests_get_vllm_error_shape(
     assert fragment in error["message"]
 
 
-def test_bad_json_is_a_400(pod: str) -> None:
-    resp = httpx.post(pod + "/v1/completions", content=b"{nope", timeout=30)
+def test_bad_json_is_a_400(pod: SimProcess) -> None:
+    resp = pod.client.post("/v1/completions", content=b"{nope", timeout=30)
     assert resp.status_code == 400
     assert resp.json()["error"]["type"] == "BadRequestError"
 
 
-def test_metrics_use_vllm_names(pod: str) -> None:
+def test_metrics_use_vllm_names(pod: SimProcess) -> None:
     _complete(pod, prompt=LONG_TEXT, max_tokens=2)
     _complete(pod, prompt=LONG_TEXT, max_tokens=2)
-    text = httpx.get(pod + "/metrics", timeout=10).text
+    text = pod.client.get("/metrics", timeout=10).text
     for name in (
         "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
@@ -147,35 +145,35 @@ def test_metrics_use_vllm_names(pod: str) -> None:
     assert float(hits.split()[-1]) > 600
 
 
-def test_reset_prefix_cache_forgets_prefixes(pod: str) -> None:
+def test_reset_prefix_cache_forgets_prefixes(pod: SimProcess) -> None:
     _complete(pod, prompt=LONG_TEXT, max_tokens=1)
     cached = _complete(pod, prompt=LONG_TEXT, max_tokens=1)
     assert cached.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-    reset = httpx.post(pod + "/reset_prefix_cache", timeout=10)
+    reset = pod.client.post("/reset_prefix_cache", timeout=10)
     assert reset.status_code == 200 and reset.json() == {"success": True}
     again = _complete(pod, prompt=LONG_TEXT, max_tokens=1)
     assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
 
 
-def test_info_endpoints_for_routers(pod: str) -> None:
-    assert httpx.get(pod + "/health", timeout=10).status_code == 200
-    models = httpx.get(pod + "/v1/models", timeout=10).json()
+def test_info_endpoints_for_routers(pod: SimProcess) -> None:
+    assert pod.client.get("/health", timeout=10).status_code == 200
+    models = pod.client.get("/v1/models", timeout=10).json()
     assert [m["id"] for m in models["data"]] == ["m8b"]
     assert models["data"][0]["max_model_len"] == 4096
     for path in ("/server_info", "/get_server_info", "/model_info", "/get_model_info"):
-        resp = httpx.get(pod + path, timeout=10)
+        resp = pod.client.get(path)
         assert resp.status_code == 200, path
-    assert httpx.get(pod + "/model_info", timeout=10).json()["model_path"] == "org/model-8b"
-    assert httpx.get(pod + "/nope", timeout=10).status_code == 404
+    assert pod.client.get("/model_info", timeout=10).json()["model_path"] == "org/model-8b"
+    assert pod.client.get("/nope", timeout=10).status_code == 404
 
 
-def test_http2_prior_knowledge_is_refused_and_server_survives(pod: str) -> None:
-    host, port = pod.removeprefix("http://").split(":")
+def test_http2_prior_knowledge_is_refused_and_server_survives(pod: SimProcess) -> None:
+    host, port = pod.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
         reply = sock.recv(4096)
     assert reply.startswith(b"HTTP/1.1 400") or reply == b""
-    assert httpx.get(pod + "/health", timeout=10).status_code == 200
+    assert pod.client.get("/health", timeout=10).status_code == 200
 
 
 def test_unknown_flag_is_an_error() -> None:
