@@ -132,6 +132,7 @@ def _report(name: str, samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     p50 = ordered[len(ordered) // 2] * 1000
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1000
+    print(f"\n{name}: p50 {p50:.3f} ms  p99 {p99:.3f} ms  (n={len(ordered)})")  # noqa: T201
     return {"p50_ms": p50, "p99_ms": p99}
 
 

@@ -184,6 +184,8 @@ def test_proxy_overhead(benchmark: Any, upstream: Proc, kvgate_router: Proc) -> 
 
     result = benchmark.pedantic(measure, rounds=1, iterations=1)
     benchmark.extra_info.update(result)
+    shown = {k: round(v, 3) for k, v in result.items()}
+    print("\nproxy overhead (1 connection):", shown)  # noqa: T201
 
 
 def test_throughput_kvgate(benchmark: Any, kvgate_router: Proc) -> None:
@@ -191,6 +193,7 @@ def test_throughput_kvgate(benchmark: Any, kvgate_router: Proc) -> None:
         lambda: _load(kvgate_router.port, 32, DURATION), rounds=1, iterations=1
     )
     benchmark.extra_info.update({"requests_per_s": rate, "p50_ms": _p(latencies, 0.5)})
+    print(f"\nkvgate router: {rate:.0f} req/s, p50 {_p(latencies, 0.5):.2f} ms")  # noqa: T201
 
 
 def test_throughput_sglang(
@@ -213,3 +216,4 @@ def test_throughput_sglang(
     finally:
         proc.stop()
     benchmark.extra_info.update({"requests_per_s": rate, "p50_ms": _p(latencies, 0.5)})
+    print(f"\nsglang-router cache_aware: {rate:.0f} req/s, p50 {_p(latencies, 0.5):.2f} ms")  # noqa: T201
