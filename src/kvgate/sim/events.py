@@ -80,7 +80,7 @@ def _event_map(event: KVEvent, int_hashes: bool) -> dict[str, Any]:
             "medium": event.medium,
             "lora_name": event.lora_name,
         }
-        optional = (
+        optional: tuple[tuple[str, Any], ...] = (
             ("extra_keys", event.extra_keys),
             ("group_idx", event.group_idx),
             ("kv_cache_spec_kind", event.kv_cache_spec_kind),

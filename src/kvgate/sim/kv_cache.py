@@ -20,7 +20,13 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from kvgate.sim.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from kvgate.sim.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    ExternalHash,
+    KVEvent,
+)
 from kvgate.sim.request import SimRequest
 
 
@@ -171,7 +177,7 @@ class KVCacheManager:
             self._cached.setdefault(h, {})[b] = None
         self._events.append(
             BlockStored(
-                block_hashes=new_hashes,
+                block_hashes=list[ExternalHash](new_hashes),
                 parent_block_hash=hashes[start - 1] if start else None,
                 token_ids=request.all_token_ids[start * bs : full * bs],
                 block_size=bs,
