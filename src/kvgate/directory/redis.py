@@ -22,7 +22,10 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from kvgate.directory import redis_scripts
 from kvgate.directory.base import (
@@ -102,6 +105,9 @@ class RedisBlockIndex:
             socket_timeout=socket_timeout_seconds,
             socket_connect_timeout=socket_timeout_seconds,
             decode_responses=False,
+            # A pooled connection that Redis closed (restart, failover) is retried once on a
+            # fresh one; timeouts are not retried: the caller's latency budget is spent.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         return cls(
             client,
