@@ -3,9 +3,10 @@
 - Routing history: for pods without KV events, the request's block keys are added to the pod's
   directory entries as approximate entries (TTL), right after the decision and before the request
   is sent (so that a burst of requests with one prefix already sees where the first went).
-- Prefill rate: a streaming request's TTFT, on a pod that had nothing queued ahead of it from
-  this router, is an observation of (uncached tokens → seconds) for the estimator; uncached
-  tokens come from the engine's `cached_tokens` when it reported them.
+- Prefill rate: for engines that do not export prefill counters (see `scrape.py`), a streaming
+  request's TTFT on a pod that had nothing queued ahead of it from this router is an observation
+  of (uncached tokens → seconds) for the estimator; uncached tokens come from the engine's
+  `cached_tokens` when it reported them.
 - Metrics: requests by pool/endpoint/class/decision/status, predicted and engine-reported cached
   tokens, prompt tokens, estimated saved prefill seconds, TTFT and duration.
 """
@@ -81,7 +82,10 @@ class Learner:
             m.child(m.cached_tokens, pool, ep).inc(cached)
             rate = self.estimator.rate(ep) or self.prior
             m.child(m.saved_prefill_seconds, pool).inc(cached / rate)
-        if outcome.ttft_seconds is not None and outcome.status == 200:
+        # The engine's own prefill counters (scrape.py) are the better source; a TTFT is only
+        # used for engines that do not export them.
+        counters = plan.endpoint.load.prefill_seconds_total is not None
+        if outcome.ttft_seconds is not None and outcome.status == 200 and not counters:
             uncached = usage.prompt_tokens - cached if usage.cached_tokens is not None else None
             self.estimator.observe_ttft(
                 ep,

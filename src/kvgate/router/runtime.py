@@ -91,6 +91,7 @@ class RouterRuntime:
             path=config.load_metrics.path,
             eject_after=limits.eject_after_failures,
             eject_seconds=limits.eject_seconds,
+            estimator=self.router.estimator,
             clock=clock,
         )
         self.discoveries: dict[str, Discovery] = {}

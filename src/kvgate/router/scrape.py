@@ -3,8 +3,9 @@
 Every `interval` the scraper fetches all endpoints' /metrics concurrently (each bounded by a
 timeout), parses the three gauges routing needs (`vllm:num_requests_waiting`,
 `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, summed over label sets) and stores them
-on the endpoint with the time of the scrape. A failed scrape counts as a health failure; enough of
-them in a row eject the pod until it answers again. Load older than `stale_after` is treated as
+on the endpoint with the time of the scrape. Between two scrapes, the engine's counters give a
+prefill-rate observation for the estimator (`prefill_observation`). A failed scrape counts as a
+health failure; enough of them in a row eject the pod until it answers again. Load older than `stale_after` is treated as
 unknown by the scoring snapshot.
 """
 
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from kvgate.router.endpoints import Endpoint, EndpointSet, LoadSample
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.upstream import Upstream, UpstreamError, read_all
+from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)
 
@@ -28,12 +30,16 @@ _WANTED = {
     "vllm:kv_cache_usage_perc": "kv_cache_usage",
     # vLLM < 0.10 spelled it gpu_cache_usage_perc.
     "vllm:gpu_cache_usage_perc": "kv_cache_usage",
+    "vllm:prompt_tokens_total": "prompt_tokens_total",
+    "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
+    "vllm:request_prefill_time_seconds_sum": "prefill_seconds_total",
 }
+_COUNTERS = ("prompt_tokens_total", "prefix_cache_hits_total", "prefill_seconds_total")
 
 
 def parse_load(text: str, now: float) -> LoadSample:
     """Extract the load gauges from Prometheus text exposition; missing ones read as 0."""
-    values = {"waiting": 0.0, "running": 0.0, "kv_cache_usage": 0.0}
+    values: dict[str, float] = {"waiting": 0.0, "running": 0.0, "kv_cache_usage": 0.0}
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
@@ -48,7 +54,7 @@ def parse_load(text: str, now: float) -> LoadSample:
         if not parts:
             continue
         try:
-            values[field] += float(parts[0])
+            values[field] = values.get(field, 0.0) + float(parts[0])
         except ValueError:
             continue
     return LoadSample(
@@ -56,7 +62,27 @@ def parse_load(text: str, now: float) -> LoadSample:
         running=values["running"],
         kv_cache_usage=values["kv_cache_usage"],
         scraped_at=now,
+        prompt_tokens_total=values.get("prompt_tokens_total"),
+        prefix_cache_hits_total=values.get("prefix_cache_hits_total"),
+        prefill_seconds_total=values.get("prefill_seconds_total"),
     )
+
+
+def prefill_observation(previous: LoadSample, current: LoadSample) -> tuple[float, float] | None:
+    """(computed prompt tokens, prefill seconds) between two scrapes, from the engine's own
+    counters: Δprompt_tokens - Δprefix_cache_hits over Δrequest_prefill_time_seconds_sum.
+    None when a counter is missing, went backwards (engine restart) or nothing was prefilled."""
+    before = [getattr(previous, c) for c in _COUNTERS]
+    after = [getattr(current, c) for c in _COUNTERS]
+    if None in before or None in after:
+        return None
+    deltas = [a - b for a, b in zip(after, before, strict=True)]
+    if min(deltas) < 0:
+        return None
+    tokens, seconds = deltas[0] - deltas[1], deltas[2]
+    if tokens <= 0 or seconds <= 0:
+        return None
+    return tokens, seconds
 
 
 class LoadScraper:
@@ -73,6 +99,7 @@ class LoadScraper:
         path: str = "/metrics",
         eject_after: int = 3,
         eject_seconds: float = 5.0,
+        estimator: PrefillRateEstimator | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._endpoints = endpoints
@@ -84,6 +111,7 @@ class LoadScraper:
         self._eject_after = eject_after
         self._eject_seconds = eject_seconds
         self._clock = clock
+        self._estimator = estimator
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -130,7 +158,12 @@ class LoadScraper:
             if ep.record_failure(self._clock(), self._eject_after, self._eject_seconds):
                 log.warning("endpoint %s ejected: /metrics failing (%r)", ep.id, exc)
             return
-        ep.load = parse_load(text, self._clock())
+        sample = parse_load(text, self._clock())
+        if self._estimator is not None:
+            observed = prefill_observation(ep.load, sample)
+            if observed is not None:
+                self._estimator.observe(ep.id, int(observed[0]), observed[1])
+        ep.load = sample
         if not ep.healthy(self._clock()):
             log.info("endpoint %s answers again; back in rotation", ep.id)
             ep.ejected_until = 0.0
