@@ -33,6 +33,7 @@ from rich.progress import (
 from kvgate.bench.agent_sessions import ChatTokenizer
 from kvgate.bench.harness import BenchResult, HarnessSettings, run_live, write_outputs
 from kvgate.bench.plots import write_plots
+from kvgate.bench.processes import StartError
 from kvgate.bench.records import RequestRecord
 from kvgate.bench.targets import TARGET_NAMES, validate_targets
 from kvgate.bench.workload import Workload
@@ -169,7 +170,11 @@ def run(args: argparse.Namespace) -> int:
         f"[bold]{workload.name}[/bold]: {workload.description} — {workload.size} requests, "
         f"{settings.pods} pods, targets {', '.join(targets)}"
     )
-    result = run_live_with_progress(workload, settings, args.out, console)
+    try:
+        result = run_live_with_progress(workload, settings, args.out, console)
+    except StartError as exc:
+        console.print(f"[red]error:[/red] the simulated fleet did not start: {exc}", markup=False)
+        return 1
     console.print(result_table_text(result.report_path), markup=False)
     console.print(f"report: {result.report_path}")
     for plot in result.plots:

@@ -24,6 +24,7 @@ from rich.console import Console
 
 from kvgate.bench.bench_command import chat_tokenizer, quiet_http_logs, run_live_with_progress
 from kvgate.bench.harness import HarnessSettings
+from kvgate.bench.processes import StartError
 from kvgate.bench.report import BenchReport
 from kvgate.bench.workloads import build_workload
 
@@ -87,7 +88,11 @@ def run(args: argparse.Namespace) -> int:
         f"[bold]kvgate demo[/bold]: {args.pods} simulated vLLM pods on 127.0.0.1, "
         f"{workload.description}; {args.duration:g}s through each of round robin and kvgate"
     )
-    result = run_live_with_progress(workload, settings, args.out, console)
+    try:
+        result = run_live_with_progress(workload, settings, args.out, console)
+    except StartError as exc:
+        console.print(f"error: the simulated fleet did not start: {exc}", markup=False)
+        return 1
     console.print()
     console.print((result.report_path.parent / "report.md").read_text(), markup=False)
     console.print(f"[bold]{headline(result.report)}[/bold]")
