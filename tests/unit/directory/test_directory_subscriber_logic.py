@@ -1,0 +1,155 @@
+"""PodSubscriber's seq and apply logic, fed messages directly (the socket path is integration)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+
+from kvgate.directory.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KVEvent,
+    encode_batch,
+)
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.directory.subscriber import PodEndpoint, PodSubscriber
+
+
+def h(i: int) -> bytes:
+    return hashlib.sha256(f"s/{i}".encode()).digest()
+
+
+def msg(seq: int, *events: KVEvent, topic: bytes = b"t") -> list[bytes]:
+    return [topic, seq.to_bytes(8, "big"), encode_batch(EventBatch(float(seq), list(events)))]
+
+
+def stored(*keys: bytes, medium: str | None = None, group: int | None = None) -> BlockStored:
+    return BlockStored(list(keys), None, [0] * 16 * len(keys), 16, medium=medium, group_idx=group)
+
+
+class FlakyIndex(MemoryBlockIndex):
+    """A memory index whose next `fail` writes raise, like a Redis that went away."""
+
+    fail = 0
+
+    async def add(self, pod: str, keys: Sequence[bytes], **kwargs: object) -> bool:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("directory down")
+        return await super().add(pod, keys, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+@pytest.fixture
+async def sub(registry: CollectorRegistry) -> AsyncIterator[PodSubscriber]:
+    ctx = zmq.asyncio.Context()
+    subscriber = PodSubscriber(
+        PodEndpoint("p", "tcp://127.0.0.1:1", topic="t"),  # never connected here
+        FlakyIndex(),
+        ctx,
+        pool="pool",
+        metrics=DirectoryMetrics(registry),
+        retry_seconds=0,
+    )
+    await subscriber._index.set_generation("p", subscriber.generation)
+    yield subscriber
+    ctx.destroy(linger=0)
+
+
+def index_of(sub: PodSubscriber) -> FlakyIndex:
+    index = sub._index
+    assert isinstance(index, FlakyIndex)
+    return index
+
+
+def bad(registry: CollectorRegistry, reason: str) -> float:
+    return (
+        registry.get_sample_value(
+            "kvgate_directory_bad_events_total", {"pool": "pool", "reason": reason}
+        )
+        or 0
+    )
+
+
+async def test_events_apply_in_order_within_and_across_batches(sub: PodSubscriber) -> None:
+    index = index_of(sub)
+    await sub.handle_many([
+        msg(0, stored(h(0), h(1)), BlockRemoved([h(1)]), stored(h(2))),
+        msg(1, stored(h(1))),
+    ])  # fmt: skip
+    assert await index.lookup([h(0), h(1), h(2)]) == {"p": 3}
+    await sub.handle(msg(2, stored(h(5)), AllBlocksCleared(), stored(h(6))))
+    assert await index.lookup([h(0)]) == {}
+    assert await index.lookup([h(6)]) == {"p": 1}
+
+
+async def test_media_and_groups(sub: PodSubscriber, registry: CollectorRegistry) -> None:
+    index = index_of(sub)
+    await sub.handle(msg(0, stored(h(0), medium="CPU"), stored(h(0)), BlockRemoved([h(0)])))
+    assert await index.lookup([h(0)]) == {"p": 1}  # still in CPU
+    await sub.handle(msg(1, stored(h(1), group=1), stored(h(2), group=0)))
+    assert await index.lookup([h(1)]) == {}
+    assert await index.lookup([h(2)]) == {"p": 1}
+    assert bad(registry, "other_kv_cache_group") == 1
+
+
+async def test_seq_handling_without_replay(sub: PodSubscriber, registry: CollectorRegistry) -> None:
+    index = index_of(sub)
+    await sub.handle(msg(5, stored(h(0))))  # first message: nothing to replay from, applied
+    await sub.handle(msg(6, stored(h(1))))
+    assert sub.expected == 7
+    assert await index.lookup([h(0), h(1)]) == {"p": 2}
+    await sub.handle(msg(8, stored(h(3))))  # gap, no replay socket: the pod is cleared
+    assert await index.lookup([h(0)]) == {}
+    assert await index.lookup([h(3)]) == {"p": 1}
+    first_generation = sub.generation
+    await sub.handle(msg(0, stored(h(7))))  # back to 0: the engine restarted
+    assert sub.generation != first_generation
+    assert await index.get_generation("p") == sub.generation
+    assert await index.lookup([h(3)]) == {}
+    assert await index.lookup([h(7)]) == {"p": 1}
+    clears = {
+        r: registry.get_sample_value(
+            "kvgate_directory_pod_clears_total", {"pool": "pool", "reason": r}
+        )
+        for r in ("gap", "restart")
+    }
+    assert clears == {"gap": 1, "restart": 1}
+
+
+async def test_a_newer_writer_wins(sub: PodSubscriber, registry: CollectorRegistry) -> None:
+    index = index_of(sub)
+    await index.set_generation("p", "someone-else")
+    await sub.handle(msg(0, stored(h(0))))
+    assert await index.lookup([h(0)]) == {}
+    assert bad(registry, "stale_generation") == 1
+
+
+async def test_directory_failure_rewinds_expected_seq(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
+    index = index_of(sub)
+    await sub.handle(msg(0, stored(h(0))))
+    index.fail = 1
+    await sub.handle_many([msg(1, stored(h(1))), msg(2, stored(h(2)))])
+    assert sub.expected == 1  # the next message will look like a gap from 1 and replay it
+    assert bad(registry, "directory_error") == 1
+
+
+async def test_wrong_topic_and_frames(sub: PodSubscriber, registry: CollectorRegistry) -> None:
+    await sub.handle(msg(0, stored(h(0)), topic=b"t2"))
+    await sub.handle([b"t", b"\x00" * 7, b""])
+    await sub.handle([b"t"])
+    assert sub.expected is None
+    assert (bad(registry, "unknown_pod"), bad(registry, "malformed_frame")) == (1, 2)
