@@ -53,9 +53,11 @@ class RouterRuntime:
         transport: httpx.AsyncBaseTransport | None = None,
         metrics: RouterMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        reload_check_seconds: float = 1.0,
     ) -> None:
         self.metrics = metrics or RouterMetrics()
         self.config_path = config_path
+        self._reload_check_seconds = reload_check_seconds
         state = build_state(config)
         limits = config.limits
         # httpx serves tests (an injected transport) and https pods; plain http goes raw.
@@ -113,7 +115,11 @@ class RouterRuntime:
         await self._sync_pools(self.config)
         self.scraper.start()
         if self.config_path is not None:
-            self._watch_task = asyncio.create_task(self._watch_config(), name="kvgate-config")
+            # The file as loaded is the baseline: a change from now on is a reload.
+            baseline = _stat_key(Path(self.config_path))
+            self._watch_task = asyncio.create_task(
+                self._watch_config(baseline, self._reload_check_seconds), name="kvgate-config"
+            )
         self.started = True
 
     async def stop(self) -> None:
@@ -200,10 +206,11 @@ class RouterRuntime:
             self.metrics.endpoints.labels(pool, "ready").set(ready)
             self.metrics.endpoints.labels(pool, "ejected").set(len(eps) - ready)
 
-    async def _watch_config(self, interval: float = 1.0) -> None:
+    async def _watch_config(
+        self, last: tuple[float, int, int] | None, interval: float = 1.0
+    ) -> None:
         assert self.config_path is not None
         path = Path(self.config_path)
-        last = _stat_key(path)
         while True:
             await asyncio.sleep(interval)
             current = _stat_key(path)
