@@ -106,7 +106,9 @@ class SimEngine:
         max_tokens: int,
         arrival_time: float,
         cache_salt: str | None = None,
+        block_hashes: list[bytes] | None = None,
     ) -> SimRequest:
+        """Queue a request; ``block_hashes`` may carry its prompt's hashes, already computed."""
         n = len(prompt_token_ids)
         if n == 0:
             raise RequestRejected("The prompt cannot be empty.")
@@ -132,6 +134,8 @@ class SimEngine:
             cache_salt=cache_salt,
         )
         if self.config.enable_prefix_caching:
+            if block_hashes is not None:
+                req.block_hashes = list(block_hashes)
             req.update_block_hashes(self.hasher, self.config.block_size)
         self.scheduler.add(req)
         return req

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 
 from kvgate.sim.events import (
     AllBlocksCleared,
@@ -62,7 +63,7 @@ class KVCacheManager:
     def is_cached(self, block_hash: bytes) -> bool:
         return block_hash in self._cached
 
-    def cached_prefix_blocks(self, block_hashes: list[bytes]) -> int:
+    def cached_prefix_blocks(self, block_hashes: Sequence[bytes]) -> int:
         """How many leading blocks of a hash chain the cache holds (no side effects)."""
         n = 0
         for h in block_hashes:
