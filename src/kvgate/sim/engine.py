@@ -172,40 +172,47 @@ class SimEngine:
         prefill: list[tuple[int, int]] = []
         decode: list[int] = []
         for req, num_new, context in batch.items:
-            if num_new == 1 and req.output_token_ids and context == req.num_tokens - 1:
+            if num_new == 1 and req.output_token_ids and context == len(req.all_token_ids) - 1:
                 decode.append(context)
             else:
                 prefill.append((context, num_new))
         end = now + self.profile.step_seconds(prefill, decode)
         result = StepResult(start=now, end=end, num_preempted=len(batch.preempted))
         stats = self.stats
-        stats.preemptions += len(batch.preempted)
+        if batch.preempted:
+            stats.preemptions += len(batch.preempted)
         for queried, hit in batch.prefix_lookups:
             stats.prefix_cache_queries += queried
             stats.prefix_cache_hits += hit
         finished: list[SimRequest] = []
+        tokens = result.tokens
+        caching = self.config.enable_prefix_caching
+        block_size = self.config.block_size
+        max_model_len = self.config.max_model_len
         for req, _num_new, _context in batch.items:
-            if req.num_computed_tokens < req.num_tokens:
+            all_tokens = req.all_token_ids
+            if req.num_computed_tokens < len(all_tokens):
                 continue  # a prefill chunk that does not finish the prompt samples nothing
             token = self._next_token(req)
-            req.append_output_token(token)
-            if self.config.enable_prefix_caching:
-                req.update_block_hashes(self.hasher, self.config.block_size)
+            req.output_token_ids.append(token)
+            all_tokens.append(token)
+            if caching and (len(req.block_hashes) + 1) * block_size <= len(all_tokens):
+                req.update_block_hashes(self.hasher, block_size)
             if req.first_token_time is None:
                 req.first_token_time = end
                 req.prefill_done_time = end
                 stats.prompt_tokens += req.num_prompt_tokens
                 stats.prompt_tokens_cached += max(req.num_cached_tokens, 0)
             req.last_token_time = end
-            stats.generation_tokens += 1
-            result.tokens.append((req, token))
-            out = len(req.output_token_ids)
-            if out >= req.max_tokens or req.num_tokens >= self.config.max_model_len:
+            tokens.append((req, token))
+            if len(req.output_token_ids) >= req.max_tokens or len(all_tokens) >= max_model_len:
                 req.finish_time = end
                 finished.append(req)
-        self.scheduler.finish(finished)
-        stats.finished_requests += len(finished)
-        result.finished = finished
+        stats.generation_tokens += len(tokens)
+        if finished:
+            self.scheduler.finish(finished)
+            stats.finished_requests += len(finished)
+            result.finished = finished
         result.events = self.kv_cache.take_events()
         return result
 

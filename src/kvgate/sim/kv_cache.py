@@ -96,8 +96,16 @@ class KVCacheManager:
         self, request: SimRequest, num_new_tokens: int, new_computed_blocks: list[int] | None = None
     ) -> bool:
         """Give ``request`` room for ``num_new_tokens`` more tokens; False if blocks run out."""
-        computed = new_computed_blocks or []
         bs = self.block_size
+        if not new_computed_blocks:
+            # Fast path (every decode step): the tokens fit in the blocks already held and no
+            # block becomes full, so nothing is allocated or cached.
+            total = request.num_computed_tokens + num_new_tokens
+            if total <= len(request.block_ids) * bs and (
+                not self.enable_caching or total // bs <= request.num_cached_blocks
+            ):
+                return True
+        computed = new_computed_blocks or []
         total = request.num_computed_tokens + len(computed) * bs + num_new_tokens
         num_required = -(-total // bs)
         num_new = num_required - len(request.block_ids) - len(computed)

@@ -68,7 +68,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
-            num_new = min(req.num_tokens - req.num_computed_tokens, budget)
+            num_new = min(len(req.all_token_ids) - req.num_computed_tokens, budget)
             if num_new <= 0:
                 i += 1
                 continue
