@@ -69,12 +69,17 @@ def template_text(
         os.unlink(values_file)
 
 
+_RENDERED: dict[str, str] = {}
+
+
 def render(
     values: dict[str, Any] | None = None, api_versions: Sequence[str] = ()
 ) -> list[dict[str, Any]]:
-    """The documents `helm template` renders for these values."""
-    text = template_text(values, api_versions).stdout
-    return [d for d in yaml.safe_load_all(text) if d]
+    """The documents `helm template` renders for these values (rendered once per session)."""
+    key = json.dumps([values or {}, list(api_versions)], sort_keys=True)
+    if key not in _RENDERED:
+        _RENDERED[key] = template_text(values, api_versions).stdout
+    return [d for d in yaml.safe_load_all(_RENDERED[key]) if d]
 
 
 def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> list[dict[str, Any]]:

@@ -126,7 +126,8 @@ def test_bundled_redis_uses_a_generated_password_from_a_secret() -> None:
     secret = one(docs, "Secret", "kvgate-redis")
     password = base64.b64decode(secret["data"]["redis-password"]).decode()
     assert re.fullmatch(r"[A-Za-z0-9]{32}", password)
-    other = base64.b64decode(one(render(), "Secret", "kvgate-redis")["data"]["redis-password"])
+    again = [d for d in yaml.safe_load_all(template_text().stdout) if d]
+    other = base64.b64decode(one(again, "Secret", "kvgate-redis")["data"]["redis-password"])
     assert other.decode() != password  # random on install (kept on upgrade through lookup)
     container = one(docs, "StatefulSet", "kvgate-redis")["spec"]["template"]["spec"]["containers"][
         0
@@ -319,3 +320,10 @@ def test_chart_links_resolve_to_the_repository_sources() -> None:
     assert (CHART / "files" / "crds").resolve() == ROOT / "crds"
     assert (CHART / "files" / "rbac").resolve() == ROOT / "deploy" / "rbac"
     assert Path(CHART / "files" / "crds").is_symlink()
+
+
+def test_install_docs_list_every_value() -> None:
+    found, _ = _values_keys()
+    reference = (ROOT / "docs" / "install.md").read_text().split("## Values reference", 1)[1]
+    missing = [key for key, documented in found if documented and f"| `{key}` |" not in reference]
+    assert not missing, f"docs/install.md's values reference lacks {missing}"
