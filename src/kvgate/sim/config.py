@@ -173,7 +173,7 @@ def config_from_args(
         seed=args.seed if args.sim_seed is None else args.sim_seed,
     )
     kwargs: dict[str, Any] = {}
-    if hasattr(args, "host"):
+    if hasattr(args, "kv_events_config"):  # `serve`; a fleet sets these per pod
         kwargs.update(host=args.host, port=args.port, kv_events=args.kv_events_config)
     return ServerConfig(
         model=model,
