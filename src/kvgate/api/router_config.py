@@ -269,8 +269,6 @@ class DirectoryConfig(_Model):
     embedded_indexer: bool = True
     # Routing-history entries for pods without KV events expire after this long.
     approximate_ttl_seconds: float = Field(default=300.0, gt=0)
-    # A pod that leaves is cleared from the directory within this many seconds.
-    departed_grace_seconds: float = Field(default=0.0, ge=0)
 
 
 class AdminConfig(_Model):
