@@ -19,6 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -28,6 +29,7 @@ from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.router.discovery import Discovery, build_discovery
 from kvgate.router.endpoints import Endpoint, EndpointSet
 from kvgate.router.indexer import EventIndexer
+from kvgate.router.keys import Keyer, keyer_identity
 from kvgate.router.learn import Learner
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.proxy import Proxy
@@ -39,9 +41,28 @@ from kvgate.router.upstream import HttpxUpstream, RawUpstream, RoutingUpstream, 
 log = logging.getLogger(__name__)
 
 
-def build_state(config: RouterConfig) -> RouterState:
-    """Everything the config determines that is pure; raises ValueError on a bad config."""
-    return RouterState(config, build_policy(config), build_keyer)
+def build_state(
+    config: RouterConfig, keyers: dict[tuple[Any, ...], Keyer] | None = None
+) -> RouterState:
+    """Everything the config determines that is pure; raises ValueError on a bad config.
+
+    `keyers` carries keyers (tokenizer, hash caches) over reloads: pools whose engine settings
+    did not change keep theirs, warm."""
+    cache = keyers if keyers is not None else {}
+
+    def keyer(pool: PoolConfig) -> Keyer:
+        ident = keyer_identity(pool.engine)
+        found = cache.get(ident)
+        if found is None:
+            found = cache[ident] = build_keyer(pool)
+        return found
+
+    state = RouterState(config, build_policy(config), keyer)
+    live = {keyer_identity(p.engine) for p in config.pools}
+    for ident in list(cache):
+        if ident not in live:
+            del cache[ident]
+    return state
 
 
 class RouterRuntime:
@@ -58,7 +79,8 @@ class RouterRuntime:
         self.metrics = metrics or RouterMetrics()
         self.config_path = config_path
         self._reload_check_seconds = reload_check_seconds
-        state = build_state(config)
+        self._keyers: dict[tuple[Any, ...], Keyer] = {}
+        state = build_state(config, self._keyers)
         limits = config.limits
         # httpx serves tests (an injected transport) and https pods; plain http goes raw.
         self.client = httpx.AsyncClient(
@@ -144,7 +166,9 @@ class RouterRuntime:
 
     async def reload(self, config: RouterConfig) -> None:
         """Swap in a new configuration (see the module docstring). Raises ValueError."""
-        state = build_state(config)
+        keyers = dict(self._keyers)  # a failed reload leaves the running keyers untouched
+        state = build_state(config, keyers)
+        self._keyers = keyers
         self.router.state = state
         self.learner.ttl = config.directory.approximate_ttl_seconds
         self.proxy.limits = config.limits

@@ -151,3 +151,16 @@ async def test_client_disconnect_cancels_upstream(router_app):
     await asyncio.wait_for(cancelled.wait(), 5)
     assert runtime.endpoints.get("pod0:8000").inflight == 0
     await runtime.stop()
+
+
+async def test_reload_keeps_warm_keyers_of_unchanged_pools(router_app):
+    _client, runtime = await router_app(make_config(2), FakePods())
+    before = runtime.router.state.keyer_by_pool["default/p"]
+    await runtime.reload(make_config(3))
+    assert runtime.router.state.keyer_by_pool["default/p"] is before
+    changed = make_config(3)
+    pool = changed.pools[0].model_copy(
+        update={"engine": changed.pools[0].engine.model_copy(update={"block_size": 32})}
+    )
+    await runtime.reload(changed.model_copy(update={"pools": [pool]}))
+    assert runtime.router.state.keyer_by_pool["default/p"] is not before

@@ -103,7 +103,15 @@ class KubernetesPodDiscovery:
         from kubernetes_asyncio import client, watch
         from kubernetes_asyncio.client.exceptions import ApiException
 
-        await _load_kube_config()
+        backoff = 0.2
+        while True:
+            try:
+                await _load_kube_config()
+                break
+            except Exception as exc:  # no kubeconfig / service account yet: keep trying
+                log.warning("no Kubernetes client configuration for %s: %r", self.pool.key, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(5.0, backoff * 2)
         async with client.ApiClient() as api_client:
             api = client.CoreV1Api(api_client)
             backoff = 0.2
