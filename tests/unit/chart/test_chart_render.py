@@ -149,6 +149,14 @@ def test_existing_secret_is_used_and_none_is_created() -> None:
     assert env[0]["valueFrom"]["secretKeyRef"] == {"name": "mine", "key": "pw"}
 
 
+def redis_password_ref(docs: list[dict[str, Any]]) -> Any:
+    container = one(docs, "Deployment", "kvgate-indexer")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    (env,) = [e for e in container.get("env", []) if e["name"] == "REDIS_PASSWORD"]
+    return env["valueFrom"]["secretKeyRef"]
+
+
 def indexer_config(docs: list[dict[str, Any]]) -> Any:
     return parse_router_config(one(docs, "ConfigMap", "kvgate-indexer")["data"]["indexer.yaml"])
 
@@ -159,7 +167,7 @@ def test_indexer_config_is_a_valid_router_config_on_the_bundled_redis() -> None:
     assert config.directory.backend == "redis"
     assert config.directory.redis.url == "redis://kvgate-redis.kvgate-system.svc:6379/0"
     assert config.directory.redis.password is not None
-    assert config.directory.redis.password.file == "/var/run/kvgate/redis/password"
+    assert config.directory.redis.password.env == "REDIS_PASSWORD"
     (pool,) = config.pools
     assert pool.key == "apps/sim"
     assert pool.endpoints.kubernetes is not None
@@ -172,9 +180,13 @@ def test_indexer_config_is_a_valid_router_config_on_the_bundled_redis() -> None:
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
     ]
-    pod = one(docs, "Deployment", "kvgate-indexer")["spec"]["template"]["spec"]
-    mounts = {m["mountPath"] for m in pod["containers"][0]["volumeMounts"]}
-    assert {"/etc/kvgate", "/var/run/kvgate/redis"} <= mounts
+    container = one(docs, "Deployment", "kvgate-indexer")["spec"]["template"]["spec"]["containers"][
+        0
+    ]
+    assert {"name": "config", "mountPath": "/etc/kvgate", "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert redis_password_ref(docs) == {"name": "kvgate-redis", "key": "redis-password"}
 
 
 def test_external_redis_replaces_the_bundled_one() -> None:
@@ -186,12 +198,12 @@ def test_external_redis_replaces_the_bundled_one() -> None:
     assert not find(docs, "StatefulSet") and not find(docs, "Secret")
     config = indexer_config(docs)
     assert config.directory.redis.url == "redis://r:6379/1"
-    volumes = one(docs, "Deployment", "kvgate-indexer")["spec"]["template"]["spec"]["volumes"]
-    assert {"name": "redis-password", "secret": {"secretName": "s", "items": [
-        {"key": "redis-password", "path": "password"}]}} in volumes  # fmt: skip
+    assert redis_password_ref(docs) == {"name": "s", "key": "redis-password"}
     no_password = render({"redis": {"enabled": False, "external": {"url": "redis://r:6379"}},
                           "indexer": INDEXER})  # fmt: skip
     assert indexer_config(no_password).directory.redis.password is None
+    no_env = one(no_password, "Deployment", "kvgate-indexer")["spec"]["template"]["spec"]
+    assert "env" not in no_env["containers"][0]
 
 
 def test_service_monitors_need_both_the_value_and_the_crd() -> None:
