@@ -60,16 +60,6 @@ def _bool_field(body: dict[str, Any], name: str) -> bool:
     return value
 
 
-def _token_list(value: Any) -> list[int] | None:
-    if (
-        isinstance(value, list)
-        and value
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-    ):
-        return value
-    return None
-
-
 def parse_request(raw: bytes, chat: bool, codec: TextCodec) -> ParsedRequest:
     try:
         body = json.loads(raw)
@@ -80,21 +70,21 @@ def parse_request(raw: bytes, chat: bool, codec: TextCodec) -> ParsedRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise BadRequest("'model' must be a string")
+    try:
+        if chat:
+            tokens = codec.chat_token_ids(body)
+        else:
+            prompts = codec.completion_token_ids(body)
+            if len(prompts) != 1:
+                raise BadRequest("the simulator serves one prompt per request")
+            tokens = prompts[0]
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(str(exc)) from exc
     if chat:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise BadRequest("'messages' must be a non-empty list of messages")
-        if not all(isinstance(m, dict) for m in messages):
-            raise BadRequest("each message must be an object with 'role' and 'content'")
-        try:
-            tokens = codec.render_chat(messages)
-        except (TypeError, ValueError) as exc:
-            raise BadRequest(str(exc)) from exc
         max_tokens = _int_field(body, "max_completion_tokens")
         if max_tokens is None:
             max_tokens = _int_field(body, "max_tokens")
     else:
-        tokens = _completion_prompt(body.get("prompt"), codec)
         max_tokens = _int_field(body, "max_tokens")
         if max_tokens is None:
             max_tokens = DEFAULT_COMPLETION_MAX_TOKENS
@@ -120,21 +110,6 @@ def parse_request(raw: bytes, chat: bool, codec: TextCodec) -> ParsedRequest:
         continuous_usage=_bool_field(options, "continuous_usage_stats"),
         cache_salt=salt,
     )
-
-
-def _completion_prompt(prompt: Any, codec: TextCodec) -> list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one prompt
-    if isinstance(prompt, str):
-        if not prompt:
-            raise BadRequest("The prompt cannot be empty.")
-        return codec.encode(prompt)
-    tokens = _token_list(prompt)
-    if tokens is not None:
-        return tokens
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise BadRequest("the simulator serves one prompt per request")
-    raise BadRequest("'prompt' must be a string or a list of token ids")
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached: int | None) -> dict[str, Any]:

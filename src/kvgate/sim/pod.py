@@ -17,14 +17,7 @@ from kvgate.sim.hashing import PrefixBlockHasher
 from kvgate.sim.metrics import PodMetrics
 from kvgate.sim.profile import load_profile
 from kvgate.sim.publisher import KVEventPublisher
-from kvgate.sim.text import ChunkCodec, TextCodec
-
-
-def load_codec(config: ServerConfig) -> TextCodec:
-    """The tokenizer named by ``--tokenizer``, else the deterministic stand-in."""
-    if config.tokenizer:
-        raise ValueError("--tokenizer: real tokenizers are not wired into the simulator yet")
-    return ChunkCodec(config.engine.vocab_size)
+from kvgate.sim.text import TextCodec, load_codec
 
 
 class SimPod:
@@ -36,9 +29,10 @@ class SimPod:
     ) -> None:
         self.config = config
         self.profile = load_profile(config.profile)
+        self.codec = codec or load_codec(config.tokenizer, config.model, config.engine.vocab_size)
+        config.engine.vocab_size = self.codec.vocab_size  # generated ids stay decodable
         hasher = PrefixBlockHasher(config.hash_algo, config.engine.block_size, config.hash_seed)
         self.engine = SimEngine(config.engine, self.profile, hasher)
-        self.codec = codec or load_codec(config)
         self.created = int(time.time())
         self.metrics = PodMetrics(self.engine, config.served_model_name, self.cache_info())
         self.publisher: KVEventPublisher | None = None

@@ -1,18 +1,21 @@
-"""Text ↔ token ids for the simulated server.
+"""Request bodies → prompt token ids, and generated ids → text, for the simulated server.
 
-With ``--tokenizer`` (a directory holding ``tokenizer.json`` and optionally
-``tokenizer_config.json`` with a ``chat_template``) the simulator tokenizes exactly as vLLM would,
-through :mod:`kvgate.prefix`. Without one (no model files on a laptop) it uses
-:class:`ChunkCodec`: every 4 characters of text are one token whose id is a CRC-32 of the chunk,
-which gives realistic token counts (about 4 characters per token, like BPE tokenizers on English)
-and identical ids for identical text; chat messages are rendered with a fixed template.
+With a tokenizer (``--tokenizer DIR``, or ``--model DIR`` holding ``tokenizer.json``) the
+simulator tokenizes exactly as vLLM would, through :mod:`kvgate.prefix` (tokenizer and chat
+template). Without one (no model files on a laptop) it uses :class:`ChunkCodec`: every 4
+characters of text are one token whose id is a CRC-32 of the chunk, which gives realistic token
+counts (about 4 characters per token, like BPE tokenizers on English) and identical ids for
+identical text; chat messages are rendered with a fixed template.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
+
+from kvgate.prefix import PromptError, RequestTokenizer, Tokenizer
 
 CHUNK_CHARS = 4
 _FIRST_ID = 100
@@ -26,11 +29,17 @@ _WORDS = (
 
 
 class TextCodec(Protocol):
-    """What the server needs from a tokenizer."""
+    """What the server needs from a tokenizer. Errors raise ``ValueError`` (a 400)."""
 
-    def encode(self, text: str) -> list[int]: ...
+    vocab_size: int
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
+    def completion_token_ids(self, body: Mapping[str, Any]) -> list[list[int]]:
+        """One token-id list per prompt of a ``/v1/completions`` body."""
+        ...
+
+    def chat_token_ids(self, body: Mapping[str, Any]) -> list[int]:
+        """Token ids of a ``/v1/chat/completions`` body."""
+        ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
@@ -48,14 +57,71 @@ class ChunkCodec:
             for i in range(0, len(text), CHUNK_CHARS)
         ]
 
-    def render_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        parts = [
-            f"<|{m.get('role', 'user')}|>\n{_content_text(m.get('content'))}\n" for m in messages
-        ]
+    def completion_token_ids(self, body: Mapping[str, Any]) -> list[list[int]]:
+        prompt: Any = body.get("prompt")
+        prompts: list[Any] = (
+            prompt if isinstance(prompt, list) and prompt and not _is_ids(prompt) else [prompt]
+        )
+        out: list[list[int]] = []
+        for item in prompts:
+            if isinstance(item, str):
+                out.append(self.encode(item))
+            elif _is_ids(item):
+                out.append(list(item))
+            else:
+                raise ValueError("prompt must be a string, a list of token ids, or a batch of them")
+        return out
+
+    def chat_token_ids(self, body: Mapping[str, Any]) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise ValueError("messages must be a non-empty list")
+        parts = []
+        for m in messages:
+            if not isinstance(m, dict):
+                raise ValueError("each message must be an object with 'role' and 'content'")
+            parts.append(f"<|{m.get('role', 'user')}|>\n{_content_text(m.get('content'))}\n")
         return self.encode("".join(parts) + "<|assistant|>\n")
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return "".join(_WORDS[t % len(_WORDS)] for t in token_ids)
+
+
+class PrefixCodec:
+    """A model's real tokenizer and chat template (``kvgate.prefix``)."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.tokenizer = Tokenizer.from_dir(directory)
+        self.requests = RequestTokenizer(self.tokenizer)
+        self.vocab_size = int(self.tokenizer.backend.get_vocab_size())
+
+    def completion_token_ids(self, body: Mapping[str, Any]) -> list[list[int]]:
+        return self.requests.completion_token_ids(body)
+
+    def chat_token_ids(self, body: Mapping[str, Any]) -> list[int]:
+        if self.requests.template is None:
+            raise PromptError("the tokenizer has no chat template")
+        return self.requests.chat_token_ids(body)
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+
+def load_codec(tokenizer: str | None, model: str, vocab_size: int) -> TextCodec:
+    """``--tokenizer`` if given, else ``--model`` when it is a model directory, else the stand-in."""
+    if tokenizer:
+        return PrefixCodec(tokenizer)
+    if (Path(model) / "tokenizer.json").is_file():
+        return PrefixCodec(model)
+    return ChunkCodec(vocab_size)
+
+
+def _is_ids(value: Any) -> bool:
+    return (
+        isinstance(value, list)
+        and bool(value)
+        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+    )
 
 
 def _content_text(content: Any) -> str:
@@ -66,4 +132,4 @@ def _content_text(content: Any) -> str:
         return content
     if isinstance(content, list):
         return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
-    raise TypeError("message content must be a string or a list of content parts")
+    raise ValueError("message content must be a string or a list of content parts")
