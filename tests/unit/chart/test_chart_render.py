@@ -339,3 +339,12 @@ def test_install_docs_list_every_value() -> None:
     reference = (ROOT / "docs" / "install.md").read_text().split("## Values reference", 1)[1]
     missing = [key for key, documented in found if documented and f"| `{key}` |" not in reference]
     assert not missing, f"docs/install.md's values reference lacks {missing}"
+
+
+def test_packaged_chart_carries_the_linked_files(tmp_path: Path) -> None:
+    """`helm package` resolves files/crds and files/rbac: the published chart needs no repo."""
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (package,) = tmp_path.glob("kvgate-*.tgz")
+    packaged = helm("template", "kvgate", str(package), "--namespace", "kvgate-system").stdout
+    kinds = [d["kind"] for d in yaml.safe_load_all(packaged) if d]
+    assert kinds.count("CustomResourceDefinition") == 2 and "ClusterRole" in kinds
