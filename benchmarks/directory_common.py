@@ -36,16 +36,21 @@ def percentiles(samples: list[float]) -> dict[str, float]:
     return {"p50_ms": at(0.50), "p99_ms": at(0.99), "max_ms": ordered[-1] * 1000}
 
 
-async def time_each(call: Callable[[], Awaitable[object]], rounds: int) -> list[float]:
-    """Await `call` `rounds` times (after a warm-up); the latency of each, in seconds."""
+async def time_each(
+    call: Callable[[], Awaitable[object]], rounds: int
+) -> tuple[list[float], float]:
+    """Await `call` `rounds` times after a warm-up: (wall seconds of each call, mean CPU seconds
+    of this process per call). CPU time excludes waiting for a CPU on a busy machine (and, for
+    Redis, the server's work), so it shows the cost that contention hides."""
     for _ in range(max(5, rounds // 20)):
         await call()
     out = []
+    cpu_start = time.process_time()
     for _ in range(rounds):
         start = time.perf_counter()
         await call()
         out.append(time.perf_counter() - start)
-    return out
+    return out, (time.process_time() - cpu_start) / rounds
 
 
 def report(title: str, numbers: dict[str, float]) -> None:

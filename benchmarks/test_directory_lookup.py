@@ -43,7 +43,7 @@ def _expected(layout: str) -> dict[str, int]:
     return {f"pod-{p}": CHAIN if layout == "full" else 128 * (p + 1) for p in range(PODS)}
 
 
-async def _measure(index: BlockIndex, layout: str) -> list[float]:
+async def _measure(index: BlockIndex, layout: str) -> tuple[list[float], float]:
     keys = chain(CHAIN, "lookup")
     try:
         await _fill(index, keys, layout)
@@ -55,7 +55,9 @@ async def _measure(index: BlockIndex, layout: str) -> list[float]:
 
 @pytest.mark.parametrize("layout", ["full", "staggered"])
 def test_lookup_memory(benchmark, layout):
-    stats = percentiles(asyncio.run(_measure(MemoryBlockIndex(), layout)))
+    samples, cpu = asyncio.run(_measure(MemoryBlockIndex(), layout))
+    stats = percentiles(samples)
+    stats["cpu_ms_mean"] = cpu * 1000  # the cost of one lookup without CPU contention
     benchmark.extra_info.update(stats)
     report(f"memory lookup 2048 blocks x 16 pods ({layout})", stats)
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
@@ -80,7 +82,9 @@ def test_lookup_redis(benchmark, layout, redis_server: RedisServer):
         await raw.aclose()
 
     asyncio.run(reset())
-    stats = percentiles(asyncio.run(_measure(index, layout)))
+    samples, cpu = asyncio.run(_measure(index, layout))
+    stats = percentiles(samples)
+    stats["client_cpu_ms_mean"] = cpu * 1000
     # time inside redis-server per call (mostly lookups): what remains without the client,
     # the loopback and the scheduler of a busy machine
     stats["server_ms_per_call"] = asyncio.run(server_usec_per_lookup()) / 1000

@@ -1,10 +1,11 @@
 """In-process `BlockIndex`: for one router process, tests and the demo.
 
 Layout. Every known pod owns a *slot*: a bit position. The forward index maps a block key to an
-int bitmask of the slots holding it (exact in any medium, or approximate), so `lookup` of a chain
-is three C-level passes: `map(dict.get)` over the keys, a running AND (`itertools.accumulate`)
-that stops at the first zero, and a binary search per pod for where its bit drops out (the running
-AND only ever loses bits). Each pod also keeps its own entries (the reverse index): exact entries
+int bitmask of the slots holding it (exact in any medium, or approximate). `lookup` reads the
+masks of the chain in growing chunks (`map(dict.get)`, in C) and keeps a running AND of them: a
+pod's count is where its bit drops out. Neighbouring blocks are mostly held by the same pods, so
+only the positions where the mask differs from the previous block's (found in C with
+`map(operator.ne)` and `list.index`) are visited in Python; the scan stops when no bit is left. Each pod also keeps its own entries (the reverse index): exact entries
 as `key -> media bitmask` in insertion order, approximate ones as `key -> expiry` with a heap.
 
 Generations and clearing. Clearing a pod gives it a fresh slot at once, so the old bit stops
@@ -89,29 +90,33 @@ class MemoryBlockIndex:
         for _, state in states:
             self._collect_expired(state, now)
             active |= state.bit
-        masks = map(self._masks.get, keys, itertools.repeat(0))
-        running = list(
-            itertools.takewhile(bool, itertools.accumulate(masks, operator.and_, initial=active))
-        )
-        # running[i] = slots holding keys[0..i-1]; non-increasing as a set of bits.
-        matched = len(running) - 1
         result: dict[str, int] = {}
-        if matched == 0:
-            return result
-        last = running[-1]
+        get, zero, n = self._masks.get, itertools.repeat(0), len(keys)
+        start, width = 0, 64
+        while start < n and active:
+            # Masks of the next chunk; a mask changes the running AND only where it differs
+            # from the previous block's, so only those positions are visited in Python.
+            masks = list(map(get, keys[start : start + width], zero))
+            differs = list(map(operator.ne, masks, masks[1:]))
+            i = 0
+            while True:
+                kept = active & masks[i]
+                if kept != active:
+                    for pod, state in states:
+                        if state.bit & active and not state.bit & kept and start + i:
+                            result[pod] = start + i
+                    active = kept
+                    if not active:
+                        break
+                try:
+                    i = differs.index(True, i) + 1
+                except ValueError:
+                    break
+            start += len(masks)
+            width *= 4
         for pod, state in states:
-            bit = state.bit
-            if last & bit:
-                result[pod] = matched
-            elif running[1] & bit:
-                lo, hi = 1, matched  # running[lo] has the bit, running[hi] has not
-                while hi - lo > 1:
-                    mid = (lo + hi) // 2
-                    if running[mid] & bit:
-                        lo = mid
-                    else:
-                        hi = mid
-                result[pod] = lo
+            if state.bit & active:
+                result[pod] = n
         return result
 
     # -- writes ------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import random
 
 import pytest
 
@@ -99,6 +100,41 @@ class BlockIndexConformance:
         await index.remove("p69", keys[:1])
         del expected["p69"]
         assert await index.lookup(keys) == expected
+
+    async def test_random_operations_match_a_model(self, index: BlockIndex) -> None:
+        rng = random.Random(7)
+        chains = [chain(30, f"r{c}") for c in range(2)]  # at most 60 keys per pod: under CAP
+        pods = [f"p{i}" for i in range(40)]
+        model: dict[str, set[bytes]] = {}
+        for _step in range(300):
+            pod, keys = rng.choice(pods), rng.choice(chains)
+            lo = rng.randrange(30)
+            part = (
+                keys[lo : lo + rng.randrange(1, 20)]
+                if rng.random() < 0.3
+                else keys[: rng.randrange(1, 30)]
+            )
+            action = rng.random()
+            if action < 0.6:
+                await index.add(pod, part)
+                model.setdefault(pod, set()).update(part)
+            elif action < 0.9:
+                await index.remove(pod, part)
+                model.get(pod, set()).difference_update(part)
+            else:
+                await index.clear_pod(pod)
+                model.get(pod, set()).clear()
+            if _step % 10 == 0:
+                keys = rng.choice(chains)
+                wanted = None if rng.random() < 0.5 else set(rng.sample(pods, 5))
+                expected = {}
+                for p, held in model.items():
+                    n = 0
+                    while n < len(keys) and keys[n] in held:
+                        n += 1
+                    if n and (wanted is None or p in wanted):
+                        expected[p] = n
+                assert await index.lookup(keys, wanted) == expected
 
     # -- add / remove ------------------------------------------------------------------------
 
