@@ -48,7 +48,8 @@ _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control
 async def _respond(
     send: Send, status: int, body: bytes, headers: list[tuple[bytes, bytes]] | None = None
 ) -> None:
-    await send({"type": "http.response.start", "status": status, "headers": headers or _JSON})
+    all_headers = [*(headers or _JSON), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": all_headers})
     await send({"type": "http.response.body", "body": body})
 
 
