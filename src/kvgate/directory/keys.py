@@ -5,7 +5,7 @@ Cluster they live in one slot and the multi-key Lua scripts of `redis_scripts.py
 
     <base> = <prefix>:{<namespace>/<pool>}:
     <base>pods        HASH  pod -> "<slot>|<generation>" (generation "" = none yet)
-    <base>m:<word>    HASH  block key (raw bytes) -> 32-bit mask of the slots 32*word.. holding it
+    <base>m:<word>    HASH  block key (raw bytes) -> mask (unsigned 32-bit) of slots 32*word.. holding it
     <base>x:<pod>     HASH  block key -> media ("GPU" or "GPU,CPU"): the pod's exact entries
     <base>a:<pod>     ZSET  block key -> expiry (unix seconds): the pod's approximate entries
     <base>gc:<slot>   HASH  a cleared pod's former `x:` hash, erased from `m:` in bounded steps

@@ -33,18 +33,15 @@ local function new_slot()
   if s then return tonumber(s) end
   return redis.call('HINCRBY', base .. 'meta', 'next_slot', 1) - 1
 end
-local function mask_of(slot) return bit.lshift(1, slot % 32), base .. 'm:' .. math.floor(slot / 32) end
+-- A slot's bit in m:<word> is set exactly when the key is in the slot's x:<pod> (or gc:<slot>)
+-- hash; so setting a bit that is clear, or clearing one that is set, is an addition (one
+-- HINCRBY, no read). Masks are stored as unsigned 32-bit numbers; bit.* wraps them to int32.
 local function set_bit(k, slot)
-  local b, mk = mask_of(slot)
-  local v = tonumber(redis.call('HGET', mk, k)) or 0
-  local nv = bit.bor(v, b)
-  if nv ~= v then redis.call('HSET', mk, k, nv) end
+  redis.call('HINCRBY', base .. 'm:' .. math.floor(slot / 32), k, 2 ^ (slot % 32))
 end
 local function clear_bit(k, slot)
-  local b, mk = mask_of(slot)
-  local v = tonumber(redis.call('HGET', mk, k)) or 0
-  local nv = bit.band(v, bit.bnot(b))
-  if nv == 0 then redis.call('HDEL', mk, k) elseif nv ~= v then redis.call('HSET', mk, k, nv) end
+  local mk = base .. 'm:' .. math.floor(slot / 32)
+  if redis.call('HINCRBY', mk, k, -(2 ^ (slot % 32))) == 0 then redis.call('HDEL', mk, k) end
 end
 local function retire(pod, slot)
   local x = base .. 'x:' .. pod
