@@ -45,6 +45,49 @@ def sim_pods(tmp_path: Path) -> Iterator[Callable[..., list[SimProcess]]]:
         proc.stop()
 
 
+def free_port_range(count: int, groups: int) -> list[int]:
+    """`groups` base ports whose ranges [base, base + count) are disjoint and free right now."""
+    import socket
+
+    for _attempt in range(50):
+        bases = [free_port() for _ in range(groups)]
+        ports = [b + i for b in bases for i in range(count)]
+        if len(set(ports)) != len(ports):
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in ports:
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return bases
+    raise RuntimeError("no free port ranges")
+
+
+@pytest.fixture
+def sim_fleet(tmp_path: Path) -> Iterator[Callable[..., tuple[SimProcess, int, int]]]:
+    """`sim_fleet(n, *flags)`: one `kvgate sim fleet` process of n pods with KV events on
+    loopback; returns (process, first events port, first replay port)."""
+    started: list[SimProcess] = []
+
+    def start(n: int, *flags: str) -> tuple[SimProcess, int, int]:
+        base, events, replay = free_port_range(n, 3)
+        args = ["fleet", "--pods", str(n), "--base-port", str(base), "--host", "127.0.0.1",
+                "--kv-events-base-port", str(events), "--kv-replay-base-port", str(replay),
+                *SIM_FLAGS, *flags]  # fmt: skip
+        proc = SimProcess(
+            args, [base + i for i in range(n)], tmp_path / f"fleet-{len(started)}.log"
+        )
+        started.append(proc)
+        proc.wait_ready()
+        return proc, events, replay
+
+    yield start
+    for proc in started:
+        proc.stop()
+
+
 def pool_config(urls: list[str], **overrides: Any) -> RouterConfig:
     data: dict[str, Any] = {
         "server": {"host": "127.0.0.1", "port": free_port()},
