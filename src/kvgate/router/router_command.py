@@ -130,5 +130,8 @@ def run(args: argparse.Namespace) -> int:
         access_log=config.server.access_log,
         log_level="warning",
         timeout_graceful_shutdown=10,
+        proxy_headers=False,  # the router is the edge; no X-Forwarded-* rewriting per request
+        server_header=False,
+        backlog=4096,
     )
     return 0
