@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from kvgate.bench.agent_sessions import ChatTokenizer
+from kvgate.bench.agent_sessions import ChatTokenizer, Message
 from kvgate.bench.harness import BenchResult, HarnessSettings, run_live, write_outputs
 from kvgate.bench.plots import write_plots
 from kvgate.bench.processes import StartError
@@ -133,14 +133,20 @@ def load_workload(args: argparse.Namespace) -> Workload:
         return build_trace(args.trace, overrides)
     if args.speedup is not None or args.jitter is not None:
         raise ValueError("--speedup and --jitter apply to --trace only")
-    return build_workload(args.workload, overrides, tokenize=chat_tokenizer())
+    return build_workload(args.workload, overrides, tokenize=chat_tokenizer(args.tokenizer))
 
 
-def chat_tokenizer() -> ChatTokenizer:
-    """The fleet's own chat tokenization (the simulator's default codec), for the ideal bound."""
-    from kvgate.sim.text import ChunkCodec
+def chat_tokenizer(tokenizer: str | None = None) -> ChatTokenizer:
+    """How the fleet's pods tokenize chat messages (for the ideal hit-rate bound): the
+    simulator's own codec, the ``--tokenizer`` folder's template and vocabulary if given."""
+    from kvgate.sim.text import load_codec
 
-    return ChunkCodec().render_chat
+    codec = load_codec(tokenizer, "sim-model", 32000)
+
+    def tokenize(messages: Sequence[Message]) -> list[int]:
+        return codec.chat_token_ids({"messages": list(messages)})
+
+    return tokenize
 
 
 def run(args: argparse.Namespace) -> int:

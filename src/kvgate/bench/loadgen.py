@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,11 @@ def parse_usage(line: str) -> dict[str, Any] | None:
         return None
     usage = chunk.get("usage") if isinstance(chunk, dict) else None
     return usage if isinstance(usage, dict) else None
+
+
+# A JSON string value of a token field that is not empty: `"text": "x`, `"content":"x`.
+_TEXT_VALUE = re.compile(rb'"(?:text|content|reasoning_content)"\s*:\s*"(?!")')
+_TAIL_BYTES = 8192
 
 
 def carries_text(line: str) -> bool:
@@ -212,12 +218,20 @@ class LoadGenerator:
                 text = (await response.aread()).decode(errors="replace")
                 record.error = f"HTTP {response.status_code}: {text[:200]}"
                 return
-            async for line in response.aiter_lines():
-                if record.first_byte_s is None and carries_text(line):
+            # Raw chunks, not lines: a regex per chunk until the first token, then only a
+            # bounded tail is kept; the usage and any error are read from it at the end.
+            tail = b""
+            async for chunk in response.aiter_bytes():
+                if record.first_byte_s is None and _TEXT_VALUE.search(chunk):
                     record.first_byte_s = self._now()
+                tail = (tail + chunk)[-_TAIL_BYTES:]
+            record.end_s = self._now()
+            for raw_line in reversed(tail.split(b"\n")):
+                line = raw_line.decode(errors="replace").strip()
                 usage = parse_usage(line)
                 if usage is not None:
                     apply_usage(record, usage)
-                elif line.startswith("data:") and '"error"' in line:
+                    break
+                if line.startswith("data:") and '"error"' in line:
                     record.error = line[5:].strip()[:200]
-            record.end_s = self._now()
+                    break

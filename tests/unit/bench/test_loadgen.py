@@ -4,7 +4,7 @@ import json
 
 import httpx
 
-from kvgate.bench.loadgen import LoadGenerator, carries_text, parse_usage
+from kvgate.bench.loadgen import _TEXT_VALUE, LoadGenerator, carries_text, parse_usage
 from kvgate.bench.workload import Session, Workload, completion_request, token_text
 
 
@@ -49,6 +49,14 @@ def test_first_token_is_the_first_chunk_with_text():
     assert carries_text(f"data: {json.dumps(completion)}")
     assert not carries_text("data: [DONE]") and not carries_text("")
     assert not carries_text('data: {"choices": [], "usage": {"prompt_tokens": 1}}')
+    for line, has_text in (
+        (f"data: {json.dumps(role_only)}", False),
+        (f"data: {json.dumps(token)}", True),
+        (f"data: {json.dumps(completion)}", True),
+        ('data: {"choices":[{"index":0,"text":"x"}]}', True),
+        ('data: {"choices":[{"index":0,"delta":{"content":""}}]}', False),
+    ):
+        assert bool(_TEXT_VALUE.search(line.encode())) is has_text, line
 
 
 def test_parse_usage_only_from_usage_chunks():

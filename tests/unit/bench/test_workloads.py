@@ -161,19 +161,18 @@ def test_token_text_is_one_simulator_token_per_id():
 
 def test_completions_api_sends_the_text_the_pod_would_render():
     from kvgate.bench.agent_sessions import render_chat_text
+    from kvgate.bench.bench_command import chat_tokenizer
     from kvgate.sim.text import ChunkCodec
 
     codec = ChunkCodec()
     params = AgentSessionParams(num_sessions=2, max_turns=2, api="completions")
-    w = build_agent_sessions(params, tokenize=codec.render_chat)
+    w = build_agent_sessions(params, tokenize=chat_tokenizer())
     chat = build_agent_sessions(
-        params.model_copy(update={"api": "chat"}), tokenize=codec.render_chat
+        params.model_copy(update={"api": "chat"}), tokenize=chat_tokenizer()
     )
     for session, chat_session in zip(w.sessions, chat.sessions, strict=True):
         for turn, chat_turn in zip(session.turns, chat_session.turns, strict=True):
             assert turn.path == "/v1/completions" and "messages" not in turn.body
             assert turn.body["prompt"] == render_chat_text(chat_turn.body["messages"])
-            assert codec.encode(turn.body["prompt"]) == codec.render_chat(
-                chat_turn.body["messages"]
-            )
+            assert codec.encode(turn.body["prompt"]) == chat_tokenizer()(chat_turn.body["messages"])
             assert turn.prefix_units == chat_turn.prefix_units
