@@ -15,6 +15,7 @@ cancels the request, which closes the upstream connection.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -98,6 +99,12 @@ class RouterApp:
                 raise RouterError(404, f"no route {method} {path}", code="not_found")
         except RouterError as err:
             await _raw(send, err.status, error_bytes(err.message, err.type, err.code), _JSON)
+        except Exception:
+            # A bug, never the client's doing: log it, and answer in the OpenAI shape if the
+            # response has not started (otherwise the server closes the connection).
+            log.exception("unhandled error serving %s %s", method, path)
+            with contextlib.suppress(Exception):
+                await _raw(send, 500, error_bytes("internal router error", "server_error"), _JSON)
 
     def _models(self) -> dict[str, Any]:
         created = int(time.time())
