@@ -218,7 +218,8 @@ class DirectorySpec(ApiModel):
         json_schema_extra={
             "x-kubernetes-validations": [
                 cel(
-                    "self.embeddedIndexer || self.backend == 'redis'",
+                    "!has(self.embeddedIndexer) || self.embeddedIndexer || "
+                    "(has(self.backend) && self.backend == 'redis')",
                     "embeddedIndexer: false needs backend: redis (a separate `kvgate indexer` "
                     "can only feed a shared directory)",
                 )

@@ -205,3 +205,24 @@ def test_external_indexer_needs_the_redis_directory() -> None:
     assert len(failures) == 1 and "needs backend: redis" in failures[0]
     spec = {"pools": ["p"], "directory": {"embeddedIndexer": False, "backend": "redis"}}
     assert _check(POLICY, spec) == []
+
+
+def _defaults_with_rules(node: Json, path: str = "") -> list[tuple[str, Json, Json]]:
+    found = []
+    if "default" in node and "x-kubernetes-validations" in node:
+        found.append((path, node, node["default"]))
+    for name, sub in node.get("properties", {}).items():
+        found += _defaults_with_rules(sub, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        found += _defaults_with_rules(node["items"], f"{path}[]")
+    return found
+
+
+@pytest.mark.parametrize("name", [POOL, POLICY])
+def test_defaults_pass_their_own_rules_as_written(name: str) -> None:
+    """The API server checks each `default` against the rules *without* nested defaults."""
+    schema = _spec_schema(name)
+    checked = _defaults_with_rules(schema)
+    assert checked
+    for path, node, default in checked:
+        assert cel_failures(node, copy.deepcopy(default)) == [], path
