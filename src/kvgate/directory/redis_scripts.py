@@ -53,10 +53,19 @@ local function retire(pod, slot)
   end
   redis.call('UNLINK', base .. 'a:' .. pod)
 end
+local function tidy()
+  -- a pool with no pods and no garbage leaves no key behind (e.g. after its deletion)
+  if redis.call('EXISTS', registry, base .. 'gcq') == 0 then
+    redis.call('DEL', base .. 'meta', base .. 'free')
+  end
+end
 local function collect(budget)
   while budget > 0 do
     local s = redis.call('LINDEX', base .. 'gcq', 0)
-    if not s then return 0 end
+    if not s then
+      tidy()
+      return 0
+    end
     local g = base .. 'gc:' .. s
     local fields = redis.call('HRANDFIELD', g, math.min(budget, 1000))
     if #fields == 0 then

@@ -83,6 +83,8 @@ async def test_cleared_entries_are_reclaimed_and_slots_reused(
     assert not any(":gc:" in n or n.endswith(":m:0") for n in names), names
     assert await raw.llen("test:{ns/pool}:gcq") == 0
     assert int(await raw.hget("test:{ns/pool}:meta", "next_slot")) <= 3
+    await index.forget_pod("b")
+    assert await raw.keys("*") == []  # a pool without pods leaves nothing behind
 
 
 async def test_pools_are_isolated(redis_url: str) -> None:
