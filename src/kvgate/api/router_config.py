@@ -299,7 +299,7 @@ class LoadMetricsConfig(_Model):
 class ServerConfig(_Model):
     host: str = "0.0.0.0"
     port: int = Field(default=8000, ge=0, le=65535)
-    access_log: bool = False
+    access_log: bool = False  # one key=value log line per request (logger kvgate.router.requests)
 
 
 class RouterConfig(_Model):

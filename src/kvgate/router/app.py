@@ -191,7 +191,7 @@ class RouterApp:
             return
         finally:
             watcher.cancel()
-        self.runtime.learner.finished(outcome)
+        self.runtime.learner.finished(outcome, request_id)
 
     async def _debug_route(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await self._read_json(scope, receive)

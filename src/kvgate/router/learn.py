@@ -24,6 +24,7 @@ from kvgate.scoring.cost_model import CostModelParams
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)
+request_log = logging.getLogger("kvgate.router.requests")
 
 
 class Learner:
@@ -34,12 +35,14 @@ class Learner:
         indexes: Mapping[str, BlockIndex],
         *,
         approximate_ttl_seconds: float,
+        access_log: bool = False,
         prior_tokens_per_second: float = CostModelParams().prior_prefill_tokens_per_second,
     ) -> None:
         self.metrics = metrics
         self.estimator = estimator
         self.indexes = indexes
         self.ttl = approximate_ttl_seconds
+        self.access_log = access_log
         self.prior = prior_tokens_per_second
 
     async def routed(self, plan: RoutePlan) -> None:
@@ -59,8 +62,29 @@ class Learner:
             self.metrics.directory_errors.labels("add_approximate").inc()
             log.warning("routing history for %s not recorded: %r", ep.id, exc)
 
-    def finished(self, outcome: Outcome) -> None:
+    def finished(self, outcome: Outcome, request_id: str = "") -> None:
         plan = outcome.plan
+        if self.access_log:
+            usage = outcome.usage
+            request_log.info(
+                "request_id=%s pool=%s endpoint=%s class=%s tenant=%s session=%s decision=%s "
+                "status=%d prompt_tokens=%s predicted_hit_tokens=%d cached_tokens=%s "
+                "ttft_ms=%s duration_ms=%.1f retries=%d",
+                request_id,
+                plan.pool.key,
+                plan.endpoint.id,
+                plan.classification.request_class,
+                plan.classification.tenant,
+                plan.classification.session_id,
+                plan.decision.reason,
+                outcome.status,
+                usage.prompt_tokens if usage else None,
+                plan.decision.predicted_hit_tokens,
+                usage.cached_tokens if usage else None,
+                None if outcome.ttft_seconds is None else round(outcome.ttft_seconds * 1000, 1),
+                outcome.duration_seconds * 1000,
+                outcome.retries,
+            )
         pool, ep = plan.pool.key, plan.endpoint.id
         cls = plan.classification.request_class
         m = self.metrics

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         loop="uvloop",
         http="httptools",
         lifespan="on",
-        access_log=config.server.access_log,
+        access_log=False,  # the router logs requests itself (server.access_log)
         log_level="warning",
         timeout_graceful_shutdown=10,
         proxy_headers=False,  # the router is the edge; no X-Forwarded-* rewriting per request

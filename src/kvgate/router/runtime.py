@@ -104,6 +104,7 @@ class RouterRuntime:
             self.router.estimator,
             self.indexes,
             approximate_ttl_seconds=config.directory.approximate_ttl_seconds,
+            access_log=config.server.access_log,
         )
         self.proxy = Proxy(self.upstream, self.metrics, limits)
         self.scraper = LoadScraper(
@@ -171,6 +172,7 @@ class RouterRuntime:
         self._keyers = keyers
         self.router.state = state
         self.learner.ttl = config.directory.approximate_ttl_seconds
+        self.learner.access_log = config.server.access_log
         self.proxy.limits = config.limits
         await self._sync_pools(config)
         log.info("configuration reloaded: %d pools", len(config.pools))

@@ -124,3 +124,14 @@ def test_metrics_names_are_prefixed():
     metrics = RouterMetrics()
     names = {m.name for m in metrics.registry.collect()}
     assert names and all(n.startswith("kvgate_router_") for n in names)
+
+
+async def test_access_log_has_one_line_per_request_with_its_id(router_app, caplog):
+    import logging
+
+    client, _ = await router_app(make_config(server={"access_log": True}), FakePods())
+    with caplog.at_level(logging.INFO, logger="kvgate.router.requests"):
+        await client.post("/v1/chat/completions", json=CHAT, headers={"x-request-id": "abc-1"})
+    lines = [r.getMessage() for r in caplog.records if r.name == "kvgate.router.requests"]
+    assert len(lines) == 1
+    assert "request_id=abc-1" in lines[0] and "cached_tokens=3" in lines[0]

@@ -87,7 +87,7 @@ async def test_random_bodies_never_cause_a_5xx(router_app, tokenizer):
     client, runtime = await router_app(config, FakePods())
     rng = random.Random(1234)
     statuses: dict[int, int] = {}
-    for i in range(300):
+    for i in range(150):
         body = _random_body(rng)
         path = rng.choice(["/v1/chat/completions", "/v1/completions", "/debug/route"])
         resp = await client.post(
@@ -100,4 +100,4 @@ async def test_random_bodies_never_cause_a_5xx(router_app, tokenizer):
         if resp.status_code >= 400:
             assert set(resp.json()["error"]) >= {"message", "type", "code"}
     assert all(ep.inflight == 0 for ep in runtime.endpoints.all())
-    assert statuses.get(200, 0) >= 20, statuses  # the generator also makes valid requests
+    assert statuses.get(200, 0) >= 10, statuses  # the generator also makes valid requests
