@@ -164,3 +164,58 @@ async def test_reload_keeps_warm_keyers_of_unchanged_pools(router_app):
     )
     await runtime.reload(changed.model_copy(update={"pools": [pool]}))
     assert runtime.router.state.keyer_by_pool["default/p"] is not before
+
+
+async def test_kubernetes_pod_that_turns_unready_leaves_routing_and_directory(monkeypatch):
+    from types import SimpleNamespace
+
+    import httpx
+
+    from kvgate.api.router_config import RouterConfig
+    from kvgate.router.runtime import RouterRuntime
+
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent")  # the watch never connects in a unit test
+    config = RouterConfig.model_validate(
+        {
+            "pools": [
+                {
+                    "name": "p",
+                    "namespace": "ns",
+                    "model": "m",
+                    "engine": {"kv_events": False},
+                    "endpoints": {"kubernetes": {"label_selector": "app=engine"}},
+                }
+            ]
+        }
+    )
+    runtime = RouterRuntime(config, transport=httpx.MockTransport(FakePods().handler))
+    await runtime.start()
+    try:
+        discovery = runtime.discoveries["ns/p"]
+
+        def pod(name, ready):
+            return SimpleNamespace(
+                metadata=SimpleNamespace(
+                    name=name, namespace="ns", uid=f"uid-{name}", deletion_timestamp=None
+                ),
+                spec=SimpleNamespace(containers=[]),
+                status=SimpleNamespace(
+                    phase="Running",
+                    pod_ip="10.0.0.1" if name == "a" else "10.0.0.2",
+                    conditions=[SimpleNamespace(type="Ready", status=ready)],
+                    container_statuses=[],
+                ),
+            )
+
+        discovery._pods = {"a": pod("a", "True"), "b": pod("b", "True")}
+        await discovery._publish()
+        assert {ep.id for ep in runtime.endpoints.all()} == {"ns/a", "ns/b"}
+        index = runtime.indexes["ns/p"]
+        await index.add_approximate("ns/b", [b"k" * 32], 60)
+        assert await index.lookup([b"k" * 32]) == {"ns/b": 1}
+        discovery._pods["b"] = pod("b", "False")  # the watch reports b unready
+        await discovery._publish()
+        assert {ep.id for ep in runtime.endpoints.all()} == {"ns/a"}
+        assert await index.lookup([b"k" * 32]) == {}
+    finally:
+        await runtime.stop()
