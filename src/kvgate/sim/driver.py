@@ -103,6 +103,7 @@ class EngineDriver:
             self.engine.abort(stream.request)
             self._streams.pop(stream.request, None)
             stream.done = True
+            stream._wake()
 
     def restart(self) -> None:
         """Simulate an engine restart: drop all requests and state."""

@@ -12,6 +12,7 @@ import uvicorn
 from kvgate.sim.config import ServerConfig
 from kvgate.sim.pod import SimPod
 from kvgate.sim.server import SimApp
+from kvgate.sim.text import TextCodec, load_codec
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,18 @@ async def serve_pods(configs: list[ServerConfig]) -> None:
     import zmq.asyncio
 
     context = zmq.asyncio.Context()
-    servers = [uvicorn_server(SimApp(SimPod(cfg, context)), cfg.host, cfg.port) for cfg in configs]
+    codecs: dict[tuple[str | None, str], TextCodec] = {}  # a fleet loads each tokenizer once
+    servers = []
+    try:
+        for cfg in configs:
+            key = (cfg.tokenizer, cfg.model)
+            if key not in codecs:
+                codecs[key] = load_codec(cfg.tokenizer, cfg.model, cfg.engine.vocab_size)
+            pod = SimPod(cfg, context, codec=codecs[key])
+            servers.append(uvicorn_server(SimApp(pod), cfg.host, cfg.port))
+    except BaseException:
+        context.destroy(linger=0)  # close the sockets of the pods built so far
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

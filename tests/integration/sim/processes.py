@@ -70,6 +70,9 @@ class SimProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=5)
+                self._log.close()
+                pytest.fail("the simulator did not stop within 10 s of SIGTERM")
+            assert self.proc.returncode == 0, self.log_path.read_text()
         self._log.close()
 
 

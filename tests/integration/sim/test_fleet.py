@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import httpx
 import zmq
 from tests.integration.conftest import free_port
-from tests.integration.sim.processes import SimFactory
+from tests.integration.sim.processes import SimFactory, SimProcess
 
 from kvgate.directory.events import BlockStored, decode_batch
 
@@ -57,3 +60,35 @@ def test_fleet_pods_are_independent(start_sim: SimFactory) -> None:
             for url in fleet.urls()
         ]
         assert hits == [0.0, 96.0, 0.0]
+
+
+def test_fleet_on_one_address_per_pod(tmp_path: Path) -> None:
+    """`--hosts`: every pod on the same port of its own address (here 127.0.0.2, 127.0.0.3)."""
+    port = free_port()
+    proc = SimProcess(
+        ["fleet", "--pods", "2", "--base-port", str(port), "--hosts", "127.0.0.2,127.0.0.3",
+         "--model", "m", "--max-model-len", "4096"],
+        [port], tmp_path / "hosts.log",
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        urls = [f"http://127.0.0.2:{port}", f"http://127.0.0.3:{port}"]
+        with httpx.Client(timeout=5) as client:
+            for url in urls:
+                while True:
+                    assert proc.proc.poll() is None, proc.log_path.read_text()
+                    try:
+                        if client.get(url + "/health").status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        assert time.monotonic() < deadline, proc.log_path.read_text()
+                        time.sleep(0.1)
+            body = {"model": "m", "prompt": list(range(64)), "max_tokens": 1}
+            first = client.post(urls[0] + "/v1/completions", json=body)
+            assert first.status_code == 200
+            second = client.post(urls[1] + "/v1/completions", json=body)
+            assert second.status_code == 200
+            metrics = client.get(urls[1] + "/metrics").text
+            assert "vllm:prefix_cache_hits_total" in metrics
+    finally:
+        proc.stop()

@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -187,3 +188,24 @@ def test_unknown_flag_is_an_error() -> None:
     )
     assert result.returncode == 2
     assert "unrecognized arguments: --bogus" in result.stderr
+
+
+def test_client_going_away_aborts_its_request(pod: SimProcess) -> None:
+    body = {"model": "m8b", "prompt": "abort me", "max_tokens": 3000, "stream": True}
+    with (
+        httpx.Client(base_url=pod.url, timeout=30) as client,
+        client.stream("POST", "/v1/completions", json=body) as resp,
+    ):
+        next(resp.iter_lines())  # the request is running; leaving the block disconnects
+    deadline = time.monotonic() + 10
+    while True:
+        metrics = pod.client.get("/metrics").text
+        running = next(
+            float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("vllm:num_requests_running{")
+        )
+        if running == 0:
+            break
+        assert time.monotonic() < deadline, "the aborted request kept running"
+        time.sleep(0.05)

@@ -63,7 +63,7 @@ def test_sglang_router_routes_to_simulated_pods(start_sim: SimFactory, tmp_path:
                 json={"model": "m", "prompt": text, "max_tokens": 3, "stream": True},
             ) as resp:  # fmt: skip
                 lines = [ln for ln in resp.iter_lines() if ln.startswith("data: ")]
-            assert lines[-1] == "data: [DONE]" and len(lines) == 4
+            assert lines[-1] == "data: [DONE]" and 2 <= len(lines) <= 4  # chunks may coalesce
     finally:
         router.terminate()
         try:
