@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stops the local cluster started by up.sh: every component (reverse start order, SIGTERM then
 # SIGKILL after 10 s), every process left in its network namespace (pod processes), the
-# namespace itself; removes etcd data, keys and kubeconfigs (logs are kept in $STATE/logs).
+# namespace itself; removes etcd data, keys, kubeconfigs and pod volumes (logs are kept in
+# $STATE/logs and $STATE/pods/*/logs).
 set -euo pipefail
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -33,5 +34,6 @@ if ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$NETNS"; then
   ip netns delete "$NETNS"
   log "namespace $NETNS deleted"
 fi
-rm -rf "$STATE/etcd" "$STATE/pki" "$STATE/run" "$STATE/pods" "$STATE/kubeconfig" "$STATE/bin" "/etc/netns/$NETNS"
+rm -rf "$STATE/etcd" "$STATE/pki" "$STATE/run" "$STATE"/pods/*/volumes "$STATE"/pods/*/serviceaccount \
+  "$STATE/kubeconfig" "$STATE/bin" "/etc/netns/$NETNS"
 log "stopped"
