@@ -180,7 +180,7 @@ def test_install_serve_upgrade_uninstall(cluster: Cluster, release_namespace: st
     assert [h["revision"] for h in history] == [1, 2]
 
     # Uninstall: custom resources first (their finalizers need the operator), CRDs stay.
-    cluster.kubectl("delete", "routingpolicy", "web", "inferencepool", "sim", "-n", namespace,
+    cluster.kubectl("delete", "routingpolicy/web", "inferencepool/sim", "-n", namespace,
                     "--wait=true", timeout=120)  # fmt: skip
     helm(cluster, "uninstall", RELEASE, "--namespace", namespace, "--wait", "--timeout", "120s")
     gone = cluster.kubectl("get", "deployment", f"{FULLNAME}-operator", "-n", namespace,
