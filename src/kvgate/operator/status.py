@@ -45,12 +45,13 @@ class Rollout:
     ready: int = 0
     updated: int = 0
     up_to_date: bool = True  # the Deployment controller observed its latest generation
+    exists: bool = True  # the Deployment exists
     failure: Problem | None = None  # ReplicaFailure / ProgressDeadlineExceeded
 
     @classmethod
     def from_deployment(cls, deployment: JsonDict | None, desired: int) -> Rollout:
         if deployment is None:
-            return cls(desired=desired, up_to_date=False)
+            return cls(desired=desired, up_to_date=False, exists=False)
         status: dict[str, Any] = deployment.get("status") or {}
         generation = int(deployment.get("metadata", {}).get("generation") or 0)
         failure = None
@@ -123,7 +124,9 @@ def conditions(
             ready = (False, problem.reason, problem.message)
     else:
         degraded = (False, "AsExpected", "")
-    if not rollout.up_to_date:
+    if not rollout.exists and problem is not None:
+        progressing = (False, problem.reason, "nothing to roll out until the problem is fixed")
+    elif not rollout.up_to_date:
         progressing = (True, "RollingOut", "waiting for the Deployment to observe the change")
     elif rollout.progressing:
         progressing = (

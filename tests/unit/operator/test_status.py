@@ -99,3 +99,10 @@ def test_transition_time_changes_only_with_the_status() -> None:
     flipped = status_of(down, previous=again, now=T1)
     assert by_type(flipped)["Ready"]["lastTransitionTime"] == T1
     assert by_type(flipped)["Degraded"]["lastTransitionTime"] == T0
+
+
+def test_nothing_progresses_while_a_problem_blocks_the_deployment() -> None:
+    problem = Problem("NoPools", "no valid InferencePool matches")
+    conds = by_type(status_of(Rollout.from_deployment(None, 1), problem=problem))
+    assert (conds["Progressing"]["status"], conds["Progressing"]["reason"]) == ("False", "NoPools")
+    assert conds["Degraded"]["status"] == "True"
