@@ -1,8 +1,9 @@
 """A shared (Redis) directory with a local fallback: losing Redis never fails a request.
 
 `FallbackIndex` writes every update to a local in-memory index and to the shared one. Lookups
-go to the shared index (which also holds what other routers and `kvgate indexer` wrote). When a
-shared operation fails, the index turns *degraded*: lookups use the local view, the failure is
+go to the shared index (which also holds what other routers and `kvgate indexer` wrote). A failed
+lookup is answered from the local view; after `failures_to_degrade` failures in a row, or any
+lost write, the index turns *degraded*: lookups use the local view without asking Redis, it is
 counted (`kvgate_router_directory_errors_total`, `kvgate_router_directory_degraded`), and the
 pods whose shared writes were lost are remembered. At most every `resync_interval` a degraded
 index probes the shared one; when it answers, the remembered pods are cleared there (their
@@ -33,6 +34,7 @@ class FallbackIndex:
         metrics: RouterMetrics,
         *,
         resync_interval: float = 1.0,
+        failures_to_degrade: int = 3,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.shared = shared
@@ -41,17 +43,24 @@ class FallbackIndex:
         self._interval = resync_interval
         self._clock = clock
         self.degraded = False
+        self.failures_to_degrade = failures_to_degrade
+        self._failures = 0
         self._last_probe = 0.0
         self._dirty: set[str] = set()
 
     async def _shared(self, operation: str, call: Awaitable[T], pod: str | None) -> T | None:
         try:
-            return await call
+            result = await call
         except Exception as exc:
             self._metrics.directory_errors.labels(operation).inc()
             if pod is not None:
                 self._dirty.add(pod)
-            if not self.degraded:
+            self._failures += 1
+            # One slow answer is not an outage: degrade after a few failures in a row, or at
+            # once when a write was lost (the shared index no longer matches the local view).
+            if not self.degraded and (
+                pod is not None or self._failures >= self.failures_to_degrade
+            ):
                 log.warning(
                     "shared directory failed (%s: %r); routing on the local view", operation, exc
                 )
@@ -59,6 +68,8 @@ class FallbackIndex:
                 self._metrics.directory_degraded.set(1)
             self._last_probe = self._clock()
             return None
+        self._failures = 0
+        return result
 
     async def _maybe_recover(self) -> None:
         now = self._clock()
