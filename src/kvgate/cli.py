@@ -27,7 +27,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hash": ("kvgate.prefix.hash_command", "print vLLM's block hashes of a list of token ids"),
     "prefix": ("kvgate.prefix.diff_command", "prefix tools: `diff` two request bodies"),
     "events": ("kvgate.directory.events_command", "decode raw vLLM KV event payloads"),
-    "router": ("kvgate.router.router_command", "run the cache-aware router (--config or --endpoint)"),
+    "router": (
+        "kvgate.router.router_command",
+        "run the cache-aware router (--config or --endpoint)",
+    ),
     "indexer": (
         "kvgate.router.indexer_command",
         "subscribe to pods' KV events and write them to the shared (Redis) directory",
