@@ -144,9 +144,7 @@ class Router:
                 tenant=cls.tenant,
                 session_id=cls.session_id,
             )
-            # Every candidate ejected: fail open (trying a pod beats refusing the request).
-            fail_open = not any(ep.healthy(now) for ep in members)
-            snapshots = [self.snapshot(ep, now, fail_open=fail_open) for ep in members]
+            snapshots = self.snapshots(members, now)
             try:
                 decision = state.policy.decide(
                     request, snapshots, matched, now=now, rng=self.rng, history=self.history
@@ -173,32 +171,37 @@ class Router:
             decision_seconds=time.perf_counter() - started,
         )
 
-    def snapshot(self, ep: Endpoint, now: float, *, fail_open: bool = False) -> EndpointSnapshot:
-        pool = self.state.pools.get(ep.pool)
+    def snapshots(self, members: list[Endpoint], now: float) -> list[EndpointSnapshot]:
+        """Immutable views of `members` for the policy (hot path: lookups hoisted)."""
+        pools = self.state.pools
         stale = self.state.config.load_metrics.stale_after_seconds
-        load = ep.load
-        engine = (
-            EngineLoad(
-                waiting=int(load.waiting),
-                running=int(load.running),
-                kv_cache_usage=load.kv_cache_usage,
-                observed_at=load.scraped_at,
+        rate = self.estimator.rate
+        # Every candidate ejected: fail open (trying a pod beats refusing the request).
+        fail_open = all(now < ep.ejected_until for ep in members)
+        out: list[EndpointSnapshot] = []
+        for ep in members:
+            spec, load = ep.spec, ep.load
+            scraped = load.scraped_at
+            pool = pools.get(spec.pool)
+            out.append(
+                EndpointSnapshot(
+                    id=spec.id,
+                    pool=spec.pool,
+                    pool_class=pool.pool_class if pool else "online",
+                    healthy=fail_open or now >= ep.ejected_until,
+                    draining=ep.draining,
+                    in_flight=ep.inflight,
+                    pending_prefill_requests=ep.pending_prefill_requests,
+                    pending_prefill_tokens=ep.pending_prefill_tokens,
+                    engine=EngineLoad(
+                        int(load.waiting), int(load.running), load.kv_cache_usage, scraped
+                    )
+                    if scraped > 0 and now - scraped <= stale
+                    else None,
+                    prefill_tokens_per_second=rate(spec.id),
+                )
             )
-            if ep.load_fresh(now, stale)
-            else None
-        )
-        return EndpointSnapshot(
-            id=ep.id,
-            pool=ep.pool,
-            pool_class=pool.pool_class if pool else "online",
-            healthy=fail_open or ep.healthy(now),
-            draining=ep.draining,
-            in_flight=ep.inflight,
-            pending_prefill_requests=ep.pending_prefill_requests,
-            pending_prefill_tokens=ep.pending_prefill_tokens,
-            engine=engine,
-            prefill_tokens_per_second=self.estimator.rate(ep.id),
-        )
+        return out
 
     def _candidate_groups(
         self, cls: Classification, now: float, excluded: set[str]
@@ -206,12 +209,11 @@ class Router:
         state = self.state
 
         def usable(pool: PoolConfig) -> list[Endpoint]:
-            return [
-                ep
-                for ep in self.endpoints.in_pool(pool.key)
-                # Unhealthy pods go to the policy marked as such (its health filter drops them).
-                if ep.id not in excluded and not ep.draining
-            ]
+            # Unhealthy pods go to the policy marked as such (its health filter drops them).
+            eps = self.endpoints.in_pool(pool.key)
+            if excluded:
+                eps = [ep for ep in eps if ep.spec.id not in excluded]
+            return [ep for ep in eps if not ep.draining]
 
         chosen: list[Endpoint] = [ep for pool in cls.home_pools for ep in usable(pool)]
         if cls.request_class == "batch":
@@ -219,9 +221,13 @@ class Router:
                 chosen.extend(ep for ep in usable(pool) if self._borrowable(ep, now))
         elif not chosen:
             chosen = [ep for pool in cls.borrow_pools for ep in usable(pool)]
+        keyers = state.keyer_by_pool
+        first = keyers[chosen[0].spec.pool] if chosen else None
+        if all(keyers[ep.spec.pool] is first for ep in chosen):  # the usual case: one group
+            return [(first, chosen)] if first is not None else []
         groups: dict[int, tuple[Keyer, list[Endpoint]]] = {}
         for ep in chosen:
-            keyer = state.keyer_by_pool[ep.pool]
+            keyer = keyers[ep.spec.pool]
             groups.setdefault(id(keyer), (keyer, []))[1].append(ep)
         return list(groups.values())
 
@@ -243,7 +249,8 @@ class Router:
             return {}
         by_pool: dict[str, list[str]] = {}
         for ep in members:
-            by_pool.setdefault(ep.pool, []).append(ep.id)
+            spec = ep.spec
+            by_pool.setdefault(spec.pool, []).append(spec.id)
         matched: dict[str, int] = {}
         for pool, pods in by_pool.items():
             index = self.indexes.get(pool)
