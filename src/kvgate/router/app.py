@@ -154,7 +154,7 @@ class RouterApp:
         headers = _headers(scope)
         request_id = headers.get("x-request-id") or uuid.uuid4().hex
         router = self.runtime.router
-        plan = await router.plan(body, headers, kind)
+        plan = await router.plan(body, headers, kind, body_bytes=len(raw))
         stream = body.get("stream") is True
         forward, strip_usage = _forward_body(raw, body, plan.classification.cache_salt, stream)
         await self.runtime.learner.routed(plan)
@@ -163,7 +163,12 @@ class RouterApp:
 
         async def replan(tried: list[str]) -> Any:
             return await router.plan(
-                body, headers, kind, exclude=tried, classification=plan.classification
+                body,
+                headers,
+                kind,
+                exclude=tried,
+                classification=plan.classification,
+                keys_by_pool={plan.pool.key: plan.keys},
             )
 
         # One watcher task per request: on client disconnect it cancels this task, and the

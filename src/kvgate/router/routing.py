@@ -16,6 +16,7 @@ backend, which `FallbackIndex` turns into a local lookup while Redis is down).
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -38,6 +39,9 @@ from kvgate.scoring.base import (
     RoutingRequest,
 )
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
+
+#: Request bodies at least this large are tokenized off the event loop (about 16k tokens).
+OFFLOAD_BODY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ class Router:
         self.history = ChoiceHistory()
         self.rng = rng or random.Random(state.config.policy.seed)
         self.clock = clock
+        self._keyer_lock = asyncio.Lock()
 
     async def plan(
         self,
@@ -110,6 +115,7 @@ class Router:
         classification: Classification | None = None,
         keys_by_pool: dict[str, RequestKeys] | None = None,
         record: bool = True,
+        body_bytes: int = 0,
     ) -> RoutePlan:
         """Decide. `exclude`: endpoint ids already tried (retries); `record=False` for a decision
         that is only explained (round-robin history stays as it was). Raises RouterError."""
@@ -129,7 +135,7 @@ class Router:
                 pool_key = members[0].pool
                 keys = keys_by_pool.get(pool_key) if keys_by_pool else None
                 if keys is None:
-                    keys = keyer.keys(body, kind, cls.cache_salt)
+                    keys = await self._keys(keyer, body, kind, cls.cache_salt, body_bytes)
                 keys_cache[id(keyer)] = keys
                 if keys_by_pool is not None:
                     keys_by_pool[pool_key] = keys
@@ -170,6 +176,26 @@ class Router:
             pool=state.pools[endpoint.pool],
             decision_seconds=time.perf_counter() - started,
         )
+
+    async def _keys(
+        self,
+        keyer: Keyer,
+        body: Mapping[str, Any],
+        kind: str,
+        salt: str | None,
+        body_bytes: int,
+    ) -> RequestKeys:
+        """Tokenize and hash. A large body (a long cold prompt can take tens of ms) runs in a
+        worker thread so that streams keep flowing; keyers are not thread-safe, so every keyer
+        call waits while one runs there (small ones run inline when none does)."""
+        lock = self._keyer_lock
+        if body_bytes >= OFFLOAD_BODY_BYTES:
+            async with lock:
+                return await asyncio.to_thread(keyer.keys, body, kind, salt)
+        if lock.locked():
+            async with lock:
+                return keyer.keys(body, kind, salt)
+        return keyer.keys(body, kind, salt)
 
     def snapshots(self, members: list[Endpoint], now: float) -> list[EndpointSnapshot]:
         """Immutable views of `members` for the policy (hot path: lookups hoisted)."""

@@ -267,3 +267,53 @@ def test_engine_counters_give_prefill_observations():
     assert prefill_observation(sample(9000, 0, 2.0), sample(100, 0, 0.1)) is None  # restart
     assert prefill_observation(sample(10, 0, 1.0), sample(10, 0, 1.0)) is None  # idle
     assert prefill_observation(parse_load("", 0.0), sample(10, 0, 1.0)) is None  # unknown
+
+
+async def test_long_prompts_are_tokenized_off_the_event_loop():
+    import asyncio
+    import random
+    from pathlib import Path
+
+    from kvgate.router.endpoints import EndpointSet, EndpointSpec
+    from kvgate.router.metrics import RouterMetrics
+    from kvgate.router.routing import OFFLOAD_BODY_BYTES, Router
+    from kvgate.router.runtime import build_state
+    from kvgate.router.setup import build_index
+
+    path = str(Path(__file__).parents[2] / "data" / "prefix" / "tokenizer")
+    config = RouterConfig.model_validate(
+        {
+            "pools": [
+                {
+                    "name": "p",
+                    "model": "m",
+                    "engine": {"tokenizer": {"path": path}},
+                    "endpoints": {"static": [{"url": "http://a:1"}]},
+                }
+            ]
+        }
+    )
+    endpoints = EndpointSet()
+    await endpoints.replace_pool("default/p", [EndpointSpec("a:1", "default/p", "http://a:1")])
+    index = build_index(config.directory, config.pools[0], RouterMetrics())
+    router = Router(build_state(config), endpoints, {"default/p": index})
+    rng = random.Random(0)
+    words = ["cache", "router", "prefix", "token", "block", "queue", "agent", "pod"]
+    text = " ".join(rng.choice(words) + str(rng.randint(0, 99)) for _ in range(40_000))
+    body = {"model": "m", "messages": [{"role": "user", "content": text}]}
+    ticks = 0
+    done = False
+
+    async def ticker():
+        nonlocal ticks
+        while not done:
+            await asyncio.sleep(0.001)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    plan = await router.plan(body, {}, "chat", body_bytes=OFFLOAD_BODY_BYTES)
+    done = True
+    await task
+    assert plan.keys.exact and plan.keys.prompt_tokens > 50_000
+    assert ticks >= 3  # the loop kept running while the prompt was tokenized
