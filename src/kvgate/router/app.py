@@ -29,7 +29,6 @@ from kvgate.router.admin import warm
 from kvgate.router.errors import RouterError, bad_request, error_bytes
 from kvgate.router.proxy import plan_headers
 from kvgate.router.runtime import RouterRuntime
-from kvgate.router.sessions import SessionTracker
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +46,6 @@ class RouterApp:
 
     def __init__(self, runtime: RouterRuntime) -> None:
         self.runtime = runtime
-        cfg = runtime.config.sessions
-        self.sessions = SessionTracker(runtime.metrics, cfg.max_sessions, cfg.ttl_seconds)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -159,7 +156,7 @@ class RouterApp:
         forward, strip_usage = _forward_body(raw, body, plan.classification.cache_salt, stream)
         await self.runtime.learner.routed(plan)
         if plan.classification.session_id is not None:
-            self.sessions.observe(plan, body)
+            self.runtime.sessions.observe(plan, body)
 
         async def replan(tried: list[str]) -> Any:
             return await router.plan(

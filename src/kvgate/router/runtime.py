@@ -35,6 +35,7 @@ from kvgate.router.metrics import RouterMetrics
 from kvgate.router.proxy import Proxy
 from kvgate.router.routing import Router, RouterState
 from kvgate.router.scrape import LoadScraper
+from kvgate.router.sessions import SessionTracker
 from kvgate.router.setup import build_index, build_keyer, build_policy
 from kvgate.router.upstream import HttpxUpstream, RawUpstream, RoutingUpstream, Upstream
 
@@ -107,6 +108,9 @@ class RouterRuntime:
             access_log=config.server.access_log,
         )
         self.proxy = Proxy(self.upstream, self.metrics, limits)
+        self.sessions = SessionTracker(
+            self.metrics, config.sessions.max_sessions, config.sessions.ttl_seconds
+        )
         self.scraper = LoadScraper(
             self.endpoints,
             self.upstream,
@@ -173,6 +177,7 @@ class RouterRuntime:
         self.router.state = state
         self.learner.ttl = config.directory.approximate_ttl_seconds
         self.learner.access_log = config.server.access_log
+        self.sessions.configure(config.sessions.max_sessions, config.sessions.ttl_seconds)
         self.proxy.limits = config.limits
         await self._sync_pools(config)
         log.info("configuration reloaded: %d pools", len(config.pools))

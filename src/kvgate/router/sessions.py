@@ -94,6 +94,12 @@ class SessionTracker:
     def __len__(self) -> int:
         return len(self._turns)
 
+    def configure(self, max_sessions: int, ttl_seconds: float) -> None:
+        """New limits (config reload); excess sessions are dropped, oldest first."""
+        self._max, self._ttl = max_sessions, ttl_seconds
+        while len(self._turns) > self._max:
+            self._turns.popitem(last=False)
+
     def observe(self, plan: RoutePlan, body: Mapping[str, Any]) -> PrefixBreak | None:
         session = plan.classification.session_id
         if session is None or self._max == 0:
