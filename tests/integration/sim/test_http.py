@@ -209,3 +209,15 @@ def test_client_going_away_aborts_its_request(pod: SimProcess) -> None:
             break
         assert time.monotonic() < deadline, "the aborted request kept running"
         time.sleep(0.05)
+
+
+def test_time_scale_stretches_wall_clock_latency(start_sim: SimFactory) -> None:
+    slow = start_sim("--model", "m", "--max-model-len", "8192", "--sim-time-scale", "20")
+    started = time.monotonic()
+    resp = slow.client.post(
+        "/v1/completions", json={"model": "m", "prompt": list(range(3000)), "max_tokens": 1}
+    )
+    wall = time.monotonic() - started
+    ttft = float(resp.headers["x-sim-ttft-seconds"])
+    assert 0.08 < ttft < 0.2  # 3000 uncached tokens on the default H100 profile
+    assert wall >= 20 * ttft * 0.95
