@@ -237,7 +237,9 @@ class SimApp:
             cached = max(sim.num_cached_tokens, 0)
         return usage(sim.num_prompt_tokens, len(stream.tokens), cached)
 
-    def _finish_reason(self, stream: RequestStream) -> str:
+    def _finish_reason(self, req: ParsedRequest, stream: RequestStream) -> str:
+        if req.max_tokens is None:
+            return "stop"  # a chat answer without a limit ends where vLLM would meet EOS
         return "length" if len(stream.tokens) >= stream.request.max_tokens else "stop"
 
     async def _complete(
@@ -255,7 +257,7 @@ class SimApp:
             self.pod.created,
             req.model or self.model,
             text,
-            self._finish_reason(stream),
+            self._finish_reason(req, stream),
             self._usage(req, stream),
         )
         sim = stream.request
@@ -283,7 +285,7 @@ class SimApp:
             new = stream.tokens[sent:]
             sent += len(new)
             if new or (stream.done and sent == 0):
-                finish = self._finish_reason(stream) if stream.done else None
+                finish = self._finish_reason(req, stream) if stream.done else None
                 if not new:
                     finish = "abort"
                 chunk_usage = self._usage(req, stream) if req.continuous_usage else None

@@ -89,6 +89,10 @@ def test_chat_streaming_and_non_streaming(pod: SimProcess) -> None:
     assert body["object"] == "chat.completion"
     assert body["choices"][0]["message"]["role"] == "assistant"
     assert body["usage"]["completion_tokens"] == 5
+    assert body["choices"][0]["finish_reason"] == "length"
+    unlimited = pod.client.post("/v1/chat/completions", json={"model": "m8b", "messages": messages})
+    assert unlimited.json()["usage"]["completion_tokens"] == 64  # --sim-chat-output-tokens
+    assert unlimited.json()["choices"][0]["finish_reason"] == "stop"
     stream_body = {"model": "m8b", "messages": messages, "max_tokens": 2, "stream": True,
                    "stream_options": {"include_usage": True}}  # fmt: skip
     with pod.client.stream("POST", "/v1/chat/completions", json=stream_body, timeout=30) as r:
