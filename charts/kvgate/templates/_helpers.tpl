@@ -107,7 +107,7 @@ affinity:
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
 {{- range . }}
-  - name: {{ . | quote }}
+  - name: {{ if kindIs "string" . }}{{ . | quote }}{{ else }}{{ .name | quote }}{{ end }}
 {{- end }}
 {{- end }}
 {{- end }}

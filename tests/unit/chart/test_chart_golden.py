@@ -44,7 +44,7 @@ CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
         {
             "fullnameOverride": "kv",
             "commonLabels": {"team": "inference"},
-            "imagePullSecrets": ["regcred"],
+            "imagePullSecrets": ["regcred", {"name": "mirror"}],
             "image": {"digest": "sha256:" + "ab" * 32},
             "crds": {"keep": False},
             "operator": {
