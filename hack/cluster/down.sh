@@ -27,6 +27,14 @@ for ((i = ${#COMPONENTS[@]} - 1; i >= 0; i--)); do
   rm -f "$pidfile"
 done
 
+# Pod processes and pod network namespaces live outside $NETNS; the pod runner stops them, and
+# leaves pid files behind only if it was killed.
+for pidfile in "$STATE"/pods/*/logs/*.pid "$STATE"/pods/*/sandbox.pid; do
+  [ -f "$pidfile" ] || continue
+  stop_pid "pod process" "$(cat "$pidfile")"
+  rm -f "$pidfile"
+done
+
 if ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "$NETNS"; then
   # Anything still inside the namespace was started by this cluster (pods of a pod runner
   # that died, for instance).

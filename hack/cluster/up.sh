@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Starts a real Kubernetes control plane inside a named network namespace (default kvgate-dev):
 # etcd, kube-apiserver (token auth, RBAC, service-account keys, TLS), kube-controller-manager,
-# kube-scheduler, KWOK with $NODES fake nodes and the pod runner. The pod range 10.244.0.0/16
-# (and the service range) is routed to lo inside the namespace, so every pod IP is locally
-# bindable and nothing can leave the namespace.
+# kube-scheduler, KWOK with $NODES fake nodes and the pod runner. The pod runner gives each pod
+# a network namespace of its own holding its pod IP (10.244.0.0/16), joined to this one by a
+# veth pair; Service IPs (10.96.0.0/16) are local here. Nothing can leave the namespaces.
 #
 #   sudo make cluster-up
 #   sudo ip netns exec kvgate-dev kubectl --kubeconfig .cache/cluster/kubeconfig get nodes
@@ -44,9 +44,12 @@ trap cleanup_on_failure EXIT
 # --- network namespace -------------------------------------------------------------------
 ip netns add "$NETNS"
 ip -n "$NETNS" link set lo up
-ip -n "$NETNS" route add local "$POD_CIDR" dev lo
+# Service ClusterIPs are local addresses (the pod runner's proxy listens on them); each pod gets
+# a network namespace of its own from the pod runner, with a /32 route to its veth here, and
+# this namespace forwards between pods.
 ip -n "$NETNS" route add local "$SERVICE_CIDR" dev lo
 ip -n "$NETNS" addr add "$HOST_IP/32" dev lo
+ip netns exec "$NETNS" sysctl -qw net.ipv4.ip_forward=1
 # `ip netns exec` bind-mounts /etc/netns/<ns>/hosts over /etc/hosts for processes it starts.
 mkdir -p "/etc/netns/$NETNS"
 printf '127.0.0.1 localhost\n::1 localhost\n' > "/etc/netns/$NETNS/hosts"
@@ -183,7 +186,8 @@ for c in kube-controller-manager kube-scheduler kwok; do alive "$c"; done
 
 if [ "$PODRUNNER" = 1 ]; then
   start podrunner "$KVGATE" podrunner --kubeconfig "$pki/podrunner.kubeconfig" \
-    --state-dir "$STATE/pods" --hosts-file "/etc/netns/$NETNS/hosts" --kvgate "$KVGATE"
+    --state-dir "$STATE/pods" --hosts-file "/etc/netns/$NETNS/hosts" --kvgate "$KVGATE" \
+    --host-ip "$HOST_IP" --pod-api-server "https://$HOST_IP:$API_PORT"
   sleep 0.5
   alive podrunner
 fi

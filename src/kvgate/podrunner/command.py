@@ -29,6 +29,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="directory for the pods' volumes, credentials and container logs",
     )
     parser.add_argument(
+        "--host-ip",
+        required=True,
+        help="the cluster namespace's own address: the pods' gateway (10.245.0.1 in up.sh)",
+    )
+    parser.add_argument(
+        "--pod-api-server",
+        default=None,
+        help="API server URL for the pods' kubeconfigs (default: the one of --kubeconfig)",
+    )
+    parser.add_argument(
         "--hosts-file",
         type=Path,
         default=None,
@@ -58,8 +68,9 @@ async def _serve(args: argparse.Namespace) -> int:
     runner_config = RunnerConfig(
         state_dir=args.state_dir.resolve(),
         kvgate=args.kvgate,
-        api_server=str(configuration.host),
+        api_server=args.pod_api_server or str(configuration.host),
         ca_cert=ca_cert,
+        host_ip=args.host_ip,
     )
     async with client.ApiClient(configuration) as api:
         tasks = [asyncio.create_task(PodRunner(api, runner_config).run(), name="podrunner")]

@@ -1,19 +1,21 @@
 """One running pod: its volumes, one process per container, and its status in the API.
 
-``PodWorker.start()`` writes the pod's volumes and credentials, resolves each container into a
-``ProcessSpec`` and supervises a ``ContainerProcess`` per container. A single status task owns
+``PodWorker.start()`` writes the pod's volumes and credentials, creates the pod's network
+namespace (sandbox.py), resolves each container into a ``ProcessSpec`` and supervises a
+``ContainerProcess`` per container, entered into that namespace. A single status task owns
 all writes of this pod's status: whenever a container changes state it patches the
 ``Ready``/``ContainersReady`` conditions and ``containerStatuses`` (strategic merge; only when
 something changed). The same task refreshes ConfigMap/Secret volumes every
 ``REFRESH_SECONDS``. When the containers cannot be configured yet (a referenced ConfigMap or
 Secret is missing) the containers wait with reason ``CreateContainerConfigError`` and the
-worker retries. ``stop()`` stops every process (SIGTERM, grace period, SIGKILL) and the tasks.
+worker retries. ``stop()`` stops every process (SIGTERM, grace period, SIGKILL), the tasks and the sandbox.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping
@@ -24,6 +26,7 @@ from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from kvgate.podrunner.process import ContainerProcess, ContainerState, now_rfc3339
+from kvgate.podrunner.sandbox import PodSandbox, SandboxError
 from kvgate.podrunner.spec import MissingReference, env_refs, process_spec
 from kvgate.podrunner.volumes import PodVolumes
 
@@ -97,6 +100,7 @@ class PodWorker:
         kvgate: str,
         api_server: str,
         ca_cert: bytes,
+        host_ip: str,
     ) -> None:
         self._core = core
         self.pod = pod
@@ -111,6 +115,13 @@ class PodWorker:
         self._last_patch: dict[str, Any] | None = None
         self._last_ready: bool | None = None
         self._task: asyncio.Task[None] | None = None
+        self._sandbox = PodSandbox(
+            str(pod["status"]["podIP"]),
+            host_ip,
+            str(pod["metadata"]["uid"]),
+            pid_file=pod_dir / "sandbox.pid",
+        )
+        self._sandbox_ready = False
 
     @property
     def key(self) -> str:
@@ -124,7 +135,7 @@ class PodWorker:
             try:
                 await self._start_containers()
                 break
-            except (MissingReference, ApiException) as exc:
+            except (MissingReference, ApiException, SandboxError) as exc:
                 log.warning("pod %s cannot start yet: %s", self.key, exc)
                 await self._report_waiting("CreateContainerConfigError")
                 await asyncio.sleep(REFRESH_SECONDS)
@@ -142,6 +153,9 @@ class PodWorker:
 
     async def _start_containers(self) -> None:
         await self._volumes.write_all()
+        if not self._sandbox_ready:
+            await self._sandbox.create()
+            self._sandbox_ready = True
         base_env = {k: v for k, v in os.environ.items() if k in BASE_ENV_NAMES}
         pod_ip = str(self.pod["status"]["podIP"])
         specs = []
@@ -165,6 +179,11 @@ class PodWorker:
             specs.append((container, spec))
         for container, spec in specs:
             log.info("pod %s container %s: %s", self.key, spec.container, " ".join(spec.argv))
+            if spec.argv:
+                # An image's working directory does not exist here: each container gets its own.
+                cwd = spec.cwd or self._dir / "work" / spec.container
+                cwd.mkdir(parents=True, exist_ok=True)
+                spec = dataclasses.replace(spec, argv=self._sandbox.enter(spec.argv), cwd=cwd)
             process = ContainerProcess(
                 spec,
                 pod_ip=pod_ip,
@@ -212,6 +231,7 @@ class PodWorker:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await self._sandbox.destroy()
 
     def log_paths(self) -> list[Path]:
         return [self._dir / "logs" / f"{p.spec.container}.log" for p in self._processes]

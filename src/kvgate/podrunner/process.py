@@ -121,6 +121,8 @@ class ContainerProcess:
             except OSError as exc:
                 log_file.write(f"--- cannot start: {exc}\n".encode())
                 return 127
+        pid_file = self._log_path.with_suffix(".pid")  # for hack/cluster/down.sh
+        pid_file.write_text(str(self._process.pid))
         self.state.running = True
         self.state.started_at = now_rfc3339()
         self.state.waiting_reason = ""
@@ -129,6 +131,7 @@ class ContainerProcess:
         try:
             return await self._process.wait()
         finally:
+            pid_file.unlink(missing_ok=True)
             probing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await probing

@@ -41,8 +41,9 @@ WATCH_TIMEOUT_SECONDS = 240
 class RunnerConfig:
     state_dir: Path
     kvgate: str
-    api_server: str
+    api_server: str  # as the pods reach it (from their own network namespaces)
     ca_cert: bytes
+    host_ip: str  # the cluster namespace's address: the pods' default gateway
 
 
 class PodRunner:
@@ -135,6 +136,7 @@ class PodRunner:
             kvgate=self._config.kvgate,
             api_server=self._config.api_server,
             ca_cert=self._config.ca_cert,
+            host_ip=self._config.host_ip,
         )
         self._workers[uid] = worker
         log.info("starting pod %s on %s (ip %s)", worker.key, node, status["podIP"])

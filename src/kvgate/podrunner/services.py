@@ -186,7 +186,7 @@ class ServiceProxy:
         backend = listener.pick()
         try:
             if backend is None:
-                return
+                raise ConnectionRefusedError(f"no ready endpoint for {listener.service}")
             up_reader, up_writer = await asyncio.wait_for(asyncio.open_connection(*backend), 5)
         except (OSError, TimeoutError):
             writer.close()

@@ -2,6 +2,9 @@
 
 A container becomes an argv, an environment and a working directory:
 
+Each pod runs in a network namespace of its own (sandbox.py), so listen addresses and ports are
+left as the pod says.
+
 1. **Image → program.** vLLM images (name contains ``vllm``) run ``kvgate sim serve`` with the
    container's own ``vllm serve`` arguments, so a flag the simulator does not accept fails the
    pod exactly as it would fail vLLM. kvgate images run ``kvgate <args>``. Redis images run a
@@ -10,10 +13,7 @@ A container becomes an argv, an environment and a working directory:
    ``$(VAR)`` expansion, ``fieldRef`` (pod name, namespace, uid, IPs, node, labels, annotations),
    ``configMapKeyRef``/``secretKeyRef`` (from values fetched beforehand), then ``$(VAR)`` is
    expanded in ``command`` and ``args``.
-3. **Addresses**: every process shares one network namespace, so wildcard listen addresses are
-   rewritten to the pod IP (``0.0.0.0``, ``[::]``, ``tcp://*:``), and a server without ``--host``
-   (vLLM, ``kvgate sim serve``, ``kvgate router``, ``kvgate indexer``) gets ``--host <pod IP>``.
-4. **Paths**: each volume mount path is mapped to a directory of the pod on the local disk; an
+3. **Paths**: each volume mount path is mapped to a directory of the pod on the local disk; an
    argument or environment value naming a path under a mount path is rewritten to the local
    path (``--config=/etc/kvgate/router.yaml`` → ``.../volumes/config/router.yaml``).
 
@@ -159,12 +159,6 @@ def resolve_env(
     return env
 
 
-def rewrite_wildcards(text: str, pod_ip: str) -> str:
-    """Replace wildcard listen addresses with the pod IP."""
-    text = text.replace("0.0.0.0", pod_ip).replace("[::]", pod_ip)
-    return re.sub(r"(tcp://)\*(:)", rf"\g<1>{pod_ip}\g<2>", text)
-
-
 def rewrite_paths(text: str, mounts: Mapping[str, Path]) -> str:
     """Map absolute paths under a container mount path to their local directory.
 
@@ -203,45 +197,20 @@ def _strip_kvgate_entrypoint(words: list[str]) -> list[str]:
     return words
 
 
-# kvgate subcommands that serve on `--host` (default 0.0.0.0, which every pod would share).
-_KVGATE_SERVERS = (("router",), ("indexer",), ("sim", "serve"))
-
-
-def _kvgate_subcommand(words: list[str]) -> list[str]:
-    """The subcommand words after kvgate's global options (``--log-level X``)."""
-    rest = list(words)
-    while rest and rest[0].startswith("-"):
-        rest = rest[2:] if rest[0] == "--log-level" else rest[1:]
-    return rest
-
-
-def _with_host(flags: list[str], pod_ip: str) -> list[str]:
-    if any(word == "--host" or word.startswith("--host=") for word in flags):
-        return flags
-    return [*flags, "--host", pod_ip]
-
-
-def program_argv(kind: Kind, words: Sequence[str], kvgate: str, pod_ip: str) -> list[str]:
+def program_argv(kind: Kind, words: Sequence[str], kvgate: str) -> list[str]:
     """The local argv for a container's command+args (already expanded and rewritten)."""
     if kind == "vllm":
-        return [
-            kvgate,
-            "sim",
-            "serve",
-            *_with_host(_strip_vllm_entrypoint(list(words)), pod_ip),
-        ]
+        return [kvgate, "sim", "serve", *_strip_vllm_entrypoint(list(words))]
     if kind == "kvgate":
-        rest = _strip_kvgate_entrypoint(list(words))
-        sub = _kvgate_subcommand(rest)
-        if any(tuple(sub[: len(server)]) == server for server in _KVGATE_SERVERS):
-            rest = _with_host(rest, pod_ip)
-        return [kvgate, *rest]
+        return [kvgate, *_strip_kvgate_entrypoint(list(words))]
     if kind == "redis":
         rest = list(words)
         if rest and Path(rest[0]).name in ("redis-server", "valkey-server"):
             rest = rest[1:]
-        # Later options win in redis-server: the address and persistence are ours.
-        return ["redis-server", *rest, "--bind", pod_ip, "--protected-mode", "no", "--save", ""]
+        # Later options win in redis-server: no snapshots on the local disk; the pod's network
+        # namespace is private, so protected mode (loopback-only without a password) is off,
+        # as in the official image's config.
+        return ["redis-server", *rest, "--protected-mode", "no", "--save", ""]
     return []
 
 
@@ -264,23 +233,16 @@ def process_spec(
     base_env: Mapping[str, str],
 ) -> ProcessSpec:
     """Everything needed to start one container of a running pod as a local process."""
-    pod_ip = str((pod.get("status") or {}).get("podIP") or "")
-    if not pod_ip:
-        raise ValueError("pod has no IP yet")
     kind = image_kind(str(container.get("image", "")))
     pod_env = resolve_env(pod, container, refs)
     words = [
         expand_vars(str(w), pod_env)
         for w in [*(container.get("command") or []), *(container.get("args") or [])]
     ]
-    words = [rewrite_paths(rewrite_wildcards(w, pod_ip), mounts) for w in words]
+    words = [rewrite_paths(w, mounts) for w in words]
     env = dict(base_env)
     for name, value in pod_env.items():
-        env[name] = rewrite_paths(rewrite_wildcards(value, pod_ip), mounts)
-    if kind == "redis" and not any(w == "--port" for w in words):
-        redis_ports = [int(p["containerPort"]) for p in container.get("ports") or []]
-        if redis_ports:
-            words = [*words, "--port", str(redis_ports[0])]
+        env[name] = rewrite_paths(value, mounts)
     working_dir = container.get("workingDir")
     cwd = Path(rewrite_paths(working_dir, mounts)) if working_dir else None
     if cwd is not None and not any(str(cwd).startswith(str(p)) for p in mounts.values()):
@@ -288,7 +250,7 @@ def process_spec(
     return ProcessSpec(
         container=str(container["name"]),
         kind=kind,
-        argv=program_argv(kind, words, kvgate, pod_ip),
+        argv=program_argv(kind, words, kvgate),
         env=env,
         cwd=cwd,
         ports=container_ports(container),
