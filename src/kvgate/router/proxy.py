@@ -269,8 +269,11 @@ class Proxy:
                 kind = "timeout" if isinstance(exc, TimeoutError) else "stream"
                 self.metrics.upstream_errors.labels(plan.pool.key, ep.id, kind).inc()
                 log.warning("stream from %s broke after the first byte: %r", ep.id, exc)
+                # Too late to retry (output was sent); tell the client in the stream itself.
+                message = f"the model server failed mid-stream ({kind})"
+                error = b"data: " + error_bytes(message, "upstream_error", kind) + b"\n\n"
                 with contextlib.suppress(Exception):
-                    await send({"type": "http.response.body", "body": tap.flush()})
+                    await send({"type": "http.response.body", "body": tap.flush() + error})
                 return False
             out = tap.feed(chunk)
             if out:

@@ -12,6 +12,7 @@ a network chunk is held back until the rest of it arrives.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ def usage_from_obj(obj: Any) -> Usage | None:
 
 
 _DECODER = json.JSONDecoder()
+_EVENT_END = re.compile(rb"\r?\n\r?\n")
 
 
 def usage_from_json_body(body: bytes) -> Usage | None:
@@ -76,18 +78,24 @@ class SseUsageTap:
 
     def feed(self, chunk: bytes) -> bytes:
         data = self._pending + chunk if self._pending else chunk
-        end = data.rfind(b"\n\n")
-        if end < 0:
+        # Events end with a blank line: "\n\n" (vLLM) or "\r\n\r\n" (other servers).
+        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
+        end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
+        if end == 0:
             self._pending = data
             return b""
-        complete, self._pending = data[: end + 2], data[end + 2 :]
+        complete, self._pending = data[:end], data[end:]
         if b'"usage"' not in complete:
             return complete
         out: list[bytes] = []
-        for event in complete.split(b"\n\n")[:-1]:
+        start = 0
+        for match in _EVENT_END.finditer(complete):
+            event = complete[start : match.end()]
+            start = match.end()
             if b'"usage"' in event and self._inspect(event):
                 continue
-            out.append(event + b"\n\n")
+            out.append(event)
+        out.append(complete[start:])
         return b"".join(out)
 
     def flush(self) -> bytes:
@@ -98,7 +106,7 @@ class SseUsageTap:
     def _inspect(self, event: bytes) -> bool:
         """Record usage from one event; True when the event should be dropped."""
         payload = b"".join(
-            line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")
+            line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
         )
         try:
             obj = json.loads(payload)

@@ -135,3 +135,34 @@ async def test_access_log_has_one_line_per_request_with_its_id(router_app, caplo
     lines = [r.getMessage() for r in caplog.records if r.name == "kvgate.router.requests"]
     assert len(lines) == 1
     assert "request_id=abc-1" in lines[0] and "cached_tokens=3" in lines[0]
+
+
+async def test_a_stream_broken_mid_way_ends_with_an_error_event():
+    import httpx
+
+    from kvgate.router.app import RouterApp
+    from kvgate.router.runtime import RouterRuntime
+
+    class Broken(httpx.AsyncByteStream):
+        async def __aiter__(self):
+            yield b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
+            raise httpx.ReadError("pod died")
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text="")
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Broken())
+
+    runtime = RouterRuntime(make_config(1), transport=httpx.MockTransport(handler))
+    await runtime.start()
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=RouterApp(runtime)), base_url="http://r"
+    )
+    try:
+        resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        assert resp.status_code == 200
+        assert resp.text.startswith('data: {"choices":[{"delta":{"content":"a"}}]}\n\n')
+        assert '"type": "upstream_error"' in resp.text and "[DONE]" not in resp.text
+    finally:
+        await client.aclose()
+        await runtime.stop()

@@ -317,3 +317,17 @@ async def test_long_prompts_are_tokenized_off_the_event_loop():
     await task
     assert plan.keys.exact and plan.keys.prompt_tokens > 50_000
     assert ticks >= 3  # the loop kept running while the prompt was tokenized
+
+
+def test_sse_tap_handles_crlf_event_separators():
+    stream = (
+        b'data: {"choices":[{"delta":{"content":"a"}}]}\r\n\r\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1}}\r\n\r\n'
+        b"data: [DONE]\r\n\r\n"
+    )
+    tap = SseUsageTap(strip_usage_chunk=True)
+    first = tap.feed(stream[:20])
+    assert first == b""
+    out = first + tap.feed(stream[20:]) + tap.flush()
+    assert out == b'data: {"choices":[{"delta":{"content":"a"}}]}\r\n\r\ndata: [DONE]\r\n\r\n'
+    assert tap.usage is not None and tap.usage.prompt_tokens == 7
