@@ -59,12 +59,13 @@ def run(args: argparse.Namespace) -> int:
 
     import kvgate.operator  # noqa: F401  (registers the handlers)
 
+    namespaces = [] if args.all_namespaces else list(args.namespace)
     settings = OperatorSettings(
         router_image=args.router_image,
         resync_seconds=args.resync_seconds,
         cleanup_timeout_seconds=args.cleanup_timeout_seconds,
+        namespaces=tuple(namespaces),
     )
-    namespaces = [] if args.all_namespaces else list(args.namespace)
     kopf.run(
         standalone=args.standalone,
         clusterwide=not namespaces,

@@ -51,9 +51,13 @@ class Kube(Protocol):
         ...
 
     async def list(
-        self, api_version: str, kind: str, namespace: str, label_selector: str | None = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        label_selector: str | None = None,
     ) -> list[JsonDict]:
-        """Objects of a kind in a namespace (each with apiVersion and kind set)."""
+        """Objects of a kind in a namespace, or in all (None); apiVersion and kind set."""
         ...
 
     async def patch_status(
@@ -63,12 +67,17 @@ class Kube(Protocol):
         ...
 
 
-def resource_path(api_version: str, kind: str, namespace: str, name: str | None = None) -> str:
+def resource_path(
+    api_version: str, kind: str, namespace: str | None, name: str | None = None
+) -> str:
+    """The REST path of an object, of a namespace's collection, or (namespace None) of all."""
     try:
         plural = PLURALS[(api_version, kind)]
     except KeyError:
         raise KubeError(0, f"kvgate does not know the resource for {api_version} {kind}") from None
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    if namespace is None:
+        return f"{base}/{plural}"
     path = f"{base}/namespaces/{namespace}/{plural}"
     return f"{path}/{name}" if name else path
 
@@ -137,7 +146,11 @@ class ApiKube:
         return dict(found)
 
     async def list(
-        self, api_version: str, kind: str, namespace: str, label_selector: str | None = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        label_selector: str | None = None,
     ) -> list[JsonDict]:
         query = [("labelSelector", label_selector)] if label_selector else []
         found = await self._call("GET", resource_path(api_version, kind, namespace), query=query)

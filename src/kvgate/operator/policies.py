@@ -1,11 +1,11 @@
 """kopf handlers for RoutingPolicy: thin wrappers around :class:`Reconciler`.
 
-A policy has no finalizer: its children are garbage-collected through owner references.
+A policy has no finalizer (no delete handler, no daemon): its children are garbage-collected
+through owner references, and the periodic resync is one operator-level task (`resync`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -21,21 +21,3 @@ log = logging.getLogger(__name__)
 @kopf.on.update(*POLICY, backoff=HANDLER_BACKOFF_SECONDS)
 async def policy_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await reconciler(memo).reconcile_policy(plain(body))
-
-
-@kopf.daemon(*POLICY, cancellation_timeout=2.0)
-async def policy_resync(
-    stopped: kopf.DaemonStopped, body: kopf.Body, memo: kopf.Memo, **_: Any
-) -> None:
-    """Re-render the router config and re-apply children periodically."""
-    rec = reconciler(memo)
-    while not stopped:
-        await stopped.wait(rec.settings.resync_seconds)
-        if stopped:
-            break
-        try:
-            await rec.reconcile_policy(plain(body))
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("resync of RoutingPolicy %s failed", body.get("metadata", {}).get("name"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from typing import Any
 
@@ -18,24 +17,6 @@ log = logging.getLogger(__name__)
 @kopf.on.update(*POOL, backoff=HANDLER_BACKOFF_SECONDS)
 async def pool_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     await reconciler(memo).reconcile_pool(plain(body))
-
-
-@kopf.daemon(*POOL, cancellation_timeout=2.0)
-async def pool_resync(
-    stopped: kopf.DaemonStopped, body: kopf.Body, memo: kopf.Memo, **_: Any
-) -> None:
-    """Re-apply children and refresh status periodically (drift the watches did not catch)."""
-    rec = reconciler(memo)
-    while not stopped:
-        await stopped.wait(rec.settings.resync_seconds)
-        if stopped:
-            break
-        try:
-            await rec.reconcile_pool(plain(body))
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a resync must never die: the next one tries again
-            log.exception("resync of InferencePool %s failed", body.get("metadata", {}).get("name"))
 
 
 @kopf.on.delete(*POOL, backoff=HANDLER_BACKOFF_SECONDS)

@@ -60,6 +60,7 @@ class OperatorSettings:
     router_image: str = f"kvgate:{__version__}"
     resync_seconds: float = 30.0
     cleanup_timeout_seconds: float = 5.0
+    namespaces: tuple[str, ...] = ()  # watched namespaces; empty: all
 
 
 def describe(exc: ValidationError) -> str:

@@ -2,13 +2,17 @@
 
 Settings come from `memo.operator_settings` when `kvgate operator` starts kopf, else from the
 environment (`kopf run -m kvgate.operator`): `KVGATE_ROUTER_IMAGE`,
-`KVGATE_OPERATOR_RESYNC_SECONDS`, `KVGATE_OPERATOR_CLEANUP_TIMEOUT_SECONDS`. kopf keeps its
+`KVGATE_OPERATOR_RESYNC_SECONDS`, `KVGATE_OPERATOR_CLEANUP_TIMEOUT_SECONDS`,
+`KVGATE_OPERATOR_NAMESPACES` (comma-separated; what the resync lists). The startup handler owns
+the resync task; the cleanup handler cancels and awaits it. kopf keeps its
 bookkeeping in `kvgate.io/*` annotations (never in `status`, whose schema is strict), and only
 warnings are posted as Kubernetes events on kopf's behalf; kvgate posts its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 from typing import Any
@@ -17,13 +21,16 @@ import kopf
 
 from kvgate.operator.kube import ApiKube
 from kvgate.operator.reconcile import OperatorSettings, Reconciler
+from kvgate.operator.resync import resync_forever
 
 log = logging.getLogger(__name__)
 
 
 def settings_from_env() -> OperatorSettings:
     defaults = OperatorSettings()
+    namespaces = os.environ.get("KVGATE_OPERATOR_NAMESPACES", "")
     return OperatorSettings(
+        namespaces=tuple(n for n in namespaces.split(",") if n),
         router_image=os.environ.get("KVGATE_ROUTER_IMAGE", defaults.router_image),
         resync_seconds=float(
             os.environ.get("KVGATE_OPERATOR_RESYNC_SECONDS", defaults.resync_seconds)
@@ -63,11 +70,19 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     operator_settings = getattr(memo, "operator_settings", None) or settings_from_env()
     memo.api_client = await _api_client()
     memo.reconciler = Reconciler(ApiKube(memo.api_client), post_event, operator_settings)
+    memo.resync_task = asyncio.create_task(
+        resync_forever(memo.reconciler), name="kvgate-operator-resync"
+    )
     log.info("kvgate operator started: %s", operator_settings)
 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
+    task = getattr(memo, "resync_task", None)
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     api_client = getattr(memo, "api_client", None)
     if api_client is not None:
         await api_client.close()

@@ -73,14 +73,18 @@ class FakeKube:
         return copy.deepcopy(found) if found else None
 
     async def list(
-        self, api_version: str, kind: str, namespace: str, label_selector: str | None = None
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str | None,
+        label_selector: str | None = None,
     ) -> list[Json]:
         if self.fail_all:
             raise self.fail_all
         return [
             copy.deepcopy(o)
             for (v, k, ns, _), o in sorted(self.objects.items())
-            if (v, k, ns) == (api_version, kind, namespace)
+            if (v, k) == (api_version, kind) and namespace in (None, ns)
         ]
 
     async def patch_status(

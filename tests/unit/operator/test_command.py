@@ -57,6 +57,7 @@ def test_namespaces_standalone_and_settings(monkeypatch: pytest.MonkeyPatch) -> 
         "kvgate:dev",
         1.5,
     )
+    assert settings.namespaces == ("a", "b")
 
 
 def test_environment_provides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import kopf
@@ -29,20 +28,6 @@ def pool_body() -> dict[str, Any]:
     }
 
 
-class Stopped:
-    """Stands in for kopf's DaemonStopped flag: stops after `rounds` waits."""
-
-    def __init__(self, rounds: int) -> None:
-        self.rounds = rounds
-
-    def __bool__(self) -> bool:
-        return self.rounds <= 0
-
-    async def wait(self, seconds: float) -> None:
-        self.rounds -= 1
-        await asyncio.sleep(0)
-
-
 async def test_pool_and_policy_handlers_reconcile(kube: FakeKube, events: Events) -> None:
     memo = memo_for(kube, events)
     body = kube.put(pool_body())
@@ -58,24 +43,6 @@ async def test_pool_and_policy_handlers_reconcile(kube: FakeKube, events: Events
     )
     await policies.policy_changed(body=policy, memo=memo)  # type: ignore[arg-type]
     assert kube.find("ConfigMap", "r-router-config") is not None
-
-
-async def test_resync_daemon_survives_errors(
-    kube: FakeKube, events: Events, caplog: pytest.LogCaptureFixture
-) -> None:
-    memo = memo_for(kube, events, resync=0.0)
-    body = kube.put(pool_body())
-    calls = 0
-
-    async def broken(body: Any, **_: Any) -> None:
-        nonlocal calls
-        calls += 1
-        raise RuntimeError("bug")
-
-    memo.reconciler.reconcile_pool = broken
-    await pools.pool_resync(stopped=Stopped(3), body=body, memo=memo)  # type: ignore[arg-type]
-    assert calls == 2
-    assert "resync of InferencePool p failed" in caplog.text
 
 
 async def test_child_events_reach_the_owner(kube: FakeKube, events: Events) -> None:
