@@ -9,6 +9,8 @@ router and alone in `kvgate indexer` (writing to Redis for many routers).
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Mapping
 
 from kvgate.directory.base import BlockIndex
@@ -16,6 +18,20 @@ from kvgate.directory.indexer import SubscriptionManager
 from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.directory.subscriber import PodEndpoint
 from kvgate.router.endpoints import Endpoint, EndpointSet
+
+log = logging.getLogger(__name__)
+
+
+async def refresh_directory_stats(indexes: Mapping[str, BlockIndex], interval: float) -> None:
+    """Forever: ask every index for its size, which sets the `kvgate_directory_pods` and
+    `kvgate_directory_entries` gauges (the instrumented index updates them on `stats()`)."""
+    while True:
+        for pool, index in list(indexes.items()):
+            try:
+                await index.stats()
+            except Exception as exc:  # Redis down: the gauges keep their last value
+                log.debug("directory stats of %s unavailable: %r", pool, exc)
+        await asyncio.sleep(interval)
 
 
 class EventIndexer:

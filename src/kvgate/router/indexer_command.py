@@ -71,13 +71,9 @@ class IndexerService:
 
     async def _refresh_stats(self) -> None:
         """Keep the directory size gauges current (the instrumented index sets them in stats())."""
-        while True:
-            for pool, index in self.indexes.items():
-                try:
-                    await index.stats()
-                except Exception as exc:  # Redis down: counted by the index, retried next round
-                    log.debug("directory stats of %s failed: %s", pool, exc)
-            await asyncio.sleep(STATS_INTERVAL_SECONDS)
+        from kvgate.router.indexer import refresh_directory_stats
+
+        await refresh_directory_stats(self.indexes, STATS_INTERVAL_SECONDS)
 
     async def stop(self) -> None:
         if self._stats_task is not None:

@@ -28,7 +28,7 @@ from kvgate.directory.base import BlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.router.discovery import Discovery, build_discovery
 from kvgate.router.endpoints import Endpoint, EndpointSet
-from kvgate.router.indexer import EventIndexer
+from kvgate.router.indexer import EventIndexer, refresh_directory_stats
 from kvgate.router.keys import Keyer, keyer_identity
 from kvgate.router.learn import Learner
 from kvgate.router.metrics import RouterMetrics
@@ -76,10 +76,12 @@ class RouterRuntime:
         metrics: RouterMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         reload_check_seconds: float = 1.0,
+        stats_interval_seconds: float = 5.0,
     ) -> None:
         self.metrics = metrics or RouterMetrics()
         self.config_path = config_path
         self._reload_check_seconds = reload_check_seconds
+        self._stats_interval_seconds = stats_interval_seconds
         self._keyers: dict[tuple[Any, ...], Keyer] = {}
         state = build_state(config, self._keyers)
         limits = config.limits
@@ -132,6 +134,7 @@ class RouterRuntime:
             else None
         )
         self._watch_task: asyncio.Task[None] | None = None
+        self._stats_task: asyncio.Task[None] | None = None
         self.started = False
 
     @property
@@ -141,6 +144,10 @@ class RouterRuntime:
     async def start(self) -> None:
         await self._sync_pools(self.config)
         self.scraper.start()
+        self._stats_task = asyncio.create_task(
+            refresh_directory_stats(self.indexes, self._stats_interval_seconds),
+            name="kvgate-directory-stats",
+        )
         if self.config_path is not None:
             # The file as loaded is the baseline: a change from now on is a reload.
             baseline = _stat_key(Path(self.config_path))
@@ -150,10 +157,11 @@ class RouterRuntime:
         self.started = True
 
     async def stop(self) -> None:
-        if self._watch_task is not None:
-            self._watch_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._watch_task
+        for task in (self._watch_task, self._stats_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for discovery in self.discoveries.values():
             await discovery.stop()
         if self.indexer is not None:

@@ -219,3 +219,36 @@ async def test_kubernetes_pod_that_turns_unready_leaves_routing_and_directory(mo
         assert await index.lookup([b"k" * 32]) == {}
     finally:
         await runtime.stop()
+
+
+async def test_directory_size_gauges_are_kept_current():
+    import httpx
+
+    from kvgate.router.app import RouterApp
+    from kvgate.router.runtime import RouterRuntime
+
+    runtime = RouterRuntime(
+        make_config(2),
+        transport=httpx.MockTransport(FakePods().handler),
+        stats_interval_seconds=0.02,
+    )
+    await runtime.start()
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=RouterApp(runtime)), base_url="http://r"
+    )
+    try:
+        await client.post("/v1/chat/completions", json={"model": "m", "messages": [SYSTEM]})
+        name = 'kvgate_directory_entries{kind="approximate",pool="default/p"}'
+        value = 0.0
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            lines = [
+                ln for ln in (await client.get("/metrics")).text.splitlines() if ln.startswith(name)
+            ]
+            value = float(lines[0].rsplit(" ", 1)[1]) if lines else 0.0
+            if value > 0:
+                break
+        assert value > 0
+    finally:
+        await client.aclose()
+        await runtime.stop()
