@@ -95,7 +95,7 @@ class RouterApp:
             else:
                 raise RouterError(404, f"no route {method} {path}", code="not_found")
         except RouterError as err:
-            await _raw(send, err.status, error_bytes(err.message, err.type, err.code), _JSON)
+            await _raw(send, err.status, json.dumps(err.body()).encode(), _JSON)
         except Exception:
             # A bug, never the client's doing: log it, and answer in the OpenAI shape if the
             # response has not started (otherwise the server closes the connection).

@@ -10,8 +10,8 @@ One attempt:
    release it at their predicted TTFT instead, since their first byte is their last), the
    response head goes to the client with the `x-kvgate-*` headers.
 4. The rest streams through as it arrives (each gap bounded by `read_timeout`). Usage is read on
-   the way (`usage.py`). A pod failing after the first byte ends the client's response; it cannot
-   be retried without duplicating output.
+   the way (`usage.py`). A pod failing after the first byte cannot be retried without
+   duplicating output: a stream ends with an OpenAI error event instead of `[DONE]`.
 
 Cancellation (the client went away) propagates into the upstream request, which closes the
 connection to the pod, and vLLM aborts the request.
@@ -309,7 +309,3 @@ def plan_headers(plan: RoutePlan, request_id: str) -> list[tuple[bytes, bytes]]:
         (b"x-kvgate-prefix-hit-tokens", str(plan.decision.predicted_hit_tokens).encode()),
         (b"x-request-id", request_id.encode()),
     ]
-
-
-def error_response_parts(err: RouterError) -> tuple[int, bytes]:
-    return err.status, error_bytes(err.message, err.type, err.code)

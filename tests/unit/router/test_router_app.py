@@ -166,3 +166,10 @@ async def test_a_stream_broken_mid_way_ends_with_an_error_event():
     finally:
         await client.aclose()
         await runtime.stop()
+
+
+async def test_errors_name_the_offending_parameter(router_app):
+    client, _ = await router_app(make_config(), FakePods())
+    resp = await client.post("/v1/chat/completions", json={"model": "m", "messages": "nope"})
+    assert resp.status_code == 400
+    assert resp.json()["error"]["param"] == "messages"
