@@ -2,25 +2,27 @@
 
 `router_config` translates the policy (Kubernetes conventions) and each selected pool into
 :class:`kvgate.api.router_config.RouterConfig`, which validates the result: the router loads
-exactly what the operator renders. Secrets are referenced by the file path where the router
-pods mount them (never copied), a pool's tokenizer ConfigMap by its mount path, and each pool's
-engines by the label selector of its Deployment.
+exactly what the operator renders. Secrets are never copied: the config names an environment
+variable that the router container fills from the Secret key (`secretKeyRef`). A pool's
+tokenizer ConfigMap is referenced by its mount path, and each pool's engines by the label
+selector of its Deployment.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
 from kvgate.api import router_config as rc
-from kvgate.api.base import SecretKeyRef
+from kvgate.api.base import JsonDict, SecretKeyRef
 from kvgate.api.policy import RoutingPolicySpec, TenantSpec
 from kvgate.api.pool import InferencePoolSpec
 from kvgate.operator.render.engine import engine_selector_string
 
-SECRETS_DIR = "/var/run/kvgate/secrets"
 TOKENIZERS_DIR = "/var/lib/kvgate/tokenizers"
 
 
@@ -33,8 +35,15 @@ class SelectedPool:
     spec: InferencePoolSpec
 
 
+def secret_env_name(ref: SecretKeyRef) -> str:
+    """The router's environment variable holding a Secret key (readable, collision-free)."""
+    readable = re.sub(r"[^A-Z0-9]+", "_", f"{ref.name}_{ref.key}".upper()).strip("_")[:48]
+    digest = hashlib.sha256(f"{ref.name}/{ref.key}".encode()).hexdigest()[:6].upper()
+    return f"KVGATE_SECRET_{readable}_{digest}"
+
+
 def _secret(ref: SecretKeyRef) -> rc.SecretRef:
-    return rc.SecretRef(file=f"{SECRETS_DIR}/{ref.name}/{ref.key}")
+    return rc.SecretRef(env=secret_env_name(ref))
 
 
 def _tokenizer(pool: SelectedPool) -> rc.TokenizerConfig:
@@ -138,6 +147,15 @@ def router_config_yaml(config: rc.RouterConfig) -> str:
     """The YAML the router reads: only values that differ from the router's defaults."""
     data = config.model_dump(mode="json", exclude_defaults=True)
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def secret_env(spec: RoutingPolicySpec) -> list[JsonDict]:
+    """`env` entries of the router container: one `secretKeyRef` per Secret key the config uses."""
+    refs = {secret_env_name(r): r for r in secret_refs(spec)}
+    return [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+        for name, ref in sorted(refs.items())
+    ]
 
 
 def secret_refs(spec: RoutingPolicySpec) -> list[SecretKeyRef]:

@@ -2,8 +2,9 @@
 
 The router configuration (:mod:`kvgate.operator.render.config`) goes into a ConfigMap that the router pods mount as a directory (never `subPath`),
 so the kubelet swaps the file in place and the router reloads it without a restart. Secrets the
-configuration needs (tenant API keys and salts, the Redis password, the admin token) are mounted
-read-only and referenced by file, never copied into the ConfigMap. Each pool's engines are
+configuration needs (tenant API keys and salts, the Redis password, the admin token) reach the
+container as `secretKeyRef` environment variables that the config names, never copied into
+the ConfigMap. Each pool's engines are
 discovered by the label selector of its Deployment, so the router only needs to watch Pods in
 its namespace: that is the whole of its Role. With the Redis directory and
 `embeddedIndexer: false`, a `kvgate indexer` Deployment (same config, same Role) feeds the
@@ -28,12 +29,11 @@ from kvgate.operator.render.common import (
     recommended_labels,
 )
 from kvgate.operator.render.config import (
-    SECRETS_DIR,
     TOKENIZERS_DIR,
     SelectedPool,
     router_config,
     router_config_yaml,
-    secret_refs,
+    secret_env,
 )
 
 ROUTER_COMPONENT = "router"
@@ -92,10 +92,6 @@ def _volumes(
         {"name": "config", "configMap": {"name": config_map_name(owner.name)}}
     ]
     mounts: list[JsonDict] = [{"name": "config", "mountPath": CONFIG_DIR, "readOnly": True}]
-    for secret in sorted({ref.name for ref in secret_refs(spec)}):
-        volume = dns_label("secret", secret)
-        volumes.append({"name": volume, "secret": {"secretName": secret}})
-        mounts.append({"name": volume, "mountPath": f"{SECRETS_DIR}/{secret}", "readOnly": True})
     for pool in pools:
         source = pool.spec.tokenizer
         if source is not None and source.config_map is not None:
@@ -131,6 +127,7 @@ def _kvgate_deployment(
         "env": [
             field_env("POD_NAME", "metadata.name"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
+            *secret_env(spec),
         ],
         "ports": [{"name": port_name, "containerPort": port_number, "protocol": "TCP"}],
         "readinessProbe": probe("/health", port_name, period=5, failures=3),

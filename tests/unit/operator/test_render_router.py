@@ -1,0 +1,92 @@
+"""Router rendering details: Secrets by reference, config mounted as a directory, tokenizers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvgate.api.policy import RoutingPolicySpec
+from kvgate.api.pool import InferencePoolSpec
+from kvgate.api.router_config import parse_router_config
+from kvgate.operator.render import Owner, SelectedPool, policy_children
+from kvgate.operator.render.config import secret_env_name
+
+OWNER = Owner(kind="RoutingPolicy", name="front", namespace="ai", uid="u2")
+POOL = SelectedPool("llama", "ai", InferencePoolSpec.model_validate({"model": "m"}))
+
+
+def render(**spec: Any) -> dict[str, Any]:
+    children, _ = policy_children(
+        OWNER, RoutingPolicySpec.model_validate({"pools": ["llama"], **spec}), [POOL], "img"
+    )
+    return {f"{c['kind']}/{c['metadata']['name']}": c for c in children}
+
+
+def test_secrets_reach_the_router_by_reference_only() -> None:
+    objects = render(
+        tenants={
+            "items": [{"name": "a", "apiKeys": [{"name": "keys", "key": "a"}]}],
+            "saltSecret": {"name": "keys", "key": "salt"},
+        },
+        directory={"backend": "redis", "redis": {"password": {"name": "redis", "key": "pw"}}},
+        router={"adminToken": {"name": "admin", "key": "token"}},
+    )
+    config = parse_router_config(objects["ConfigMap/front-router-config"]["data"]["router.yaml"])
+    container = objects["Deployment/front-router"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in container["env"]}
+    named = [
+        config.tenants.tenants[0].api_keys[0].env,
+        config.tenants.salt_secret.env if config.tenants.salt_secret else None,
+        config.directory.redis.password.env if config.directory.redis.password else None,
+        config.admin.token.env if config.admin.token else None,
+    ]
+    refs = [env[str(name)]["valueFrom"]["secretKeyRef"] for name in named]
+    assert refs == [
+        {"name": "keys", "key": "a"},
+        {"name": "keys", "key": "salt"},
+        {"name": "redis", "key": "pw"},
+        {"name": "admin", "key": "token"},
+    ]
+
+
+def test_secret_env_names_are_distinct_and_valid() -> None:
+    from kvgate.api.base import SecretKeyRef
+
+    a = secret_env_name(SecretKeyRef(name="a-b", key="c"))
+    b = secret_env_name(SecretKeyRef(name="a", key="b-c"))
+    assert a != b
+    assert a.replace("_", "").isalnum() and a.isupper()
+
+
+def test_config_is_mounted_as_a_directory_so_updates_reach_the_router() -> None:
+    deployment = render()["Deployment/front-router"]
+    mount = deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]
+    assert mount == {"name": "config", "mountPath": "/etc/kvgate", "readOnly": True}
+    assert "subPath" not in mount
+
+
+def test_router_config_changes_do_not_touch_the_pod_template() -> None:
+    before = render()["Deployment/front-router"]
+    after = render(scoring={"maxAffinityWaitSeconds": 0.1})["Deployment/front-router"]
+    assert before == after
+
+
+def test_tokenizer_config_map_is_mounted_for_the_router() -> None:
+    pool = SelectedPool(
+        "llama",
+        "ai",
+        InferencePoolSpec.model_validate(
+            {"model": "m", "tokenizer": {"configMap": "tok", "chatTemplate": "t.jinja"}}
+        ),
+    )
+    children, _ = policy_children(
+        OWNER, RoutingPolicySpec.model_validate({"pools": ["llama"]}), [pool], "img"
+    )
+    config_map = next(c for c in children if c["kind"] == "ConfigMap")
+    config = parse_router_config(config_map["data"]["router.yaml"])
+    assert config.pools[0].engine.tokenizer.path == "/var/lib/kvgate/tokenizers/llama"
+    assert (
+        config.pools[0].engine.tokenizer.chat_template == "/var/lib/kvgate/tokenizers/llama/t.jinja"
+    )
+    deployment = next(c for c in children if c["kind"] == "Deployment")
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "tokenizer-llama", "configMap": {"name": "tok"}} in volumes
