@@ -10,10 +10,11 @@ Kubernetes-specific way carry their OpenAPI fragment with them (``Quantity`` is
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "kvgate.io"
@@ -23,16 +24,43 @@ GROUP_VERSION = f"{API_GROUP}/{API_VERSION}"
 JsonDict = dict[str, Any]
 """A JSON object (a schema fragment, a Kubernetes object)."""
 
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+PERCENT_PATTERN = r"^[0-9]+%$"
+
+
+def _matching(pattern: str, what: str) -> AfterValidator:
+    compiled = re.compile(pattern)
+
+    def check(value: int | str) -> int | str:
+        if isinstance(value, str) and not compiled.match(value):
+            raise ValueError(f"{value!r} is not {what}")
+        return value
+
+    return AfterValidator(check)
+
+
 Quantity = Annotated[
     int | str,
+    _matching(QUANTITY_PATTERN, "a Kubernetes quantity"),
     WithJsonSchema(
         {
             "x-kubernetes-int-or-string": True,
+            "pattern": QUANTITY_PATTERN,
             "description": "A Kubernetes quantity such as 4, 500m, 16Gi.",
         }
     ),
 ]
 """A Kubernetes resource quantity (``4``, ``"500m"``, ``"16Gi"``)."""
+
+IntOrPercent = Annotated[
+    int | str,
+    _matching(PERCENT_PATTERN, "a count or a percentage such as 25%"),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": PERCENT_PATTERN}),
+]
+"""A count or a percentage (``1``, ``"25%"``), as in a PodDisruptionBudget."""
 
 FreeForm = Annotated[
     dict[str, Any],

@@ -17,9 +17,9 @@ from kvgate.api.base import (
     ApiModel,
     Condition,
     EnvVar,
+    IntOrPercent,
     JsonDict,
     PodTemplateOverrides,
-    Quantity,
     ResourceRequirements,
     cel,
 )
@@ -231,7 +231,7 @@ class InferencePoolSpec(ApiModel):
         default_factory=PodTemplateOverrides,
         description="Labels, annotations, node selector and tolerations of the engine pods.",
     )
-    max_unavailable: Quantity = Field(
+    max_unavailable: IntOrPercent = Field(
         default=1,
         description="PodDisruptionBudget maxUnavailable: a count or a percentage such as 25%.",
     )

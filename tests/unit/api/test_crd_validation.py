@@ -226,3 +226,35 @@ def test_defaults_pass_their_own_rules_as_written(name: str) -> None:
     assert checked
     for path, node, default in checked:
         assert cel_failures(node, copy.deepcopy(default)) == [], path
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"maxUnavailable": "lots"},
+        {"maxUnavailable": "25"},
+        {"resources": {"requests": {"cpu": "lots"}}},
+        {"resources": {"limits": {"memory": "16 GB"}}},
+    ],
+)
+def test_malformed_quantities_are_rejected(spec: Json) -> None:
+    with pytest.raises(ValidationError):
+        InferencePoolSpec.model_validate({"model": "m", **spec})
+    schema = _spec_schema(POOL)
+    assert "pattern" in schema["properties"]["maxUnavailable"]
+    assert (
+        "pattern"
+        in schema["properties"]["resources"]["properties"]["requests"]["additionalProperties"]
+    )
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"maxUnavailable": "25%"},
+        {"maxUnavailable": 0},
+        {"resources": {"requests": {"cpu": "500m", "memory": "16Gi"}, "limits": {"cpu": 2}}},
+    ],
+)
+def test_well_formed_quantities_pass(spec: Json) -> None:
+    InferencePoolSpec.model_validate({"model": "m", **spec})
