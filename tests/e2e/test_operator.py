@@ -1,0 +1,375 @@
+"""The whole stack on the test cluster: operator (deploy/), pools of simulated vLLM pods, a
+RoutingPolicy's router with a Redis directory, and requests through it.
+
+The steps run in order on one namespace (module-scoped fixtures): a later step builds on the
+state an earlier one left, as a user's session would.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import yaml
+from e2e_cluster import KVGATE_IMAGE, VLLM_IMAGE, Cluster, pod_ready, ready_pods, wait_until
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+POOL_SELECTOR = "app.kubernetes.io/component=engine,app.kubernetes.io/instance=sim"
+ROUTER_SELECTOR = "app.kubernetes.io/component=router,app.kubernetes.io/instance=chat"
+PROMPT = "You are a careful assistant. " * 40  # ~ 280 tokens: many full blocks
+
+
+def operator_manifests() -> str:
+    """deploy/ as shipped, with the image under test."""
+    text = (REPO / "deploy" / "rbac" / "operator.yaml").read_text() + "\n---\n"
+    text += (REPO / "deploy" / "operator.yaml").read_text()
+    return re.sub(r"kvgate:\d+\.\d+\.\d+", KVGATE_IMAGE, text)
+
+
+def pool_manifest(replicas: int) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "kvgate.io/v1alpha1",
+            "kind": "InferencePool",
+            "metadata": {"name": "sim"},
+            "spec": {
+                "model": "sim-model",
+                "replicas": replicas,
+                "image": VLLM_IMAGE,  # default command `vllm serve`: the pod runner simulates it
+                "gpus": 0,
+                "engine": {"blockSize": 16, "maxModelLen": 4096},
+                "cache": {"hashAlgo": "sha256_cbor", "hashSeed": 0},
+            },
+        }
+    )
+
+
+def policy_manifest(namespace: str, affinity_wait: float = 2.0) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "kvgate.io/v1alpha1",
+            "kind": "RoutingPolicy",
+            "metadata": {"name": "chat"},
+            "spec": {
+                "pools": ["sim"],
+                "scoring": {"maxAffinityWaitSeconds": affinity_wait},
+                "sessions": {"header": "x-session-id"},
+                "directory": {
+                    "backend": "redis",
+                    # Through the pod runner's userspace Service proxy on a busy 2-core CI
+                    # machine a Redis call can take longer than the 50 ms default.
+                    "redis": {
+                        "url": f"redis://kvgate-redis.{namespace}.svc:6379/0",
+                        "socketTimeoutSeconds": 0.5,
+                    },
+                },
+            },
+        }
+    )
+
+
+REDIS = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: kvgate-redis}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: kvgate-redis}}
+  template:
+    metadata: {labels: {app: kvgate-redis}}
+    spec:
+      containers:
+      - name: redis
+        image: redis:7
+        ports: [{name: redis, containerPort: 6379}]
+        readinessProbe: {tcpSocket: {port: redis}, periodSeconds: 2}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kvgate-redis}
+spec:
+  selector: {app: kvgate-redis}
+  ports: [{name: redis, port: 6379, targetPort: redis}]
+"""
+
+
+def condition(obj: dict[str, Any], kind: str) -> str | None:
+    for item in obj.get("status", {}).get("conditions", []):
+        if item["type"] == kind:
+            return str(item["status"])
+    return None
+
+
+@pytest.fixture(scope="module")
+def stack_ns(cluster: Cluster, crds: list[str]) -> Iterator[str]:
+    """The operator (deploy/) running as a pod, and a namespace with Redis for the stack."""
+    cluster.kubectl("create", "namespace", "kvgate-system")
+    cluster.apply(operator_manifests())
+    wait_until(
+        lambda: ready_pods(cluster, "kvgate-system", "app.kubernetes.io/component=operator"),
+        timeout=90,
+        what="the operator pod",
+    )
+    name = "e2e-stack"
+    cluster.kubectl("create", "namespace", name)
+    cluster.apply(REDIS, name)
+    yield name
+    # Custom resources go before the operator, so that their finalizers can run.
+    cluster.kubectl(
+        "delete",
+        "routingpolicies,inferencepools",
+        "--all",
+        "-n",
+        name,
+        "--timeout",
+        "60s",
+        check=False,
+        timeout=90,
+    )
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+    cluster.kubectl("delete", "-f", "-", "--wait=false", input=operator_manifests(), check=False)
+
+
+def redis_client(cluster: Cluster, namespace: str) -> redis.Redis:
+    pods = wait_until(
+        lambda: ready_pods(cluster, namespace, "app=kvgate-redis"), timeout=60, what="redis"
+    )
+    return redis.Redis(host=pods[0]["status"]["podIP"], port=6379, socket_timeout=2)
+
+
+def router_url(cluster: Cluster, namespace: str) -> str:
+    """The router's Service ClusterIP (reached through the pod runner's service proxy)."""
+    services = cluster.get("services", "-n", namespace, "-l", ROUTER_SELECTOR)["items"]
+    assert len(services) == 1, services
+    port = next(p["port"] for p in services[0]["spec"]["ports"] if p["name"] == "http")
+    return f"http://{services[0]['spec']['clusterIP']}:{port}"
+
+
+def complete(url: str, prompt: str, session: str | None = None) -> httpx.Response:
+    headers = {"x-session-id": session} if session else {}
+    return httpx.post(
+        f"{url}/v1/completions",
+        json={"model": "sim-model", "prompt": prompt, "max_tokens": 4},
+        headers=headers,
+        timeout=30,
+    )
+
+
+def test_pool_becomes_a_ready_deployment_of_simulated_pods(cluster: Cluster, stack_ns: str) -> None:
+    cluster.apply(pool_manifest(replicas=2), stack_ns)
+    pool = wait_until(
+        lambda: (
+            (p := cluster.get("inferencepool", "sim", "-n", stack_ns))
+            and condition(p, "Ready") == "True"
+            and p["status"].get("readyReplicas") == 2
+            and p
+        ),
+        timeout=120,
+        what="InferencePool Ready with 2 ready replicas",
+    )
+    assert pool["status"]["observedGeneration"] == pool["metadata"]["generation"]
+    deployment = cluster.get("deployment", "sim", "-n", stack_ns)
+    assert deployment["status"]["readyReplicas"] == 2
+    pods = ready_pods(cluster, stack_ns, POOL_SELECTOR)
+    # Each pod is a real `kvgate sim serve` with the flags the operator rendered.
+    for pod in pods:
+        health = httpx.get(f"http://{pod['status']['podIP']}:8000/health", timeout=5)
+        assert health.status_code == 200
+        assert "simulated vLLM pod" in cluster.pod_logs(stack_ns, pod["metadata"]["name"])
+
+
+def test_kubectl_scale_on_the_pool(cluster: Cluster, stack_ns: str) -> None:
+    cluster.kubectl("scale", "inferencepool", "sim", "-n", stack_ns, "--replicas=3")
+    wait_until(
+        lambda: len(ready_pods(cluster, stack_ns, POOL_SELECTOR)) == 3,
+        timeout=90,
+        what="3 ready engine pods",
+    )
+    wait_until(
+        lambda: (
+            cluster.get("inferencepool", "sim", "-n", stack_ns)["status"].get("readyReplicas") == 3
+        ),
+        timeout=60,
+        what="status.readyReplicas == 3",
+    )
+
+
+def test_policy_runs_a_router_that_routes_to_pool_pods(cluster: Cluster, stack_ns: str) -> None:
+    cluster.apply(policy_manifest(stack_ns), stack_ns)
+    wait_until(
+        lambda: ready_pods(cluster, stack_ns, ROUTER_SELECTOR),
+        timeout=120,
+        what="a ready router pod",
+    )
+    url = router_url(cluster, stack_ns)
+    pool_pods = {
+        f"{stack_ns}/{p['metadata']['name']}" for p in ready_pods(cluster, stack_ns, POOL_SELECTOR)
+    }
+    first = wait_until(
+        lambda: (r := complete(url, PROMPT + "first", session="s1")).status_code == 200 and r,
+        timeout=60,
+        what="a first successful request",
+    )
+    assert first.headers["x-kvgate-endpoint"] in pool_pods
+    # The same session again: the engine reports the shared prefix as cached.
+    second = complete(url, PROMPT + "second", session="s1")
+    assert second.status_code == 200
+    assert second.headers["x-kvgate-endpoint"] == first.headers["x-kvgate-endpoint"]
+    cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+    assert cached >= 16 * 10, second.json()["usage"]
+
+
+def test_router_finds_pods_added_by_a_scale_up(cluster: Cluster, stack_ns: str) -> None:
+    cluster.kubectl("scale", "inferencepool", "sim", "-n", stack_ns, "--replicas=4")
+    pods = wait_until(
+        lambda: (p := ready_pods(cluster, stack_ns, POOL_SELECTOR)) and len(p) == 4 and p,
+        timeout=90,
+        what="4 ready engine pods",
+    )
+    url = router_url(cluster, stack_ns)
+    wanted = {f"{stack_ns}/{p['metadata']['name']}" for p in pods}
+    seen: set[str] = set()
+    deadline = time.monotonic() + 30
+    n = 0
+    while seen != wanted and time.monotonic() < deadline:
+        n += 1
+        response = complete(url, f"unrelated prompt number {n} " * 20)  # no shared prefix
+        assert response.status_code == 200, response.text
+        seen.add(response.headers["x-kvgate-endpoint"])
+    assert seen == wanted
+
+
+def test_deleting_a_pod_fails_no_request_and_clears_its_directory_entries(
+    cluster: Cluster, stack_ns: str
+) -> None:
+    url = router_url(cluster, stack_ns)
+    warm = complete(url, PROMPT + "victim", session="victim")
+    assert warm.status_code == 200
+    victim = warm.headers["x-kvgate-endpoint"]
+    store = redis_client(cluster, stack_ns)
+    base = f"kvgate:{{{stack_ns}/sim}}:"
+    wait_until(
+        lambda: store.hlen(f"{base}x:{victim}") > 0,
+        timeout=20,
+        what="the victim's KV events in the Redis directory",
+    )
+
+    def send(i: int) -> int:
+        return complete(url, f"{PROMPT} load {i}", session=f"load-{i % 4}").status_code
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        futures = [pool.submit(send, i) for i in range(12)]
+        time.sleep(0.2)
+        cluster.kubectl("delete", "pod", "-n", stack_ns, victim.split("/", 1)[1], "--wait=false")
+        deleted_at = time.monotonic()
+        wait_until(
+            lambda: (
+                not store.exists(f"{base}x:{victim}") and not store.hexists(f"{base}pods", victim)
+            ),
+            timeout=10,
+            interval=0.05,
+            what="the victim's directory entries to go",
+        )
+        cleared_after = time.monotonic() - deleted_at
+        statuses = [f.result() for f in futures]
+    assert statuses == [200] * len(statuses)
+    assert cleared_after <= 2.0, f"directory entries of a deleted pod lived {cleared_after:.2f} s"
+
+
+def router_metric(cluster: Cluster, namespace: str, name: str) -> float:
+    pod = ready_pods(cluster, namespace, ROUTER_SELECTOR)[0]
+    text = httpx.get(f"http://{pod['status']['podIP']}:8000/metrics", timeout=5).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
+
+
+def test_editing_the_policy_reconfigures_the_router_without_a_restart(
+    cluster: Cluster, stack_ns: str
+) -> None:
+    before = ready_pods(cluster, stack_ns, ROUTER_SELECTOR)
+    reloads = router_metric(cluster, stack_ns, 'kvgate_router_config_reloads_total{result="ok"}')
+    cluster.apply(policy_manifest(stack_ns, affinity_wait=0.5), stack_ns)
+    wait_until(
+        lambda: (
+            router_metric(cluster, stack_ns, 'kvgate_router_config_reloads_total{result="ok"}')
+            > reloads
+        ),
+        timeout=30,
+        what="a config reload in the router",
+    )
+    after = ready_pods(cluster, stack_ns, ROUTER_SELECTOR)
+    assert [p["metadata"]["uid"] for p in after] == [p["metadata"]["uid"] for p in before]
+    assert [p["status"]["containerStatuses"][0]["restartCount"] for p in after] == [
+        p["status"]["containerStatuses"][0]["restartCount"] for p in before
+    ]
+    assert complete(router_url(cluster, stack_ns), PROMPT).status_code == 200
+
+
+def children(cluster: Cluster, namespace: str) -> dict[str, tuple[str, str]]:
+    """kind/name -> (uid, resourceVersion) of everything the operator made here."""
+    found = {}
+    for kind in ("deployments", "services", "configmaps", "poddisruptionbudgets"):
+        for item in cluster.get(kind, "-n", namespace, "-l", "app.kubernetes.io/managed-by=kvgate")[
+            "items"
+        ]:
+            meta = item["metadata"]
+            found[f"{kind}/{meta['name']}"] = (meta["uid"], meta["resourceVersion"])
+    return found
+
+
+def test_operator_restart_recreates_nothing(cluster: Cluster, stack_ns: str) -> None:
+    before = children(cluster, stack_ns)
+    assert any(k.startswith("deployments/") for k in before)
+    old = ready_pods(cluster, "kvgate-system", "app.kubernetes.io/component=operator")
+    cluster.kubectl("delete", "pod", "-n", "kvgate-system", old[0]["metadata"]["name"], timeout=60)
+    new = wait_until(
+        lambda: [
+            p
+            for p in ready_pods(cluster, "kvgate-system", "app.kubernetes.io/component=operator")
+            if p["metadata"]["uid"] != old[0]["metadata"]["uid"]
+        ],
+        timeout=60,
+        what="a new operator pod",
+    )
+    assert new
+    time.sleep(8)  # let the new operator list, reconcile and resync once
+    after = children(cluster, stack_ns)
+    assert {k: v[0] for k, v in after.items()} == {k: v[0] for k, v in before.items()}
+    changed = [
+        k for k in before if before[k][1] != after[k][1] and not k.startswith("deployments/")
+    ]
+    assert changed == [], f"rewritten by a restarted operator: {changed}"
+
+
+def test_deleting_the_pool_clears_its_directory_entries(cluster: Cluster, stack_ns: str) -> None:
+    store = redis_client(cluster, stack_ns)
+    base = f"kvgate:{{{stack_ns}/sim}}:"
+    complete(router_url(cluster, stack_ns), PROMPT + "before delete")
+    wait_until(lambda: store.hlen(f"{base}pods") > 0, timeout=20, what="pool entries in Redis")
+    cluster.kubectl(
+        "delete", "inferencepool", "sim", "-n", stack_ns, "--timeout", "60s", timeout=90
+    )
+    assert list(store.scan_iter(match=f"{base}x:*")) == []
+    assert store.hlen(f"{base}pods") == 0
+    wait_until(
+        lambda: not cluster.get("pods", "-n", stack_ns, "-l", POOL_SELECTOR)["items"],
+        timeout=60,
+        what="the engine pods to go",
+    )
+    assert not [
+        p
+        for p in cluster.get("pods", "-n", stack_ns)["items"]
+        if "sim" in p["metadata"]["name"] and pod_ready(p)
+    ]
