@@ -12,13 +12,19 @@ own message.
 from __future__ import annotations
 
 import json
+import logging
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from kvgate.api.base import GROUP_VERSION, JsonDict
 from kvgate.operator.render.common import FIELD_MANAGER
 
+log = logging.getLogger(__name__)
+EVENT_SOURCE = "kvgate-operator"
+
 PLURALS: dict[tuple[str, str], str] = {
     ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Event"): "events",
     ("v1", "Pod"): "pods",
     ("v1", "Secret"): "secrets",
     ("v1", "Service"): "services",
@@ -174,3 +180,49 @@ class ApiKube:
         except KubeError as exc:
             if exc.status != 404:
                 raise
+
+    async def create_event(
+        self, involved: JsonDict, *, type: str, reason: str, message: str
+    ) -> None:
+        """Create a core/v1 Event about `involved` (a full object or its metadata)."""
+        meta = involved.get("metadata") or {}
+        namespace = str(meta.get("namespace") or "default")
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta.get('name', 'kvgate')}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": involved.get("apiVersion"),
+                "kind": involved.get("kind"),
+                "name": meta.get("name"),
+                "namespace": namespace,
+                "uid": meta.get("uid"),
+            },
+            "type": type,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": EVENT_SOURCE},
+            "reportingComponent": EVENT_SOURCE,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self._call("POST", resource_path("v1", "Event", namespace), body=event)
+
+
+class KubeEvents:
+    """`EventSink` that writes Events through the API; a failure is logged, never raised.
+
+    The operator posts its own events instead of using kopf's event queue, so that they work
+    the same from handlers, from the resync task and from child watches.
+    """
+
+    def __init__(self, kube: ApiKube) -> None:
+        self._kube = kube
+
+    async def __call__(self, body: JsonDict, *, type: str, reason: str, message: str) -> None:
+        try:
+            await self._kube.create_event(body, type=type, reason=reason, message=message)
+        except KubeError as exc:
+            log.warning("cannot post event %s %s: %s", reason, message, exc.message)

@@ -46,7 +46,9 @@ log = logging.getLogger(__name__)
 
 
 class EventSink(Protocol):
-    def __call__(self, body: JsonDict, *, type: str, reason: str, message: str) -> None: ...
+    """Posts a Kubernetes Event about `body`; never raises (a lost event is only logged)."""
+
+    async def __call__(self, body: JsonDict, *, type: str, reason: str, message: str) -> None: ...
 
 
 def utc_now() -> str:
@@ -111,7 +113,7 @@ class Reconciler:
     def _lock(self, kind: str, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault((kind, namespace, name), asyncio.Lock())
 
-    def _report(self, body: JsonDict, owner: Owner, problem: Problem | None) -> None:
+    async def _report(self, body: JsonDict, owner: Owner, problem: Problem | None) -> None:
         """Post a Warning when a new problem appears, a Normal event when it is resolved."""
         key = (owner.kind, owner.namespace, owner.name)
         before = self._problems.get(key)
@@ -120,9 +122,9 @@ class Reconciler:
             return
         if problem is not None:
             log.warning("%s %s/%s: %s", owner.kind, owner.namespace, owner.name, problem.message)
-            self.events(body, type="Warning", reason=problem.reason, message=problem.message)
+            await self.events(body, type="Warning", reason=problem.reason, message=problem.message)
         elif before is not None:
-            self.events(body, type="Normal", reason="Reconciled", message="problem resolved")
+            await self.events(body, type="Normal", reason="Reconciled", message="problem resolved")
 
     async def _apply_all(
         self, children: list[JsonDict]
@@ -178,7 +180,7 @@ class Reconciler:
             deployment = applied.get("Deployment")
         if deployment is None:
             deployment = await self._get("apps/v1", "Deployment", owner.namespace, owner.name)
-        self._report(body, owner, problem)
+        await self._report(body, owner, problem)
         desired = (
             spec.replicas
             if spec is not None
@@ -208,7 +210,9 @@ class Reconciler:
                     targets[await self._redis_target(owner.namespace, spec)] = None
         except (KubeError, ValidationError, ValueError) as exc:
             message = f"cannot find the directories of pool {pool_key}: {exc}"
-            self.events(body, type="Warning", reason="DirectoryCleanupFailed", message=message)
+            await self.events(
+                body, type="Warning", reason="DirectoryCleanupFailed", message=message
+            )
             log.warning(message)
         for target in targets:
             try:
@@ -221,10 +225,12 @@ class Reconciler:
                     f"{type(exc).__name__}: {exc}; stale entries expire or are replaced"
                 )
                 log.warning(message)
-                self.events(body, type="Warning", reason="DirectoryCleanupFailed", message=message)
+                await self.events(
+                    body, type="Warning", reason="DirectoryCleanupFailed", message=message
+                )
             else:
                 message = f"cleared {pods} pods of {pool_key} from the directory at {target.url}"
-                self.events(body, type="Normal", reason="DirectoryCleared", message=message)
+                await self.events(body, type="Normal", reason="DirectoryCleared", message=message)
         self._problems.pop((owner.kind, owner.namespace, owner.name), None)
         self._locks.pop((owner.kind, owner.namespace, owner.name), None)
 
@@ -339,7 +345,7 @@ class Reconciler:
             deployment = await self._get(
                 "apps/v1", "Deployment", owner.namespace, router_name(owner.name)
             )
-        self._report(body, owner, problem)
+        await self._report(body, owner, problem)
         status = policy_status(
             rollout=Rollout.from_deployment(deployment, desired),
             problem=problem,

@@ -6,7 +6,8 @@ environment (`kopf run -m kvgate.operator`): `KVGATE_ROUTER_IMAGE`,
 `KVGATE_OPERATOR_NAMESPACES` (comma-separated; what the resync lists). The startup handler owns
 the resync task; the cleanup handler cancels and awaits it. kopf keeps its
 bookkeeping in `kvgate.io/*` annotations (never in `status`, whose schema is strict), and only
-warnings are posted as Kubernetes events on kopf's behalf; kvgate posts its own.
+warnings are posted as Kubernetes events on kopf's behalf; kvgate posts its own through the API
+(`KubeEvents`), from handlers and from the resync task alike.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import kopf
 
-from kvgate.operator.kube import ApiKube
+from kvgate.operator.kube import ApiKube, KubeEvents
 from kvgate.operator.reconcile import OperatorSettings, Reconciler
 from kvgate.operator.resync import resync_forever
 
@@ -43,11 +44,6 @@ def settings_from_env() -> OperatorSettings:
     )
 
 
-def post_event(body: dict[str, Any], *, type: str, reason: str, message: str) -> None:
-    """Queue a Kubernetes Event about `body` (kopf posts it in the background)."""
-    kopf.event(body, type=type, reason=reason, message=message[:1024])  # type: ignore[arg-type]
-
-
 async def _api_client() -> Any:
     from kubernetes_asyncio import client, config
 
@@ -69,7 +65,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.networking.error_backoffs = [1, 2, 5, 10]
     operator_settings = getattr(memo, "operator_settings", None) or settings_from_env()
     memo.api_client = await _api_client()
-    memo.reconciler = Reconciler(ApiKube(memo.api_client), post_event, operator_settings)
+    kube = ApiKube(memo.api_client)
+    memo.reconciler = Reconciler(kube, KubeEvents(kube), operator_settings)
     memo.resync_task = asyncio.create_task(
         resync_forever(memo.reconciler), name="kvgate-operator-resync"
     )

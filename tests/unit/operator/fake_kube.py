@@ -102,7 +102,7 @@ class Events:
     def __init__(self) -> None:
         self.posted: list[tuple[str, str, str, str]] = []  # (object name, type, reason, message)
 
-    def __call__(self, body: Json, *, type: str, reason: str, message: str) -> None:
+    async def __call__(self, body: Json, *, type: str, reason: str, message: str) -> None:
         self.posted.append((body["metadata"]["name"], type, reason, message))
 
     def reasons(self) -> list[str]:

@@ -15,7 +15,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from kubernetes_asyncio import client
 
-from kvgate.operator.kube import ApiKube, KubeError, resource_path
+from kvgate.operator.kube import ApiKube, KubeError, KubeEvents, resource_path
 
 Json = dict[str, Any]
 
@@ -37,6 +37,10 @@ class ApiServer:
                 "body": json.loads(body) if body else None,
             }
         )
+        if request.method == "POST" and request.path.endswith("/events"):
+            if request.path.startswith("/api/v1/namespaces/locked/"):
+                return web.json_response({"kind": "Status", "message": "forbidden"}, status=403)
+            return web.json_response(json.loads(body), status=201)
         if request.method == "PATCH" and request.path.endswith("/forbidden"):
             status = {
                 "kind": "Status",
@@ -152,3 +156,41 @@ def test_resource_paths() -> None:
     )
     with pytest.raises(KubeError, match="does not know"):
         resource_path("v1", "Unicorn", "ns")
+
+
+POOL = {
+    "apiVersion": "kvgate.io/v1alpha1",
+    "kind": "InferencePool",
+    "metadata": {"name": "llama", "namespace": "ai", "uid": "u-1"},
+}
+
+
+async def test_events_are_posted_about_the_object(api: tuple[ApiServer, ApiKube]) -> None:
+    server, kube = api
+    await KubeEvents(kube)(POOL, type="Warning", reason="InvalidSpec", message="x" * 2000)
+    request = server.requests[-1]
+    assert (request["method"], request["path"]) == ("POST", "/api/v1/namespaces/ai/events")
+    event = request["body"]
+    assert event["involvedObject"] == {
+        "apiVersion": "kvgate.io/v1alpha1",
+        "kind": "InferencePool",
+        "name": "llama",
+        "namespace": "ai",
+        "uid": "u-1",
+    }
+    assert (event["type"], event["reason"], len(event["message"])) == (
+        "Warning",
+        "InvalidSpec",
+        1024,
+    )
+    assert event["metadata"] == {"generateName": "llama.", "namespace": "ai"}
+    assert event["source"] == {"component": "kvgate-operator"}
+
+
+async def test_a_failed_event_is_logged_not_raised(
+    api: tuple[ApiServer, ApiKube], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, kube = api
+    locked = {**POOL, "metadata": {**POOL["metadata"], "namespace": "locked"}}
+    await KubeEvents(kube)(locked, type="Normal", reason="Reconciled", message="ok")
+    assert "cannot post event Reconciled ok: forbidden" in caplog.text
