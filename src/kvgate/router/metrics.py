@@ -170,3 +170,14 @@ class RouterMetrics:
         if found is None:
             found = self._children[key] = metric.labels(*labels)
         return found
+
+    def init_endpoint(self, pool: str, endpoint: str) -> None:
+        """Create an endpoint's counters at 0 when it joins: Prometheus' rate() cannot see the
+        first increment of a series that appears with a value already above 0."""
+        for metric in (self.cached_tokens, self.prompt_tokens, self.predicted_hit_tokens):
+            self.child(metric, pool, endpoint)
+        self.child(self.inflight, pool, endpoint)
+
+    def init_pool(self, pool: str) -> None:
+        for metric in (self.saved_prefill_seconds, self.session_prompt_tokens, self.retries):
+            self.child(metric, pool)

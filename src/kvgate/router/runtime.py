@@ -201,6 +201,7 @@ class RouterRuntime:
                     if index is not None:
                         await index.close()
         for key, pool in wanted.items():
+            self.metrics.init_pool(key)
             if key not in self.indexes:
                 self.indexes[key] = build_index(
                     config.directory, pool, self.metrics, self.directory_metrics
@@ -225,6 +226,7 @@ class RouterRuntime:
         if self.indexer is not None:
             await self.indexer.endpoints_changed(added, removed)
         for ep in added:
+            self.metrics.init_endpoint(ep.pool, ep.id)
             index = self.indexes.get(ep.pool)
             # Pods with KV events get their generation from their subscriber (embedded here or
             # in `kvgate indexer`); setting it here too would wipe what the subscriber wrote.
