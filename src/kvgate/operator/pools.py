@@ -21,9 +21,10 @@ async def pool_changed(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
 
 @kopf.on.delete(*POOL, backoff=HANDLER_BACKOFF_SECONDS)
 async def pool_deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Finalizer: clear the pool's directory entries (bounded), then update its policies."""
+    """Finalizer: drop the pool from its policies' router configs (a pool being deleted is never
+    selected), so routers stop indexing it, then clear its directory entries (bounded)."""
     rec = reconciler(memo)
     data = plain(body)
-    await rec.finalize_pool(data)
     meta = data["metadata"]
     await rec.reconcile_policies_of_pool(meta.get("namespace") or "default", meta["name"])
+    await rec.finalize_pool(data)
