@@ -213,6 +213,7 @@ class RouterRuntime:
 
     async def _endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         for ep in removed:
+            self.upstream.forget(ep.spec.url)
             self.router.estimator.forget(ep.id)
             self.router.history.forget(ep.id)
             index = self.indexes.get(ep.pool)

@@ -62,6 +62,10 @@ class Upstream(Protocol):
         """Send; return once the status line and headers arrived (within `head_timeout`)."""
         ...
 
+    def forget(self, url: str) -> None:
+        """Close idle connections to `url`'s host (the pod left)."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -270,6 +274,11 @@ class RawUpstream:
             raise UpstreamError("stream", f"bad response: {exc}") from exc
         return _RawResponse(self, conn, parser, state)
 
+    def forget(self, url: str) -> None:
+        parts = urlsplit(url)
+        for conn in self._idle.pop((parts.hostname or "", parts.port or 80), []):
+            conn.close()
+
     async def aclose(self) -> None:
         for idle in self._idle.values():
             for conn in idle:
@@ -330,6 +339,9 @@ class HttpxUpstream:
             raise UpstreamError("connect", repr(exc)) from exc
         return _HttpxResponse(response)
 
+    def forget(self, url: str) -> None:
+        return None  # httpx expires idle connections itself
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
@@ -355,6 +367,9 @@ class RoutingUpstream:
         return await target.request(
             method, url, body, headers, connect_timeout=connect_timeout, head_timeout=head_timeout
         )
+
+    def forget(self, url: str) -> None:
+        self._raw.forget(url)
 
     async def aclose(self) -> None:
         await self._raw.aclose()

@@ -125,3 +125,11 @@ async def test_timeouts_refusals_and_abandoned_bodies(server):
     await resp.aclose()  # abandoned mid-body: the connection is closed, the pod notices
     await asyncio.wait_for(server.closed.wait(), 2)
     await up.aclose()
+
+
+async def test_forgetting_a_pod_closes_its_idle_connections(server):
+    up = RawUpstream()
+    assert await read_all(await _get(up, server.port)) == b"hello"
+    up.forget(f"http://127.0.0.1:{server.port}")
+    await asyncio.wait_for(server.closed.wait(), 2)
+    await up.aclose()
