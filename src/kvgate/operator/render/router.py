@@ -177,7 +177,7 @@ def router_deployment(
         command=["router"],
         port=("http", ROUTER_PORT),
         replicas=spec.router.replicas,
-        resources=spec.router.resources.to_wire(),
+        resources={k: v for k, v in spec.router.resources.to_wire().items() if v},
     )
 
 
