@@ -13,6 +13,8 @@ stop_pid() {  # stop_pid NAME PID: TERM, wait up to 10 s, KILL
   kill -TERM "$pid" 2>/dev/null || true
   for i in $(seq 1 100); do
     kill -0 "$pid" 2>/dev/null || return 0
+    # Exited but not yet reaped by its parent (init, for our setsid'd components).
+    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" = Z ] && return 0
     sleep 0.1
   done
   log "$name (pid $pid) ignored SIGTERM for 10 s; killing it"
