@@ -153,6 +153,13 @@ class EndpointsConfig(_Model):
         return self
 
 
+class LoraAdapter(_Model):
+    """A LoRA adapter the pool's engines serve (`vllm serve --lora-modules name=path`)."""
+
+    name: str = Field(min_length=1)  # what clients send as `model`
+    path: str = Field(min_length=1)  # the path the engines loaded: part of vLLM's block hash
+
+
 class PoolConfig(_Model):
     """An InferencePool as the router sees it."""
 
@@ -163,6 +170,7 @@ class PoolConfig(_Model):
     pool_class: RequestClass = "online"
     engine: EngineConfig = EngineConfig()
     endpoints: EndpointsConfig
+    lora_adapters: list[LoraAdapter] = []  # requests naming one are hashed with its LoRA key
 
     @property
     def key(self) -> str:
@@ -171,7 +179,12 @@ class PoolConfig(_Model):
 
     @property
     def model_names(self) -> list[str]:
-        return [self.model, *[n for n in self.served_model_names if n != self.model]]
+        """Every name clients may send as `model`: the model, its aliases, its LoRA adapters."""
+        names = [self.model, *self.served_model_names, *(a.name for a in self.lora_adapters)]
+        return list(dict.fromkeys(names))
+
+    def lora_for(self, model: str) -> LoraAdapter | None:
+        return next((a for a in self.lora_adapters if a.name == model), None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from kvgate.api.router_config import EngineConfig
 from kvgate.prefix import (
     ApproxBlockHasher,
     BlockHasher,
+    LoraKey,
     PromptError,
     RequestTokenizer,
     request_text,
@@ -74,8 +75,15 @@ class Keyer:
         self.hasher = BlockHasher(engine.hash_algo, engine.block_size, engine.hash_seed)
         self.approx = ApproxBlockHasher(engine.tokenizer.approximate_chars_per_block)
 
-    def keys(self, body: Mapping[str, Any], kind: str, cache_salt: str | None) -> RequestKeys:
-        """`kind` is "chat" or "completion". Raises RouterError (400) on a malformed prompt."""
+    def keys(
+        self,
+        body: Mapping[str, Any],
+        kind: str,
+        cache_salt: str | None,
+        lora: LoraKey | None = None,
+    ) -> RequestKeys:
+        """`kind` is "chat" or "completion"; `lora`: the adapter the request names (vLLM adds
+        its key to every block). Raises RouterError (400) on a malformed prompt."""
         if kind == "chat":
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -90,9 +98,10 @@ class Keyer:
                 )
             tokens = _token_list(prompt)
             if tokens is not None and self.requests is None:
-                return self._exact(tokens, cache_salt)
+                return self._exact(tokens, cache_salt, lora)
         if self.requests is None:
-            return self._approximate(body, cache_salt)
+            salt = cache_salt if lora is None else f"{cache_salt or ''}\0lora:{lora.name}"
+            return self._approximate(body, salt)
         try:
             if kind == "chat":
                 ids = self.requests.chat_token_ids(body)
@@ -101,11 +110,13 @@ class Keyer:
         except (PromptError, ValueError, TypeError) as exc:
             param = "messages" if kind == "chat" else "prompt"
             raise RouterError(400, f"cannot tokenize the prompt: {exc}", param=param) from exc
-        return self._exact(ids, cache_salt)
+        return self._exact(ids, cache_salt, lora)
 
-    def _exact(self, tokens: list[int], cache_salt: str | None) -> RequestKeys:
+    def _exact(
+        self, tokens: list[int], cache_salt: str | None, lora: LoraKey | None = None
+    ) -> RequestKeys:
         keys = self.hasher.block_keys(
-            tokens, cache_salt=cache_salt, int_form=self.engine.int_block_hashes
+            tokens, lora=lora, cache_salt=cache_salt, int_form=self.engine.int_block_hashes
         )
         return RequestKeys(len(tokens), keys, self.engine.block_size, True, tokens)
 

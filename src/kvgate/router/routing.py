@@ -25,6 +25,7 @@ from typing import Any
 
 from kvgate.api.router_config import PoolConfig, RouterConfig
 from kvgate.directory.base import BlockIndex
+from kvgate.prefix import LoraKey
 from kvgate.router.classify import Classification, Classifier
 from kvgate.router.endpoints import Endpoint, EndpointSet
 from kvgate.router.errors import RouterError, unavailable
@@ -127,16 +128,12 @@ class Router:
         groups = self._candidate_groups(cls, now, excluded)
         if not groups:
             raise unavailable(f"no ready endpoint serves model `{cls.model}`")
-        keys_cache: dict[int, RequestKeys] = {}
         best: tuple[Decision, RequestKeys] | None = None
-        for keyer, members in groups:
-            keys = keys_cache.get(id(keyer))
+        for keyer, lora, members in groups:
+            pool_key = members[0].spec.pool
+            keys = keys_by_pool.get(pool_key) if keys_by_pool else None
             if keys is None:
-                pool_key = members[0].pool
-                keys = keys_by_pool.get(pool_key) if keys_by_pool else None
-                if keys is None:
-                    keys = await self._keys(keyer, body, kind, cls.cache_salt, body_bytes)
-                keys_cache[id(keyer)] = keys
+                keys = await self._keys(keyer, body, kind, cls.cache_salt, lora, body_bytes)
                 if keys_by_pool is not None:
                     keys_by_pool[pool_key] = keys
             matched = await self._lookup(keys, members)
@@ -183,6 +180,7 @@ class Router:
         body: Mapping[str, Any],
         kind: str,
         salt: str | None,
+        lora: LoraKey | None,
         body_bytes: int,
     ) -> RequestKeys:
         """Tokenize and hash. A large body (a long cold prompt can take tens of ms) runs in a
@@ -191,11 +189,11 @@ class Router:
         lock = self._keyer_lock
         if body_bytes >= OFFLOAD_BODY_BYTES:
             async with lock:
-                return await asyncio.to_thread(keyer.keys, body, kind, salt)
+                return await asyncio.to_thread(keyer.keys, body, kind, salt, lora)
         if lock.locked():
             async with lock:
-                return keyer.keys(body, kind, salt)
-        return keyer.keys(body, kind, salt)
+                return keyer.keys(body, kind, salt, lora)
+        return keyer.keys(body, kind, salt, lora)
 
     def snapshots(self, members: list[Endpoint], now: float) -> list[EndpointSnapshot]:
         """Immutable views of `members` for the policy (hot path: lookups hoisted)."""
@@ -231,7 +229,9 @@ class Router:
 
     def _candidate_groups(
         self, cls: Classification, now: float, excluded: set[str]
-    ) -> list[tuple[Keyer, list[Endpoint]]]:
+    ) -> list[tuple[Keyer, LoraKey | None, list[Endpoint]]]:
+        """Candidates grouped by what their block keys depend on: the pool's keyer (tokenizer,
+        hash settings) and the LoRA adapter the request names in that pool."""
         state = self.state
 
         def usable(pool: PoolConfig) -> list[Endpoint]:
@@ -247,14 +247,18 @@ class Router:
                 chosen.extend(ep for ep in usable(pool) if self._borrowable(ep, now))
         elif not chosen:
             chosen = [ep for pool in cls.borrow_pools for ep in usable(pool)]
-        keyers = state.keyer_by_pool
-        first = keyers[chosen[0].spec.pool] if chosen else None
-        if all(keyers[ep.spec.pool] is first for ep in chosen):  # the usual case: one group
-            return [(first, chosen)] if first is not None else []
-        groups: dict[int, tuple[Keyer, list[Endpoint]]] = {}
+        if not chosen:
+            return []
+        keyers, pools = state.keyer_by_pool, state.pools
+        first_pool = chosen[0].spec.pool
+        if all(ep.spec.pool == first_pool for ep in chosen):  # the usual case: one pool
+            return [(keyers[first_pool], _lora(pools[first_pool], cls.model), chosen)]
+        groups: dict[tuple[int, LoraKey | None], tuple[Keyer, LoraKey | None, list[Endpoint]]]
+        groups = {}
         for ep in chosen:
             keyer = keyers[ep.spec.pool]
-            groups.setdefault(id(keyer), (keyer, []))[1].append(ep)
+            lora = _lora(pools[ep.spec.pool], cls.model)
+            groups.setdefault((id(keyer), lora), (keyer, lora, []))[2].append(ep)
         return list(groups.values())
 
     def _borrowable(self, ep: Endpoint, now: float) -> bool:
@@ -283,3 +287,8 @@ class Router:
             if index is not None:
                 matched.update(await index.lookup(keys.block_keys, pods))
         return matched
+
+
+def _lora(pool: PoolConfig, model: str) -> LoraKey | None:
+    adapter = pool.lora_for(model)
+    return LoraKey(adapter.name, adapter.path) if adapter is not None else None

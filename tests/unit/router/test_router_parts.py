@@ -331,3 +331,39 @@ def test_sse_tap_handles_crlf_event_separators():
     out = first + tap.feed(stream[20:]) + tap.flush()
     assert out == b'data: {"choices":[{"delta":{"content":"a"}}]}\r\n\r\ndata: [DONE]\r\n\r\n'
     assert tap.usage is not None and tap.usage.prompt_tokens == 7
+
+
+async def test_lora_adapter_requests_are_hashed_with_the_adapter_key():
+    from kvgate.prefix import BlockHasher, LoraKey
+    from kvgate.router.endpoints import EndpointSet, EndpointSpec
+    from kvgate.router.metrics import RouterMetrics
+    from kvgate.router.routing import Router
+    from kvgate.router.runtime import build_state
+    from kvgate.router.setup import build_index
+
+    config = RouterConfig.model_validate(
+        {
+            "pools": [
+                {
+                    "name": "p",
+                    "model": "base",
+                    "lora_adapters": [{"name": "sql-lora", "path": "/adapters/sql"}],
+                    "endpoints": {"static": [{"url": "http://a:1"}]},
+                }
+            ]
+        }
+    )
+    assert config.pools[0].model_names == ["base", "sql-lora"]
+    endpoints = EndpointSet()
+    await endpoints.replace_pool("default/p", [EndpointSpec("a:1", "default/p", "http://a:1")])
+    index = build_index(config.directory, config.pools[0], RouterMetrics())
+    router = Router(build_state(config), endpoints, {"default/p": index})
+    prompt = list(range(64))
+    base = await router.plan({"model": "base", "prompt": prompt}, {}, "completion")
+    lora = await router.plan({"model": "sql-lora", "prompt": prompt}, {}, "completion")
+    hasher = BlockHasher()
+    assert base.keys.block_keys == hasher.block_keys(prompt)
+    assert lora.keys.block_keys == hasher.block_keys(
+        prompt, lora=LoraKey("sql-lora", "/adapters/sql")
+    )
+    assert set(base.keys.block_keys).isdisjoint(lora.keys.block_keys)
