@@ -38,6 +38,10 @@ from kvgate.prefix import BlockKey
 #: The medium an entry is in when the event says nothing (vLLM leaves `medium` unset for GPU).
 DEFAULT_MEDIUM = "GPU"
 
+#: Per-pod caps every backend defaults to (docs/directory.md explains the sizing).
+DEFAULT_MAX_BLOCKS_PER_POD = 1_000_000
+DEFAULT_MAX_APPROXIMATE_PER_POD = 100_000
+
 
 @dataclass(frozen=True, slots=True)
 class IndexStats:
@@ -181,3 +185,15 @@ def check_generation(generation: str) -> None:
     """Raise ValueError unless `generation` is a non-empty string."""
     if not isinstance(generation, str) or not generation:
         raise ValueError(f"generation must be a non-empty string, got {generation!r}")
+
+
+def check_caps(max_blocks_per_pod: int, max_approximate_per_pod: int) -> None:
+    """Raise ValueError unless both per-pod caps are >= 1."""
+    if max_blocks_per_pod < 1 or max_approximate_per_pod < 1:
+        raise ValueError("per-pod caps must be >= 1")
+
+
+def check_ttl(ttl_seconds: float) -> None:
+    """Raise ValueError unless `ttl_seconds` is > 0 (NaN included)."""
+    if not ttl_seconds > 0:
+        raise ValueError(f"ttl_seconds must be > 0, got {ttl_seconds!r}")

@@ -8,14 +8,15 @@ the configured server. With a `DirectoryMetrics`, the index is wrapped in
 from __future__ import annotations
 
 from kvgate.api.router_config import DirectoryConfig
-from kvgate.directory.base import BlockIndex
+from kvgate.directory.base import (
+    DEFAULT_MAX_APPROXIMATE_PER_POD,
+    DEFAULT_MAX_BLOCKS_PER_POD,
+    BlockIndex,
+)
 from kvgate.directory.instrumented import InstrumentedBlockIndex
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.directory.redis import RedisBlockIndex
-
-DEFAULT_MAX_BLOCKS_PER_POD = 1_000_000
-DEFAULT_MAX_APPROXIMATE_PER_POD = 100_000
 
 
 def create_index(

@@ -29,11 +29,15 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from kvgate.directory.base import (
+    DEFAULT_MAX_APPROXIMATE_PER_POD,
+    DEFAULT_MAX_BLOCKS_PER_POD,
     DEFAULT_MEDIUM,
     IndexStats,
+    check_caps,
     check_generation,
     check_medium,
     check_pod,
+    check_ttl,
 )
 from kvgate.prefix import BlockKey
 
@@ -59,12 +63,11 @@ class MemoryBlockIndex:
     def __init__(
         self,
         *,
-        max_blocks_per_pod: int = 1_000_000,
-        max_approximate_per_pod: int = 100_000,
+        max_blocks_per_pod: int = DEFAULT_MAX_BLOCKS_PER_POD,
+        max_approximate_per_pod: int = DEFAULT_MAX_APPROXIMATE_PER_POD,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if max_blocks_per_pod < 1 or max_approximate_per_pod < 1:
-            raise ValueError("per-pod caps must be >= 1")
+        check_caps(max_blocks_per_pod, max_approximate_per_pod)
         self._max_exact = max_blocks_per_pod
         self._max_approx = max_approximate_per_pod
         self._clock = clock
@@ -192,8 +195,7 @@ class MemoryBlockIndex:
 
     async def add_approximate(self, pod: str, keys: Sequence[BlockKey], ttl_seconds: float) -> None:
         check_pod(pod)
-        if not ttl_seconds > 0:
-            raise ValueError(f"ttl_seconds must be > 0, got {ttl_seconds!r}")
+        check_ttl(ttl_seconds)
         state = self._pods.get(pod) or self._new_pod(pod, None)
         now = self._clock()
         self._collect_expired(state, now)

@@ -29,11 +29,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from kvgate.directory import redis_scripts
 from kvgate.directory.base import (
+    DEFAULT_MAX_APPROXIMATE_PER_POD,
+    DEFAULT_MAX_BLOCKS_PER_POD,
     DEFAULT_MEDIUM,
     IndexStats,
+    check_caps,
     check_generation,
     check_medium,
     check_pod,
+    check_ttl,
 )
 from kvgate.directory.keys import DEFAULT_PREFIX, PoolKeys
 from kvgate.prefix import BlockKey
@@ -63,13 +67,12 @@ class RedisBlockIndex:
         pool_key: str,
         *,
         key_prefix: str = DEFAULT_PREFIX,
-        max_blocks_per_pod: int = 1_000_000,
-        max_approximate_per_pod: int = 100_000,
+        max_blocks_per_pod: int = DEFAULT_MAX_BLOCKS_PER_POD,
+        max_approximate_per_pod: int = DEFAULT_MAX_APPROXIMATE_PER_POD,
         clock: Callable[[], float] = time.time,
         owns_client: bool = False,
     ) -> None:
-        if max_blocks_per_pod < 1 or max_approximate_per_pod < 1:
-            raise ValueError("per-pod caps must be >= 1")
+        check_caps(max_blocks_per_pod, max_approximate_per_pod)
         self._client = client
         self._owns_client = owns_client
         self._keys = PoolKeys.for_pool(pool_key, key_prefix)
@@ -94,8 +97,8 @@ class RedisBlockIndex:
         password: str | None = None,
         socket_timeout_seconds: float | None = None,
         key_prefix: str = DEFAULT_PREFIX,
-        max_blocks_per_pod: int = 1_000_000,
-        max_approximate_per_pod: int = 100_000,
+        max_blocks_per_pod: int = DEFAULT_MAX_BLOCKS_PER_POD,
+        max_approximate_per_pod: int = DEFAULT_MAX_APPROXIMATE_PER_POD,
         clock: Callable[[], float] = time.time,
     ) -> RedisBlockIndex:
         """An index owning a new connection pool to `url` (closed by `close`)."""
@@ -166,8 +169,7 @@ class RedisBlockIndex:
 
     async def add_approximate(self, pod: str, keys: Sequence[BlockKey], ttl_seconds: float) -> None:
         check_pod(pod)
-        if not ttl_seconds > 0:
-            raise ValueError(f"ttl_seconds must be > 0, got {ttl_seconds!r}")
+        check_ttl(ttl_seconds)
         now = float(self._clock())
         head: list[_Arg] = [
             pod,
