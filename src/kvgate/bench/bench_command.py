@@ -44,6 +44,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION", required=True)
     run_parser = sub.add_parser("run", help="run a benchmark and write report.json + plots")
     add_run_arguments(run_parser)
+    capacity = sub.add_parser(
+        "capacity", help="round-robin capacity of N simulated pods for a workload (req/s)"
+    )
+    source = capacity.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace")
+    source.add_argument("--workload", choices=WORKLOAD_NAMES, help="a named workload")
+    capacity.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    capacity.add_argument("--pods", type=int, default=4)
+    capacity.add_argument("--sample", type=int, default=1500, help="requests simulated")
+    capacity.add_argument("--tokenizer", default=None)
+    capacity.set_defaults(speedup=None, jitter=None)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -152,6 +163,8 @@ def chat_tokenizer(tokenizer: str | None = None) -> ChatTokenizer:
 def run(args: argparse.Namespace) -> int:
     quiet_http_logs()
     console = Console()
+    if args.action == "capacity":
+        return run_capacity(args, console)
     try:
         targets = validate_targets([t.strip() for t in args.targets.split(",") if t.strip()])
         workload = load_workload(args)
@@ -186,6 +199,25 @@ def run(args: argparse.Namespace) -> int:
     for plot in result.plots:
         console.print(f"plot:   {plot}")
     return exit_code(result.report.targets.keys(), targets)
+
+
+def run_capacity(args: argparse.Namespace, console: Console) -> int:
+    """``kvgate bench capacity``: the rate that 100% load means for ``--load`` style runs."""
+    from kvgate.bench.capacity import fleet_capacity
+
+    try:
+        workload = load_workload(args)
+    except ValueError as exc:
+        console.print(f"error: {exc}", markup=False)
+        return 2
+    cap = fleet_capacity(workload, args.pods, sample=args.sample)
+    console.print(
+        f"{workload.name} on {args.pods} pods: {cap.requests_per_s:.2f} req/s, "
+        f"{cap.output_tokens_per_s:.0f} output tok/s under round robin "
+        f"({cap.sampled_requests} requests simulated); 75% = {0.75 * cap.requests_per_s:.2f} req/s",
+        markup=False,
+    )
+    return 0
 
 
 def run_des_mode(

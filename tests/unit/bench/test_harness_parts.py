@@ -108,3 +108,22 @@ def test_nested_policy_params():
         "tie_break": "random",
         "tolerance": 0.2,
     }
+
+
+def test_bench_capacity_prints_the_round_robin_capacity(capsys):
+    args = _args(
+        "capacity",
+        "--workload",
+        "shared-prefix",
+        "--param",
+        "num_groups=2",
+        "--param",
+        "prompts_per_group=4",
+        "--param",
+        "output_len=4",
+        "--pods",
+        "2",
+    )
+    assert bench_command.run(args) == 0
+    out = capsys.readouterr().out
+    assert "shared-prefix on 2 pods:" in out and "req/s" in out and "75% =" in out
