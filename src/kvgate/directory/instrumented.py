@@ -4,6 +4,11 @@ Every call is timed (`kvgate_directory_operation_duration_seconds`) and counted 
 (`kvgate_directory_operations_total`: ok, stale for a write refused as a stale generation,
 error when the backend raised; the exception still propagates). Lookups also record the
 longest match; writes count the keys written; `stats()` refreshes the size gauges.
+
+The pool is fixed per index, so every labelled child is resolved once, here: `labels()` costs
+about three times the update itself, and `lookup` is on the router's per-request path. The
+counters therefore start at 0 when the index is created (Prometheus' `rate()` misses the first
+increment of a series that appears above 0).
 """
 
 from __future__ import annotations
@@ -18,6 +23,19 @@ from kvgate.prefix import BlockKey
 
 T = TypeVar("T")
 
+_WRITES = ("add", "remove", "add_approximate")
+"""Operations that write block keys (counted in `kvgate_directory_blocks_written_total`)."""
+_OPERATIONS = (
+    "lookup",
+    *_WRITES,
+    "clear_pod",
+    "forget_pod",
+    "set_generation",
+    "get_generation",
+    "pods",
+    "stats",
+)
+
 
 class InstrumentedBlockIndex:
     """Wraps any `BlockIndex`; behaves exactly like it."""
@@ -26,29 +44,38 @@ class InstrumentedBlockIndex:
         self.inner = inner
         self._metrics = metrics
         self._pool = pool
+        self._seconds = {op: metrics.operation_seconds.labels(pool, op) for op in _OPERATIONS}
+        outcomes = [(op, "ok") for op in _OPERATIONS] + [(op, "error") for op in _OPERATIONS]
+        outcomes += [("add", "stale"), ("remove", "stale")]
+        self._outcomes = {key: metrics.operations.labels(pool, *key) for key in outcomes}
+        self._written = {op: metrics.blocks_written.labels(pool, op) for op in _WRITES}
+        self._matched = metrics.lookup_matched_blocks.labels(pool)
 
     async def _observe(self, operation: str, call: Awaitable[T]) -> T:
         start = time.perf_counter()
         try:
             result = await call
         except Exception:
-            self._metrics.operations.labels(self._pool, operation, "error").inc()
+            self._outcomes[operation, "error"].inc()
             raise
         finally:
-            self._metrics.operation_seconds.labels(self._pool, operation).observe(
-                time.perf_counter() - start
-            )
+            self._seconds[operation].observe(time.perf_counter() - start)
         outcome = "stale" if result is False and operation in ("add", "remove") else "ok"
-        self._metrics.operations.labels(self._pool, operation, outcome).inc()
+        self._outcomes[operation, outcome].inc()
+        return result
+
+    async def _write(self, operation: str, keys: Sequence[BlockKey], call: Awaitable[T]) -> T:
+        """`_observe`, then count the keys written unless the write was refused (False)."""
+        result = await self._observe(operation, call)
+        if result is not False:
+            self._written[operation].inc(len(keys))
         return result
 
     async def lookup(
         self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
     ) -> dict[str, int]:
         result = await self._observe("lookup", self.inner.lookup(keys, pods))
-        self._metrics.lookup_matched_blocks.labels(self._pool).observe(
-            max(result.values(), default=0)
-        )
+        self._matched.observe(max(result.values(), default=0))
         return result
 
     async def add(
@@ -59,12 +86,9 @@ class InstrumentedBlockIndex:
         medium: str = DEFAULT_MEDIUM,
         generation: str | None = None,
     ) -> bool:
-        applied = await self._observe(
-            "add", self.inner.add(pod, keys, medium=medium, generation=generation)
+        return await self._write(
+            "add", keys, self.inner.add(pod, keys, medium=medium, generation=generation)
         )
-        if applied:
-            self._metrics.blocks_written.labels(self._pool, "add").inc(len(keys))
-        return applied
 
     async def remove(
         self,
@@ -74,16 +98,14 @@ class InstrumentedBlockIndex:
         medium: str = DEFAULT_MEDIUM,
         generation: str | None = None,
     ) -> bool:
-        applied = await self._observe(
-            "remove", self.inner.remove(pod, keys, medium=medium, generation=generation)
+        return await self._write(
+            "remove", keys, self.inner.remove(pod, keys, medium=medium, generation=generation)
         )
-        if applied:
-            self._metrics.blocks_written.labels(self._pool, "remove").inc(len(keys))
-        return applied
 
     async def add_approximate(self, pod: str, keys: Sequence[BlockKey], ttl_seconds: float) -> None:
-        await self._observe("add_approximate", self.inner.add_approximate(pod, keys, ttl_seconds))
-        self._metrics.blocks_written.labels(self._pool, "add_approximate").inc(len(keys))
+        await self._write(
+            "add_approximate", keys, self.inner.add_approximate(pod, keys, ttl_seconds)
+        )
 
     async def clear_pod(self, pod: str) -> None:
         await self._observe("clear_pod", self.inner.clear_pod(pod))
