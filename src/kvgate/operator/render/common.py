@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate.api.base import GROUP_VERSION, JsonDict
+from kvgate.api.base import GROUP_VERSION, JsonDict, PodTemplateOverrides
 
 NAME_LABEL = "app.kubernetes.io/name"
 COMPONENT_LABEL = "app.kubernetes.io/component"
@@ -117,3 +117,20 @@ def probe(path: str, port: str, period: int, failures: int, timeout: int = 2) ->
 
 def field_env(name: str, field_path: str) -> JsonDict:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": field_path}}}
+
+
+def pod_scheduling(pod: PodTemplateOverrides) -> JsonDict:
+    """The pod-spec scheduling fields that `pod` sets: nodeSelector, tolerations, priorityClassName."""
+    spec: JsonDict = {}
+    if pod.node_selector:
+        spec["nodeSelector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        spec["tolerations"] = [t.to_wire() for t in pod.tolerations]
+    if pod.priority_class_name:
+        spec["priorityClassName"] = pod.priority_class_name
+    return spec
+
+
+def service_port(name: str, port: int) -> JsonDict:
+    """A TCP Service port that targets the container port of the same name."""
+    return {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}

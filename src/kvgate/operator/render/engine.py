@@ -25,9 +25,11 @@ from kvgate.operator.render.common import (
     Owner,
     field_env,
     metadata,
+    pod_scheduling,
     probe,
     recommended_labels,
     selector_string,
+    service_port,
 )
 
 ENGINE_COMPONENT = "engine"
@@ -157,13 +159,8 @@ def engine_pod_template(name: str, spec: InferencePoolSpec) -> JsonDict:
         # vLLM's workers share tensors through /dev/shm; the container default of 64Mi is too small.
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
         "terminationGracePeriodSeconds": 30,
+        **pod_scheduling(pod),
     }
-    if pod.node_selector:
-        pod_spec["nodeSelector"] = dict(pod.node_selector)
-    if pod.tolerations:
-        pod_spec["tolerations"] = [t.to_wire() for t in pod.tolerations]
-    if pod.priority_class_name:
-        pod_spec["priorityClassName"] = pod.priority_class_name
     if pod.service_account_name:
         pod_spec["serviceAccountName"] = pod.service_account_name
     return {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod_spec}
@@ -191,19 +188,9 @@ def engine_service(owner: Owner, spec: InferencePoolSpec) -> JsonDict:
             "type": "ClusterIP",
             "selector": engine_selector(owner.name),
             "ports": [
-                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
-                {
-                    "name": "kv-events",
-                    "port": KV_EVENTS_PORT,
-                    "targetPort": "kv-events",
-                    "protocol": "TCP",
-                },
-                {
-                    "name": "kv-replay",
-                    "port": KV_REPLAY_PORT,
-                    "targetPort": "kv-replay",
-                    "protocol": "TCP",
-                },
+                service_port("http", HTTP_PORT),
+                service_port("kv-events", KV_EVENTS_PORT),
+                service_port("kv-replay", KV_REPLAY_PORT),
             ],
         },
     }

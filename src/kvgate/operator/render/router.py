@@ -25,8 +25,10 @@ from kvgate.operator.render.common import (
     dns_label,
     field_env,
     metadata,
+    pod_scheduling,
     probe,
     recommended_labels,
+    service_port,
 )
 from kvgate.operator.render.config import (
     TOKENIZERS_DIR,
@@ -142,13 +144,8 @@ def _kvgate_deployment(
         "serviceAccountName": router_name(owner.name),
         "containers": [container],
         "volumes": volumes,
+        **pod_scheduling(pod),
     }
-    if pod.node_selector:
-        pod_spec["nodeSelector"] = dict(pod.node_selector)
-    if pod.tolerations:
-        pod_spec["tolerations"] = [t.to_wire() for t in pod.tolerations]
-    if pod.priority_class_name:
-        pod_spec["priorityClassName"] = pod.priority_class_name
     labels = {**recommended_labels(component, owner.name), POLICY_LABEL: owner.name}
     template_meta: JsonDict = {"labels": {**pod.labels, **labels}}
     if pod.annotations:
@@ -218,9 +215,7 @@ def router_service(owner: Owner, spec: RoutingPolicySpec) -> JsonDict:
         "spec": {
             "type": spec.router.service_type,
             "selector": router_selector(owner.name),
-            "ports": [
-                {"name": "http", "port": ROUTER_PORT, "targetPort": "http", "protocol": "TCP"}
-            ],
+            "ports": [service_port("http", ROUTER_PORT)],
         },
     }
 
