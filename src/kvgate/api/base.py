@@ -77,6 +77,12 @@ def cel(rule: str, message: str, field_path: str | None = None) -> JsonDict:
     return entry
 
 
+def section(model: type[BaseModel], description: str) -> Any:
+    """A nested spec section that may be omitted: it defaults to `model()`, and its schema
+    carries ``default: {}`` so that the API server also fills in the section's own defaults."""
+    return Field(default_factory=model, description=description, json_schema_extra={"default": {}})
+
+
 class ApiModel(BaseModel):
     """Base of every CRD model: camelCase aliases, strict about unknown fields."""
 

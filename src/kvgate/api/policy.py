@@ -21,6 +21,7 @@ from kvgate.api.base import (
     ResourceRequirements,
     SecretKeyRef,
     cel,
+    section,
 )
 from kvgate.api.pool import PoolClass, PullPolicy
 
@@ -232,11 +233,7 @@ class DirectorySpec(ApiModel):
         description="memory (per router replica) or redis (shared by replicas and indexers).",
         json_schema_extra={"enum": ["memory", "redis"]},
     )
-    redis: RedisSpec = Field(
-        default_factory=RedisSpec,
-        description="Redis connection (backend redis).",
-        json_schema_extra={"default": {}},
-    )
+    redis: RedisSpec = section(RedisSpec, "Redis connection (backend redis).")
     embedded_indexer: bool = Field(
         default=_DIRECTORY.embedded_indexer,
         description="Subscribe to KV events inside the router; false runs a `kvgate indexer` "
@@ -306,39 +303,13 @@ class RoutingPolicySpec(ApiModel):
     pool_selector: PoolSelector | None = Field(
         default=None, description="Also serve the pools whose labels match."
     )
-    classes: ClassesSpec = Field(
-        default_factory=ClassesSpec,
-        description="Request-class rules.",
-        json_schema_extra={"default": {}},
-    )
-    borrowing: BorrowingSpec = Field(
-        default_factory=BorrowingSpec,
-        description="Batch borrowing limits.",
-        json_schema_extra={"default": {}},
-    )
-    scoring: ScoringSpec = Field(
-        default_factory=ScoringSpec,
-        description="Scoring policy and parameters.",
-        json_schema_extra={"default": {}},
-    )
-    sessions: SessionsSpec = Field(
-        default_factory=SessionsSpec,
-        description="Session recognition.",
-        json_schema_extra={"default": {}},
-    )
-    tenants: TenantsSpec = Field(
-        default_factory=TenantsSpec, description="Tenants.", json_schema_extra={"default": {}}
-    )
-    directory: DirectorySpec = Field(
-        default_factory=DirectorySpec,
-        description="Directory backend.",
-        json_schema_extra={"default": {}},
-    )
-    router: RouterSpec = Field(
-        default_factory=RouterSpec,
-        description="Router Deployment settings.",
-        json_schema_extra={"default": {}},
-    )
+    classes: ClassesSpec = section(ClassesSpec, "Request-class rules.")
+    borrowing: BorrowingSpec = section(BorrowingSpec, "Batch borrowing limits.")
+    scoring: ScoringSpec = section(ScoringSpec, "Scoring policy and parameters.")
+    sessions: SessionsSpec = section(SessionsSpec, "Session recognition.")
+    tenants: TenantsSpec = section(TenantsSpec, "Tenants.")
+    directory: DirectorySpec = section(DirectorySpec, "Directory backend.")
+    router: RouterSpec = section(RouterSpec, "Router Deployment settings.")
 
 
 class RoutingPolicyStatus(ApiModel):

@@ -22,6 +22,7 @@ from kvgate.api.base import (
     PodTemplateOverrides,
     ResourceRequirements,
     cel,
+    section,
 )
 from kvgate.api.router_config import HashAlgo
 
@@ -205,16 +206,8 @@ class InferencePoolSpec(ApiModel):
         description="Engine command; the rendered flags follow it.",
         json_schema_extra={"default": ["vllm", "serve"]},
     )
-    engine: EngineSettings = Field(
-        default_factory=EngineSettings,
-        description="vLLM engine settings.",
-        json_schema_extra={"default": {}},
-    )
-    cache: CacheSettings = Field(
-        default_factory=CacheSettings,
-        description="Prefix-cache hashing settings.",
-        json_schema_extra={"default": {}},
-    )
+    engine: EngineSettings = section(EngineSettings, "vLLM engine settings.")
+    cache: CacheSettings = section(CacheSettings, "Prefix-cache hashing settings.")
     tokenizer: TokenizerSource | None = Field(
         default=None, description="Tokenizer the router uses for this pool."
     )
