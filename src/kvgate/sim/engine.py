@@ -245,9 +245,6 @@ class SimEngine:
         """
         return self.kv_cache.reset_prefix_cache()
 
-    def take_pending_events(self) -> list[KVEvent]:
-        return self.kv_cache.take_events()
-
     def restart(self) -> list[SimRequest]:
         """Lose all state as a restarted engine process does; returns the aborted requests."""
         lost = list(self.scheduler.running) + list(self.scheduler.waiting)

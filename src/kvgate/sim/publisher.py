@@ -66,10 +66,6 @@ class KVEventPublisher:
             self._replay.bind(config.replay_endpoint)
         self._task: asyncio.Task[None] | None = None
 
-    @property
-    def next_seq(self) -> int:
-        return self._seq
-
     def start(self) -> None:
         if self._replay is not None and self._task is None:
             self._task = asyncio.create_task(self._serve_replay(), name="sim-kv-replay")

@@ -100,7 +100,3 @@ class SimRequest:
             hashes.append(
                 hasher(parent, tokens[i * block_size : (i + 1) * block_size], self.extra_keys(i))
             )
-
-    def append_output_token(self, token_id: int) -> None:
-        self.output_token_ids.append(token_id)
-        self.all_token_ids.append(token_id)
