@@ -33,6 +33,7 @@ import asyncio
 import logging
 import secrets
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -237,12 +238,12 @@ class PodSubscriber:
             self._bad(rejected.reason, rejected.detail)
         if self._metrics:  # engine clock to ours: wall clocks, so lag includes any skew
             self._metrics.event_lag.labels(self._pool).observe(max(0.0, time.time() - batch.ts))
+            # One `labels()` per event type, not per event: it costs more than the update.
+            for kind, count in Counter(type(e).__name__ for e in batch.events).items():
+                self._metrics.events.labels(self._pool, kind).inc(count)
         self._batches += 1
         ops = self._ops
         for event in batch.events:
-            kind = type(event).__name__
-            if self._metrics:
-                self._metrics.events.labels(self._pool, kind).inc()
             if isinstance(event, AllBlocksCleared):
                 self._count_clear("all_blocks_cleared")
                 ops.clear()  # everything before is moot

@@ -82,7 +82,9 @@ def bad(registry: CollectorRegistry, reason: str) -> float:
     )
 
 
-async def test_events_apply_in_order_within_and_across_batches(sub: PodSubscriber) -> None:
+async def test_events_apply_in_order_within_and_across_batches(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
     index = index_of(sub)
     await sub.handle_many([
         msg(0, stored(h(0), h(1)), BlockRemoved([h(1)]), stored(h(2))),
@@ -92,6 +94,13 @@ async def test_events_apply_in_order_within_and_across_batches(sub: PodSubscribe
     await sub.handle(msg(2, stored(h(5)), AllBlocksCleared(), stored(h(6))))
     assert await index.lookup([h(0)]) == {}
     assert await index.lookup([h(6)]) == {"p": 1}
+    events = {
+        kind: registry.get_sample_value(
+            "kvgate_directory_events_total", {"pool": "pool", "type": kind}
+        )
+        for kind in ("BlockStored", "BlockRemoved", "AllBlocksCleared")
+    }
+    assert events == {"BlockStored": 5, "BlockRemoved": 1, "AllBlocksCleared": 1}
 
 
 async def test_media_and_groups(sub: PodSubscriber, registry: CollectorRegistry) -> None:
