@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvgate.directory.base import BlockIndex
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,14 +6,11 @@ through owner references, and the periodic resync is one operator-level task (`r
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import kopf
 
 from kvgate.operator.handlers_common import HANDLER_BACKOFF_SECONDS, POLICY, plain, reconciler
-
-log = logging.getLogger(__name__)
 
 
 @kopf.on.resume(*POLICY, backoff=HANDLER_BACKOFF_SECONDS)

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import kopf
 
 from kvgate.operator.handlers_common import HANDLER_BACKOFF_SECONDS, POOL, plain, reconciler
-
-log = logging.getLogger(__name__)
 
 
 @kopf.on.resume(*POOL, backoff=HANDLER_BACKOFF_SECONDS)

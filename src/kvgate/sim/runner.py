@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import signal
 
 import uvicorn
@@ -13,8 +12,6 @@ from kvgate.sim.config import ServerConfig
 from kvgate.sim.pod import SimPod
 from kvgate.sim.server import SimApp
 from kvgate.sim.text import TextCodec, load_codec
-
-log = logging.getLogger(__name__)
 
 
 class _QuietServer(uvicorn.Server):

@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 
 from kvgate.sim.config import add_vllm_arguments, config_from_args
-
-log = logging.getLogger(__name__)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
