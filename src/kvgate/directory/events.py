@@ -273,7 +273,8 @@ def event_to_json(event: KVEvent) -> dict[str, Any]:
 def encode_batch(batch: EventBatch, *, tagged_arrays: bool = False) -> bytes:
     """Encode a batch the way vLLM does (map events; `tagged_arrays` for older releases).
 
-    Used by the simulator's publisher and by tests; the inverse of `decode_batch`.
+    The inverse of `decode_batch`, for tests and benchmarks (the simulator publishes through
+    its own byte-exact encoder, `kvgate.sim.events`).
     """
     events: list[Sequence[Any] | dict[str, Any]] = []
     for event in batch.events:
