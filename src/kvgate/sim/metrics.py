@@ -118,14 +118,12 @@ class PodMetrics:
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         labels = (model_name, str(engine_index))
-        self._labels = labels
         self.registry.register(
             _EngineCollector(engine, labels, {**cache_info, "engine": str(engine_index)})
         )
 
         def hist(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            h = Histogram(name, doc, LABELS, registry=self.registry, buckets=buckets)
-            return h
+            return Histogram(name, doc, LABELS, registry=self.registry, buckets=buckets)
 
         self._ttft = hist(
             "vllm:time_to_first_token_seconds",
