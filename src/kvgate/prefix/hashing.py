@@ -225,20 +225,23 @@ class BlockHasher:
         *,
         lora: LoraKey | None = None,
         cache_salt: str | None = None,
+        known: Sequence[bytes] = (),
     ) -> list[bytes]:
-        """Digests of every full block of ``token_ids``, in order."""
+        """Digests of every full block of ``token_ids``, in order. ``known``: digests of the
+        first blocks already computed by this hasher for the same tokens, salt and LoRA (the
+        caller vouches for that); only whole spans of them are used."""
         size = self.block_size
         tokens = token_ids if isinstance(token_ids, tuple) else tuple(token_ids)
         num_blocks = len(tokens) // size
         first_extra = extra_keys_for_block(0, lora, cache_salt)
         rest_extra = extra_keys_for_block(1, lora, cache_salt)
-        out: list[bytes] = []
-        parent = self.none_hash
         cache = self.cache
         span = self.span_blocks
         span_tokens = span * size
-        # 1. Walk cached spans from block 0 while they hit.
-        block = 0
+        # 1. Start after the known spans, then walk cached spans while they hit.
+        block = min(len(known), num_blocks) // span * span
+        out: list[bytes] = list(known[:block])
+        parent = out[-1] if block else self.none_hash
         if cache.capacity:
             get = cache.get
             while block + span <= num_blocks:
@@ -295,9 +298,11 @@ class BlockHasher:
         lora: LoraKey | None = None,
         cache_salt: str | None = None,
         int_form: bool = False,
+        known: Sequence[bytes] = (),
     ) -> list[BlockKey]:
-        """Directory keys of every full block (``int_form``: 8-byte 64-bit keys)."""
-        digests = self.hash_blocks(token_ids, lora=lora, cache_salt=cache_salt)
+        """Directory keys of every full block (``int_form``: 8-byte 64-bit keys); ``known`` as
+        in ``hash_blocks`` (digests, never int-form keys)."""
+        digests = self.hash_blocks(token_ids, lora=lora, cache_salt=cache_salt, known=known)
         if not int_form:
             return digests
         return [digest[-INT_KEY_SIZE:] for digest in digests]

@@ -119,13 +119,48 @@ class Tokenizer:
         if self._splitter is None or self.segment_cache_size == 0:
             return self.encode_uncached(text, add_special_tokens=add_special_tokens)
         ids: list[int] = list(self._specials_prefix) if add_special_tokens else []
+        self._encode_pieces(ids, text, None)
+        if add_special_tokens:
+            ids.extend(self._specials_suffix)
+        return ids
+
+    @property
+    def segmented(self) -> bool:
+        """Whether ``encode`` works piece by piece (so ``encode_tail`` may be used)."""
+        return self._splitter is not None and self.segment_cache_size > 0
+
+    @property
+    def max_added_token_chars(self) -> int:
+        """The longest added token: how far past a position the split looks to decide it."""
+        return max(map(len, self._added_ids), default=0)
+
+    def encode_tail(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """``encode(text, add_special_tokens=False)`` plus, after each added token, the
+        (character offset, number of ids so far). For a ``segmented`` tokenizer only.
+
+        Since every piece is encoded alone, the ids of ``prefix + text`` are the ids of
+        ``prefix`` followed by these whenever ``prefix`` ends where the split of the whole
+        text ends an added token (``kvgate.router.reuse`` relies on this)."""
+        if not self.segmented:
+            raise TokenizerError("encode_tail needs a tokenizer that splits on added tokens")
+        ids: list[int] = []
+        ends: list[tuple[int, int]] = []
+        self._encode_pieces(ids, text, ends)
+        return ids, ends
+
+    def _encode_pieces(self, ids: list[int], text: str, ends: list[tuple[int, int]] | None) -> None:
         added = self._added_ids
         cache = self._segments
+        assert self._splitter is not None
+        position = 0
         # The splitter has one capturing group: pieces alternate text, added token, text, ...
         pieces = self._splitter.split(text)
         for index, piece in enumerate(pieces):
             if index % 2:
                 ids.append(added[piece])
+                if ends is not None:
+                    position += len(piece)
+                    ends.append((position, len(ids)))
             elif piece:
                 segment = cache.get(piece)
                 if segment is None:
@@ -134,9 +169,7 @@ class Tokenizer:
                     cache.move_to_end(piece)
                     self.segment_hits += 1
                 ids.extend(segment)
-        if add_special_tokens:
-            ids.extend(self._specials_suffix)
-        return ids
+                position += len(piece)
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
         ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids

@@ -11,7 +11,9 @@ fixed-size character blocks, chained and salted the same way. Such keys predict 
 between requests routed by kvgate (routing history); tokens are estimated at 4 characters each.
 
 A `Keyer` is shared by every pool with the same settings; its hasher and tokenizer cache what
-they have seen, so the earlier turns of an agent session are not tokenized or hashed again.
+they have seen, and for chat prompts `reuse.PromptReuse` takes the ids and digests of a recent
+prompt's common prefix as they are, so the earlier turns of an agent session are not tokenized
+or hashed again.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from kvgate.prefix import (
     request_text,
 )
 from kvgate.prefix.approx import CHARS_PER_TOKEN
+from kvgate.prefix.hashing import INT_KEY_SIZE
 from kvgate.router.errors import RouterError
+from kvgate.router.reuse import PromptReuse
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,12 +72,25 @@ def _token_list(prompt: Any) -> list[int] | None:
     return None
 
 
+def _plain_chat(body: Mapping[str, Any]) -> bool:
+    """Chat ids are the template's text tokenized with nothing added and nothing cut."""
+    return (
+        body.get("add_special_tokens", False) is False
+        and body.get("truncate_prompt_tokens") is None
+    )
+
+
 class Keyer:
     def __init__(self, engine: EngineConfig, requests: RequestTokenizer | None = None) -> None:
         self.engine = engine
         self.requests = requests
         self.hasher = BlockHasher(engine.hash_algo, engine.block_size, engine.hash_seed)
         self.approx = ApproxBlockHasher(engine.tokenizer.approximate_chars_per_block)
+        self.reuse = (
+            PromptReuse(requests.tokenizer, self.hasher)
+            if requests is not None and requests.tokenizer.segmented
+            else None
+        )
 
     def keys(
         self,
@@ -103,6 +120,10 @@ class Keyer:
             salt = cache_salt if lora is None else f"{cache_salt or ''}\0lora:{lora.name}"
             return self._approximate(body, salt)
         try:
+            if kind == "chat" and self.reuse is not None and _plain_chat(body):
+                text = self.requests.chat_text(body)
+                ids_t, digests = self.reuse.ids_and_digests(text, cache_salt=cache_salt, lora=lora)
+                return self._from_digests(list(ids_t), digests)
             if kind == "chat":
                 ids = self.requests.chat_token_ids(body)
             else:
@@ -118,6 +139,12 @@ class Keyer:
         keys = self.hasher.block_keys(
             tokens, lora=lora, cache_salt=cache_salt, int_form=self.engine.int_block_hashes
         )
+        return RequestKeys(len(tokens), keys, self.engine.block_size, True, tokens)
+
+    def _from_digests(self, tokens: list[int], digests: list[bytes]) -> RequestKeys:
+        keys = digests
+        if self.engine.int_block_hashes:
+            keys = [digest[-INT_KEY_SIZE:] for digest in digests]
         return RequestKeys(len(tokens), keys, self.engine.block_size, True, tokens)
 
     def _approximate(self, body: Mapping[str, Any], cache_salt: str | None) -> RequestKeys:

@@ -1,0 +1,103 @@
+"""PromptReuse (`kvgate.router.reuse`) gives exactly the ids and digests of a fresh encode + hash."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import tokenizers
+from tokenizers import AddedToken, models, pre_tokenizers
+
+from kvgate.api.router_config import EngineConfig, TokenizerConfig
+from kvgate.prefix import BlockHasher, LoraKey, Tokenizer
+from kvgate.router.keys import Keyer
+from kvgate.router.reuse import PromptReuse, common_prefix
+from kvgate.router.tokenize import load_request_tokenizer
+
+TOKENIZER = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
+WORDS = ["alpha", "beta", "gamma", "delta", "x", "y", "z", "é", "\n", "  "]
+
+
+def _fresh(tokenizer: Tokenizer, text: str, salt: str | None, lora: LoraKey | None, size: int):
+    ids = tokenizer.encode_uncached(text, add_special_tokens=False)
+    digests = BlockHasher("sha256", size, cache_tokens=0).hash_blocks(
+        ids, cache_salt=salt, lora=lora
+    )
+    return tuple(ids), digests
+
+
+def test_common_prefix_matches_a_character_scan():
+    rng = random.Random(0)
+    for _ in range(300):
+        a = "".join(rng.choice("ab") for _ in range(rng.randint(0, 9000)))
+        b = a[: rng.randint(0, len(a))] + "".join(
+            rng.choice("ab") for _ in range(rng.randint(0, 50))
+        )
+        n = 0
+        while n < min(len(a), len(b)) and a[n] == b[n]:
+            n += 1
+        assert common_prefix(a, b) == n
+
+
+def test_interleaved_sessions_salts_and_loras_are_exact_and_reused():
+    tokenizer = Tokenizer.from_dir(TOKENIZER)
+    reuse = PromptReuse(tokenizer, BlockHasher("sha256", 4), max_tokens=20_000)
+    rng = random.Random(1)
+    system = "<|im_start|>system\n" + " ".join(rng.choice(WORDS) for _ in range(200))
+    sessions = [system for _ in range(5)]
+    lora = LoraKey("a", "/a")
+    for step in range(200):
+        s = rng.randrange(len(sessions))
+        if rng.random() < 0.2:  # a rewritten turn: the history diverges somewhere
+            sessions[s] = sessions[s][: rng.randint(0, len(sessions[s]))]
+        sessions[s] += "<|im_end|>\n<|im_start|>user\n" + " ".join(
+            rng.choice(WORDS) for _ in range(rng.randint(1, 60))
+        )
+        text = sessions[s] + rng.choice(["<|im_start|>assistant\n", "<|im_end|>", "<|im", ""])
+        salt = [None, "t1"][s % 2]  # a tenant's sessions share a salt
+        which = lora if s == 4 or rng.random() < 0.05 else None
+        got = reuse.ids_and_digests(text, cache_salt=salt, lora=which)
+        assert got == _fresh(tokenizer, text, salt, which, 4), step
+    assert reuse.reused_tokens > 2 * reuse.encoded_tokens
+
+
+def test_a_longer_added_token_past_the_common_prefix_is_not_cut():
+    backend = tokenizers.Tokenizer(
+        models.WordLevel({w: i for i, w in enumerate(["ab", "cd", "y>cd", "[UNK]"])}, "[UNK]")
+    )
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.add_tokens([AddedToken("<x>", normalized=False), AddedToken("<x>y>", normalized=False)])
+    tokenizer = Tokenizer(backend)
+    reuse = PromptReuse(tokenizer, BlockHasher("sha256", 1), head_chars=2)
+    for text in ["ab<x>ab ab", "ab<x>y>cd", "ab<x> cd<x>y>", "ab<x> cd<x>y>cd"]:
+        got = reuse.ids_and_digests(text, cache_salt=None, lora=None)
+        assert got == _fresh(tokenizer, text, None, None, 1), text
+
+
+def test_known_digests_continue_the_chain():
+    hasher = BlockHasher("sha256", 4, span_blocks=2)
+    tokens = list(range(50))
+    full = BlockHasher("sha256", 4, cache_tokens=0).hash_blocks(tokens, cache_salt="s")
+    for known in range(len(full) + 1):
+        hasher.cache.clear()
+        assert hasher.hash_blocks(tokens, cache_salt="s", known=full[:known]) == full
+
+
+def test_keyer_keys_with_reuse_equal_keys_without():
+    requests = load_request_tokenizer(TokenizerConfig(path=str(TOKENIZER)))
+    assert requests is not None
+    engine = EngineConfig(int_block_hashes=True, tokenizer=TokenizerConfig(path=str(TOKENIZER)))
+    fast, plain = Keyer(engine, requests), Keyer(engine, requests)
+    plain.reuse = None
+    assert fast.reuse is not None
+    history = [{"role": "system", "content": "Be brief. " * 50}]
+    for turn in range(8):
+        history.append({"role": "user", "content": f"question {turn} " * 20})
+        for body in (
+            {"messages": history},
+            {"messages": history, "add_special_tokens": True},
+            {"messages": history, "truncate_prompt_tokens": 30},
+        ):
+            assert fast.keys(body, "chat", "salt") == plain.keys(body, "chat", "salt")
+        history.append({"role": "assistant", "content": f"answer {turn} " * 30})
+    assert fast.reuse.reused_tokens > 0
