@@ -164,6 +164,14 @@ def complete(url: str, prompt: str, session: str | None = None) -> httpx.Respons
     )
 
 
+def try_complete(url: str, prompt: str, session: str | None = None) -> httpx.Response | None:
+    """``complete``, or None while the Service has no endpoint yet (connection refused/closed)."""
+    try:
+        return complete(url, prompt, session)
+    except httpx.TransportError:
+        return None
+
+
 def test_pool_becomes_a_ready_deployment_of_simulated_pods(cluster: Cluster, stack_ns: str) -> None:
     cluster.apply(pool_manifest(replicas=2), stack_ns)
     pool = wait_until(
@@ -215,7 +223,11 @@ def test_policy_runs_a_router_that_routes_to_pool_pods(cluster: Cluster, stack_n
         f"{stack_ns}/{p['metadata']['name']}" for p in ready_pods(cluster, stack_ns, POOL_SELECTOR)
     }
     first = wait_until(
-        lambda: (r := complete(url, PROMPT + "first", session="s1")).status_code == 200 and r,
+        lambda: (
+            (r := try_complete(url, PROMPT + "first", session="s1")) is not None
+            and r.status_code == 200
+            and r
+        ),
         timeout=60,
         what="a first successful request",
     )
