@@ -251,8 +251,15 @@ def _text_parts(role: str, content: Any) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _content(role: str, content: Any, content_format: ContentFormat) -> str | list[Any]:
+    flat = content_format == "string" or role == "tool"
+    if (
+        flat
+        and type(content) is str
+        and not (role == "system" and content.startswith(_BILLING_HEADER))
+    ):
+        return content  # what the general path gives a plain string (the hot path)
     parts = _text_parts(role, content)
-    if content_format == "string" or role == "tool":  # vLLM flattens tool results to text
+    if flat:  # vLLM flattens tool results to text
         return "\n".join(text for text, _ in parts)
     return [{"type": "text", "text": text, **extra} for text, extra in parts]
 

@@ -57,7 +57,7 @@ class Learner:
         if index is None or not plan.keys.block_keys:
             return
         try:
-            await index.add_approximate(ep.id, list(plan.keys.block_keys), self.ttl)
+            await index.add_approximate(ep.id, plan.keys.block_keys, self.ttl)
         except Exception as exc:
             self.metrics.directory_errors.labels("add_approximate").inc()
             log.warning("routing history for %s not recorded: %r", ep.id, exc)
