@@ -32,8 +32,6 @@ from dataclasses import dataclass
 
 from kvgate.prefix import BlockHasher, LoraKey, Tokenizer
 
-_CHUNK = 4096
-
 
 @dataclass(frozen=True, slots=True)
 class _Prompt:
@@ -45,17 +43,12 @@ class _Prompt:
 
 
 def common_prefix(a: str, b: str) -> int:
-    """Length of the longest common prefix of `a` and `b`."""
+    """Length of the longest common prefix of `a` and `b` (bisection on slices: about two
+    copies of the shorter string in all, in C)."""
     n = min(len(a), len(b))
-    i = 0
-    while i < n:
-        j = min(i + _CHUNK, n)
-        if a[i:j] != b[i:j]:
-            break
-        i = j
-    else:
+    if a[:n] == b[:n]:
         return n
-    lo, hi = i, min(i + _CHUNK, n)  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if a[lo:mid] == b[lo:mid]:
@@ -97,16 +90,23 @@ class PromptReuse:
         head = (cache_salt, lora, text[: self.head_chars])
         candidates = self._buckets.get(head)
         base: _Prompt | None = None
-        cut = keep = 0
+        cut = keep = shared = 0
         if candidates is not None:
             self._buckets.move_to_end(head)
             for prompt in candidates:
                 if not prompt.cut_ids or prompt.cut_ids[-1] <= keep:
                     continue  # cannot beat the best so far
-                usable = common_prefix(prompt.text, text) - self._lookahead
+                if (
+                    base is not None
+                    and prompt.text[shared : shared + 1] != text[shared : shared + 1]
+                ):
+                    continue  # shares no more than the best: cuts no later
+                shared_here = common_prefix(prompt.text, text)
+                usable = shared_here - self._lookahead
                 at = bisect_right(prompt.cut_chars, usable) - 1
                 if at >= 0 and prompt.cut_ids[at] > keep:
                     base, cut, keep = prompt, prompt.cut_chars[at], prompt.cut_ids[at]
+                    shared = shared_here
         tail, ends = self.tokenizer.encode_tail(text[cut:] if cut else text)
         cut_chars = [cut + c for c, _ in ends]
         cut_ids = [keep + n for _, n in ends]
