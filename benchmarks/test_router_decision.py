@@ -9,6 +9,8 @@ perf_counter over `SAMPLES` requests (p50/p99 printed). Cases:
 - `2k`: a 2k-token prompt whose 1.5k-token system prompt one pod holds;
 - `32k-agent`: a ~32k-token agent turn whose earlier messages were seen (and are held by one pod);
   every sample adds a new final message, as a real next turn does;
+- `32k-agent-no-reuse`: `32k-agent` without the keyer's prompt reuse (`kvgate.router.reuse`),
+  i.e. with only the tokenizer's segment cache and the hasher's span cache: what reuse saves;
 - `32k-cold`: a ~32k-token prompt never seen before (nothing cached anywhere);
 - `32k-agent-redis`: `32k-agent` with the directory in a real redis-server (the Redis cost).
 """
@@ -215,12 +217,15 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.stop()
 
 
-@pytest.mark.parametrize("case", ["2k", "32k-agent", "32k-cold"])
+@pytest.mark.parametrize("case", ["2k", "32k-agent", "32k-agent-no-reuse", "32k-cold"])
 def test_decision_latency(benchmark: Any, case: str) -> None:
-    run = {"2k": _case_2k, "32k-agent": _case_agent, "32k-cold": _case_cold}[case]
+    run = {"2k": _case_2k, "32k-cold": _case_cold}.get(case, _case_agent)
 
     async def go() -> list[tuple[float, float]]:
         router = await _router("memory")
+        if case == "32k-agent-no-reuse":
+            for keyer in router.state.keyer_by_pool.values():
+                keyer.reuse = None
         return await run(router)
 
     samples = benchmark.pedantic(lambda: asyncio.run(go()), rounds=1, iterations=1)
