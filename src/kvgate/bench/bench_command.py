@@ -327,7 +327,8 @@ def run_live_with_progress(
         if not record.ok:
             update["errors"] = fields["errors"] + 1
         if timed:
-            update["completed"] = min(time.monotonic() - state["t0"], total or 0.0)
+            elapsed = (time.monotonic() - state["t0"]) / settings.time_scale
+            update["completed"] = min(elapsed, total or 0.0)
         else:
             update["advance"] = 1
         progress.update(task, **update)

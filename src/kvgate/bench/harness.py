@@ -86,6 +86,8 @@ class BenchResult:
     report_path: Path
 
 
+KEEPALIVE_S = 2.0
+
 # Called when a target starts (name, its index, how many there are).
 TargetCallback = Callable[[str, int, int], None]
 
@@ -117,7 +119,11 @@ async def run_live(
     )
     run = LiveRun()
     records, samples, summaries, notes = run.records, run.samples, run.summaries, run.notes
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
+    # Idle connections are dropped before servers drop them (uvicorn: 5 s), or a request sent on
+    # a connection the server is closing fails with a ReadError that is nobody's fault.
+    limits = httpx.Limits(
+        max_connections=None, max_keepalive_connections=256, keepalive_expiry=KEEPALIVE_S
+    )
     timeout = httpx.Timeout(settings.request_timeout_s, connect=10.0)
     await fleet.start()
     try:
