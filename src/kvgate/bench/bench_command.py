@@ -30,7 +30,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from kvgate.bench.agent_sessions import ChatTokenizer, Message
+from kvgate.bench.agent_sessions import ChatTokenizer, Message, render_chat_text
 from kvgate.bench.harness import BenchResult, HarnessSettings, run_live, write_outputs
 from kvgate.bench.plots import write_plots
 from kvgate.bench.processes import StartError
@@ -144,17 +144,21 @@ def load_workload(args: argparse.Namespace) -> Workload:
         return build_trace(args.trace, overrides)
     if args.speedup is not None or args.jitter is not None:
         raise ValueError("--speedup and --jitter apply to --trace only")
-    return build_workload(args.workload, overrides, tokenize=chat_tokenizer(args.tokenizer))
+    api = str(overrides.get("api", "chat"))
+    return build_workload(args.workload, overrides, tokenize=chat_tokenizer(args.tokenizer, api))
 
 
-def chat_tokenizer(tokenizer: str | None = None) -> ChatTokenizer:
-    """How the fleet's pods tokenize chat messages (for the ideal hit-rate bound): the
-    simulator's own codec, the ``--tokenizer`` folder's template and vocabulary if given."""
+def chat_tokenizer(tokenizer: str | None = None, api: str = "chat") -> ChatTokenizer:
+    """How the fleet's pods tokenize an agent turn (for the ideal hit-rate bound): the
+    simulator's own codec, or the ``--tokenizer`` folder's; for ``api=completions`` the turn is
+    the rendered history sent as a completion prompt."""
     from kvgate.sim.text import load_codec
 
     codec = load_codec(tokenizer, "sim-model", 32000)
 
     def tokenize(messages: Sequence[Message]) -> list[int]:
+        if api == "completions":
+            return codec.completion_token_ids({"prompt": render_chat_text(messages)})[0]
         return codec.chat_token_ids({"messages": list(messages)})
 
     return tokenize

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             # would fool every TTFT measured at the first byte (the router's included).
             "api": "completions",
         },
-        tokenize=chat_tokenizer(),
+        tokenize=chat_tokenizer(api="completions"),
     )
     settings = HarnessSettings(
         pods=args.pods,

@@ -127,3 +127,18 @@ def test_bench_capacity_prints_the_round_robin_capacity(capsys):
     assert bench_command.run(args) == 0
     out = capsys.readouterr().out
     assert "shared-prefix on 2 pods:" in out and "req/s" in out and "75% =" in out
+
+
+def test_agent_ideal_bound_tokenizes_what_the_pods_receive():
+    from kvgate.bench.agent_sessions import render_chat_text
+
+    tok_dir = Path(__file__).resolve().parents[2] / "data" / "prefix" / "tokenizer"
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "hi"}]
+    from kvgate.sim.text import load_codec
+
+    codec = load_codec(str(tok_dir), "m", 32000)
+    as_text = bench_command.chat_tokenizer(str(tok_dir), "completions")(messages)
+    as_chat = bench_command.chat_tokenizer(str(tok_dir), "chat")(messages)
+    assert as_text == codec.completion_token_ids({"prompt": render_chat_text(messages)})[0]
+    assert as_chat == codec.chat_token_ids({"messages": messages})
+    assert as_text != as_chat  # a real template renders differently from the stand-in text
