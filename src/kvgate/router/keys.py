@@ -98,9 +98,11 @@ class Keyer:
         kind: str,
         cache_salt: str | None,
         lora: LoraKey | None = None,
+        session: str | None = None,
     ) -> RequestKeys:
         """`kind` is "chat" or "completion"; `lora`: the adapter the request names (vLLM adds
-        its key to every block). Raises RouterError (400) on a malformed prompt."""
+        its key to every block); `session`: where to look for an earlier turn to reuse (never
+        changes the keys). Raises RouterError (400) on a malformed prompt."""
         if kind == "chat":
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -122,7 +124,9 @@ class Keyer:
         try:
             if kind == "chat" and self.reuse is not None and _plain_chat(body):
                 text = self.requests.chat_text(body)
-                ids_t, digests = self.reuse.ids_and_digests(text, cache_salt=cache_salt, lora=lora)
+                ids_t, digests = self.reuse.ids_and_digests(
+                    text, cache_salt=cache_salt, lora=lora, session=session
+                )
                 return self._from_digests(list(ids_t), digests)
             if kind == "chat":
                 ids = self.requests.chat_token_ids(body)

@@ -7,8 +7,10 @@ the hasher's span cache (both still hash every piece of text and every span of t
 
 Algorithm, for a prompt text and the (salt, LoRA) it is hashed with:
 
-1. Candidates: the last `bucket` prompts hashed with the same salt and LoRA whose first
-   `head_chars` characters equal this one's (an LRU of such buckets, bounded in tokens).
+1. Candidates: the last `bucket` prompts hashed with the same salt and LoRA in the same
+   session (when the caller knows it), else whose first `head_chars` characters equal this
+   one's (an LRU of such buckets, bounded in tokens). The bucket only decides where to look:
+   a candidate from another conversation merely shares less.
 2. For each, the common prefix length `lcp` in characters (chunked slice comparison, then a
    bisection in the first differing chunk). The usable cut is the last position `b` just after
    an added token of the candidate with `b + max_added_token_chars <= lcp`: the tokenizer's
@@ -66,7 +68,7 @@ class PromptReuse:
         tokenizer: Tokenizer,
         hasher: BlockHasher,
         *,
-        max_tokens: int = 1 << 20,
+        max_tokens: int = 2 << 20,
         head_chars: int = 256,
         bucket: int = 8,
     ) -> None:
@@ -84,10 +86,19 @@ class PromptReuse:
         self.encoded_tokens = 0
 
     def ids_and_digests(
-        self, text: str, *, cache_salt: str | None, lora: LoraKey | None
+        self,
+        text: str,
+        *,
+        cache_salt: str | None,
+        lora: LoraKey | None,
+        session: str | None = None,
     ) -> tuple[tuple[int, ...], list[bytes]]:
         """`tokenizer.encode(text, add_special_tokens=False)` and its block digests."""
-        head = (cache_salt, lora, text[: self.head_chars])
+        head = (
+            (cache_salt, lora, "session", session)
+            if session is not None
+            else (cache_salt, lora, "text", text[: self.head_chars])
+        )
         candidates = self._buckets.get(head)
         base: _Prompt | None = None
         cut = keep = shared = 0

@@ -133,7 +133,9 @@ class Router:
             pool_key = members[0].spec.pool
             keys = keys_by_pool.get(pool_key) if keys_by_pool else None
             if keys is None:
-                keys = await self._keys(keyer, body, kind, cls.cache_salt, lora, body_bytes)
+                keys = await self._keys(
+                    keyer, body, kind, cls.cache_salt, lora, body_bytes, cls.session_id
+                )
                 if keys_by_pool is not None:
                     keys_by_pool[pool_key] = keys
             matched = await self._lookup(keys, members)
@@ -182,6 +184,7 @@ class Router:
         salt: str | None,
         lora: LoraKey | None,
         body_bytes: int,
+        session: str | None = None,
     ) -> RequestKeys:
         """Tokenize and hash. A large body (a long cold prompt can take tens of ms) runs in a
         worker thread so that streams keep flowing; keyers are not thread-safe, so every keyer
@@ -189,11 +192,11 @@ class Router:
         lock = self._keyer_lock
         if body_bytes >= OFFLOAD_BODY_BYTES:
             async with lock:
-                return await asyncio.to_thread(keyer.keys, body, kind, salt, lora)
+                return await asyncio.to_thread(keyer.keys, body, kind, salt, lora, session)
         if lock.locked():
             async with lock:
-                return keyer.keys(body, kind, salt, lora)
-        return keyer.keys(body, kind, salt, lora)
+                return keyer.keys(body, kind, salt, lora, session)
+        return keyer.keys(body, kind, salt, lora, session)
 
     def snapshots(self, members: list[Endpoint], now: float) -> list[EndpointSnapshot]:
         """Immutable views of `members` for the policy (hot path: lookups hoisted)."""

@@ -101,3 +101,23 @@ def test_keyer_keys_with_reuse_equal_keys_without():
             assert fast.keys(body, "chat", "salt") == plain.keys(body, "chat", "salt")
         history.append({"role": "assistant", "content": f"answer {turn} " * 30})
     assert fast.reuse.reused_tokens > 0
+
+
+def test_a_session_hint_finds_its_own_history_among_many_sessions():
+    tokenizer = Tokenizer.from_dir(TOKENIZER)
+    rng = random.Random(2)
+    system = "<|im_start|>system\n" + " ".join(rng.choice(WORDS) for _ in range(100))
+    reused = {}
+    for hinted in (False, True):
+        reuse = PromptReuse(tokenizer, BlockHasher("sha256", 4), bucket=2)
+        sessions = [system] * 12  # more sessions with one system prompt than a bucket holds
+        for step in range(120):
+            s = step % len(sessions)
+            sessions[s] += "<|im_end|>\n<|im_start|>user\n" + f"{s} " * 40
+            text = sessions[s] + "<|im_start|>assistant\n"
+            got = reuse.ids_and_digests(
+                text, cache_salt=None, lora=None, session=f"s{s}" if hinted else None
+            )
+            assert got == _fresh(tokenizer, text, None, None, 4), (hinted, step)
+        reused[hinted] = reuse.reused_tokens / (reuse.reused_tokens + reuse.encoded_tokens)
+    assert reused[True] > 0.7 and reused[True] > reused[False] + 0.3, reused
