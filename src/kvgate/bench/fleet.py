@@ -6,6 +6,12 @@ on free loopback ports (like one vLLM per pod, free to use every core), or one `
 fleet`` for all pods on consecutive ports. Between targets the harness either restarts it (``fresh``) or empties
 every pod's prefix cache with ``POST /reset_prefix_cache`` (what vLLM offers, and quicker).
 
+KV events: a pod started alone follows vLLM's rule and *binds* its publisher only to a wildcard or
+``ipc://`` endpoint (it *connects* to any other, and then the router's subscriber, which connects
+too, hears nothing). Per-pod, each pod therefore publishes on its own ``ipc://`` socket in a
+private temporary folder: bound, as in a real pod, and off the network. ``kvgate sim fleet``
+binds its ``tcp://`` loopback ports itself.
+
 :class:`PodLoadSampler` polls each pod's ``/metrics`` every ``interval_s`` and keeps
 ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``: the per-pod load plot is drawn
 from the pods' own numbers, for every target alike (the SGLang router does not say which pod it
@@ -17,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -114,7 +122,8 @@ class SimFleet:
         self._startup_timeout_s = startup_timeout_s
         self._processes: list[ManagedProcess] = []
         self.urls: list[str] = []
-        self.kv_event_sockets: list[str] = []  # tcp://host:port per pod, when kv_events
+        self.kv_event_sockets: list[str] = []  # the router's ZMQ endpoint per pod, when kv_events
+        self._socket_dir: Path | None = None  # per-pod ipc:// sockets live here
 
     def _common(self) -> list[str]:
         return ["--model", self.model, "--enable-prompt-tokens-details", *self._extra_args]
@@ -137,14 +146,14 @@ class SimFleet:
             *self._common(),
         ]
 
-    def _pod_argv(self, index: int, port: int, events_port: int | None) -> list[str]:
+    def _pod_argv(self, index: int, port: int, events: str | None) -> list[str]:
         argv = [*kvgate_command(), "--log-level", "WARNING", "sim", "serve"]
         argv += ["--host", HOST, "--port", str(port), f"--seed={index}"]
-        if events_port is not None:
+        if events is not None:
             config = {
                 "enable_kv_cache_events": True,
                 "publisher": "zmq",
-                "endpoint": f"tcp://{HOST}:{events_port}",
+                "endpoint": events,  # ipc:// is bound by vLLM's rule (tcp://HOST:PORT would not be)
                 "topic": f"kv@{HOST}:{port}@{self.model}",
             }
             argv += ["--kv-events-config", json.dumps(config)]
@@ -179,15 +188,18 @@ class SimFleet:
         raise StartError("could not find free consecutive ports for the fleet")
 
     async def _start_per_pod(self) -> None:
-        ports = free_ports(self.pods * (2 if self.kv_events else 1), HOST)
-        http_ports = ports[: self.pods]
-        event_ports: list[int | None] = list(ports[self.pods :]) or [None] * self.pods
+        http_ports = free_ports(self.pods, HOST)
         self.urls = [f"http://{HOST}:{p}" for p in http_ports]
-        self.kv_event_sockets = [f"tcp://{HOST}:{p}" for p in event_ports if p is not None]
+        events: list[str | None] = [None] * self.pods
+        if self.kv_events:
+            # A short path: ipc:// paths are limited to about 100 bytes.
+            self._socket_dir = Path(tempfile.mkdtemp(prefix="kvgate-ev-"))
+            events = [f"ipc://{self._socket_dir}/pod-{i}" for i in range(self.pods)]
+        self.kv_event_sockets = [e for e in events if e is not None]
         self._processes = [
             ManagedProcess(
                 f"sim-pod-{i}",
-                self._pod_argv(i, port, event_ports[i]),
+                self._pod_argv(i, port, events[i]),
                 self._log_dir / f"pod-{i}.log",
             )
             for i, port in enumerate(http_ports)
@@ -204,6 +216,9 @@ class SimFleet:
     async def stop(self) -> None:
         processes, self._processes = self._processes, []
         await asyncio.gather(*(p.stop() for p in processes))
+        socket_dir, self._socket_dir = self._socket_dir, None
+        if socket_dir is not None:
+            shutil.rmtree(socket_dir, ignore_errors=True)
 
     async def restart(self) -> None:
         await self.stop()
