@@ -18,7 +18,10 @@ For endpoint *p* with prefill rate *r_p* (tokens/s):
 for, plus, for requests the engine reports waiting beyond those (other router replicas, direct
 clients), ``foreign_request_tokens`` each. Engine numbers older than ``stale_after_seconds`` are
 ignored (the router's own counts remain). ``r_p`` is the pod's learned estimate
-(:mod:`kvgate.scoring.prefill_rate`) or the ``prior_prefill_tokens_per_second``.
+(:mod:`kvgate.scoring.prefill_rate`); for a pod not measured yet, the mean learned rate of the
+candidates of the same pool that are measured, and only when none is, the
+``prior_prefill_tokens_per_second``. (With the prior alone, an unmeasured pod on fast hardware
+looked several times slower than its measured peers, got no traffic and so was never measured.)
 
 ``load_p`` (used by load bounds and least-load) = max(router in-flight, engine running + waiting).
 
@@ -102,14 +105,31 @@ class CostModel:
             hit = int(hit * self._approx)
         return hit
 
+    def unmeasured_rates(self, endpoints: Sequence[EndpointSnapshot]) -> dict[str, float]:
+        """Rate for an unmeasured pod, per pool: the mean learned rate of that pool's measured
+        endpoints among ``endpoints``; pools without any are absent (the prior applies)."""
+        sums: dict[str, tuple[float, int]] = {}
+        for e in endpoints:
+            r = e.prefill_tokens_per_second
+            if r:
+                total, n = sums.get(e.pool, (0.0, 0))
+                sums[e.pool] = (total + r, n + 1)
+        return {pool: total / n for pool, (total, n) in sums.items()}
+
     def estimate(
-        self, request: RoutingRequest, endpoint: EndpointSnapshot, matched_blocks: int, now: float
+        self,
+        request: RoutingRequest,
+        endpoint: EndpointSnapshot,
+        matched_blocks: int,
+        now: float,
+        unmeasured_rate: float | None = None,
     ) -> CostEstimate:
+        """``unmeasured_rate`` replaces the prior when the endpoint has no learned rate."""
         hit = self.hit_tokens(request, matched_blocks) if matched_blocks > 0 else 0
         uncached = request.prompt_tokens - hit
         if uncached < 0:
             uncached = 0
-        rate = endpoint.prefill_tokens_per_second or self._prior
+        rate = endpoint.prefill_tokens_per_second or unmeasured_rate or self._prior
         queued_tokens = float(endpoint.pending_prefill_tokens)
         load = endpoint.in_flight
         queue = 0.0
@@ -147,4 +167,5 @@ class CostModel:
     ) -> dict[str, CostEstimate]:
         get = matched_blocks.get
         estimate = self.estimate
-        return {e.id: estimate(request, e, get(e.id, 0), now) for e in endpoints}
+        peers = self.unmeasured_rates(endpoints)
+        return {e.id: estimate(request, e, get(e.id, 0), now, peers.get(e.pool)) for e in endpoints}

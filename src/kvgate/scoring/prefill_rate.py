@@ -18,7 +18,8 @@ observation weighted by its token count (a 30k-token prefill says more than a 20
 
 Averaging seconds per token (not tokens per second) keeps one tiny, noisy observation from
 inflating the rate. Until a pod has ``min_observed_tokens`` tokens of evidence the estimator
-returns ``None`` (the cost model then uses its prior); observations shorter than
+returns ``None`` (the cost model then uses the mean rate of the pod's measured pool peers, else
+its prior); observations shorter than
 ``min_observation_tokens`` or with non-positive time are ignored. No clock reads, no I/O: the
 router owns one instance and feeds it.
 """

@@ -53,6 +53,26 @@ def test_learned_rate_replaces_prior() -> None:
     assert est.prefill_seconds == pytest.approx(0.1)
 
 
+def test_unmeasured_pod_gets_the_mean_rate_of_its_measured_pool_peers() -> None:
+    eps = [
+        endpoint(0, prefill_tokens_per_second=29_000.0),
+        endpoint(1, prefill_tokens_per_second=30_000.0),
+        endpoint(2, prefill_tokens_per_second=31_000.0),
+        endpoint(3),  # fresh: nothing learned yet
+        endpoint(4, pool="pool-b"),  # no measured peer in its pool
+    ]
+    est = model().estimate_all(request(3000), eps, {}, now=0.0)
+    assert est["pod-3"].prefill_tokens_per_second == pytest.approx(30_000.0)
+    assert est["pod-3"].prefill_seconds == pytest.approx(0.1)
+    assert est["pod-0"].prefill_tokens_per_second == pytest.approx(29_000.0)
+    assert est["pod-4"].prefill_tokens_per_second == pytest.approx(RATE)
+
+
+def test_prior_applies_while_no_pod_is_measured() -> None:
+    est = model().estimate_all(request(3000), [endpoint(0), endpoint(1)], {}, now=0.0)
+    assert {e.prefill_tokens_per_second for e in est.values()} == {RATE}
+
+
 def test_foreign_waiting_requests_count_beyond_our_own() -> None:
     eng = EngineLoad(waiting=5, running=0, kv_cache_usage=0.1, observed_at=0.0)
     ep = endpoint(0, engine=eng, pending_prefill_requests=2, pending_prefill_tokens=4000)

@@ -143,6 +143,26 @@ def test_no_hit_requests_prefer_the_less_loaded_pod() -> None:
     assert decide("kvgate", request(512), eps, {}).endpoint_id == "pod-1"
 
 
+def test_cold_request_reaches_an_unmeasured_idle_pod() -> None:
+    # Three pods measured at ~30k tokens/s (3x the prior) and one fresh pod. Priced at the prior,
+    # the fresh pod looked 3x slower, got no traffic and was never measured.
+    measured = [endpoint(i, prefill_tokens_per_second=30_000.0) for i in range(3)]
+    fresh = endpoint(3)
+    history = ChoiceHistory()
+    for e in measured:
+        history.record(e.id)
+    d = decide("kvgate", request(8192), [*measured, fresh], {}, history=history)
+    assert d.reason == "no-hit-spread"
+    assert d.endpoint_id == "pod-3"
+    # Measured pods with a little work queued: the idle fresh pod is the fastest, every seed.
+    busy = [
+        endpoint(i, prefill_tokens_per_second=30_000.0, pending_prefill_tokens=4096)
+        for i in range(3)
+    ]
+    for seed in range(20):
+        assert decide("kvgate", request(8192), [*busy, fresh], {}, seed=seed).endpoint_id == "pod-3"
+
+
 def test_near_equal_costs_are_broken_at_random() -> None:
     # pod-0 and pod-1 both hold the prefix; pod-1 is marginally busier: near-equal.
     eps = [endpoint(0), endpoint(1, pending_prefill_tokens=50), endpoint(2)]
