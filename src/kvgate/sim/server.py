@@ -277,11 +277,15 @@ class SimApp:
         created = self.pod.created
         sent = 0
         first = not req.chat
-        if req.chat:  # vLLM opens a chat stream with the assistant role and empty content
-            opening = stream_chunk(True, request_id, created, model, "", None, first=True)
-            await send({"type": "http.response.body", "body": opening, "more_body": True})
+        opening = req.chat
         while True:
             await stream.wait(sent)
+            if opening:
+                # vLLM opens a chat stream with the assistant role and empty content when the
+                # engine's first output arrives (with the first token), not before prefill.
+                opening = False
+                role = stream_chunk(True, request_id, created, model, "", None, first=True)
+                await send({"type": "http.response.body", "body": role, "more_body": True})
             new = stream.tokens[sent:]
             sent += len(new)
             if new or (stream.done and sent == 0):
