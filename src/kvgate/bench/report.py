@@ -26,6 +26,7 @@ from typing import Any
 
 from kvgate.bench.records import GeneratorHealth, RequestRecord
 from kvgate.bench.workload import BenchRequest
+from kvgate.prefix import max_cacheable_blocks
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -143,7 +144,7 @@ def ideal_hit_rate(requests: Iterable[BenchRequest], block_size: int = 16) -> fl
     for request in requests:
         units = request.prefix_units
         total_tokens += len(units)
-        cacheable_blocks = max(0, (len(units) - 1) // block_size)
+        cacheable_blocks = max_cacheable_blocks(len(units), block_size)
         parent = 0
         hits = 0
         matching = True
