@@ -121,7 +121,7 @@ class IndexerService:
 
 
 def run(args: argparse.Namespace) -> int:
-    import uvicorn
+    from kvgate.router.serve import listen, serve
 
     try:
         config = load_router_config(args.config)
@@ -131,13 +131,16 @@ def run(args: argparse.Namespace) -> int:
     if config.directory.backend != "redis" and not args.allow_memory:
         print("kvgate indexer: directory.backend must be redis (routers read what it writes)")
         return 2
+    try:
+        sock = listen(args.host, args.port)
+    except OSError as exc:
+        print(f"kvgate indexer: cannot listen on {args.host}:{args.port}: {exc}")
+        return 2
     service = IndexerService(config)
     print(f"kvgate indexer: {len(config.pools)} pool(s); metrics on :{args.port}", flush=True)
-    uvicorn.run(
+    serve(
         service,
-        host=args.host,
-        port=args.port,
-        loop="uvloop",
+        sock,
         lifespan="on",
         log_level="warning",
         access_log=False,

@@ -101,10 +101,10 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 def run(args: argparse.Namespace) -> int:
     import prometheus_client
-    import uvicorn
 
     from kvgate.router.app import RouterApp
     from kvgate.router.runtime import RouterRuntime
+    from kvgate.router.serve import listen, serve
 
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # one series per counter, as dashboards expect
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape otherwise
@@ -114,24 +114,25 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"kvgate router: {exc}")
         return 2
+    try:
+        sock = listen(config.server.host, config.server.port)
+    except OSError as exc:
+        print(f"kvgate router: cannot listen on {config.server.host}:{config.server.port}: {exc}")
+        return 2
     app = RouterApp(runtime)
     print(
         f"kvgate router: {len(config.pools)} pool(s), policy {config.policy.name}, "
         f"listening on http://{config.server.host}:{config.server.port}",
         flush=True,
     )
-    uvicorn.run(
+    serve(
         app,
-        host=config.server.host,
-        port=config.server.port,
-        loop="uvloop",
-        http="httptools",
+        sock,
         lifespan="on",
         access_log=False,  # the router logs requests itself (server.access_log)
         log_level="warning",
         timeout_graceful_shutdown=10,
         proxy_headers=False,  # the router is the edge; no X-Forwarded-* rewriting per request
         server_header=False,
-        backlog=4096,
     )
     return 0
