@@ -9,7 +9,7 @@ perf_counter over `SAMPLES` requests (p50/p99 printed). Cases:
 - `2k`: a 2k-token prompt whose 1.5k-token system prompt one pod holds;
 - `32k-agent`: a ~32k-token agent turn whose earlier messages were seen (and are held by one pod);
   every sample adds a new final message, as a real next turn does;
-- `32k-agent-no-reuse`: `32k-agent` without the keyer's prompt reuse (`kvgate.router.reuse`),
+- `32k-agent-no-reuse`: `32k-agent` without the keyer's prompt reuse (`kvgate.router.core.reuse`),
   i.e. with only the tokenizer's segment cache and the hasher's span cache: what reuse saves;
 - `32k-cold`: a ~32k-token prompt never seen before (nothing cached anywhere);
 - `32k-agent-redis`: `32k-agent` with the directory in a real redis-server (the Redis cost).
@@ -25,14 +25,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from tests.integration.conftest import RedisServer
 
 from kvgate.api.router_config import RouterConfig
-from kvgate.router.endpoints import EndpointSet, EndpointSpec, LoadSample
-from kvgate.router.metrics import RouterMetrics
-from kvgate.router.routing import Router
+from kvgate.directory.factory import create_pool_index
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, LoadSample
+from kvgate.router.core.routing import Router
 from kvgate.router.runtime import build_state
-from kvgate.router.setup import build_index
 
 PODS = 16
 SAMPLES = 300
@@ -126,7 +127,7 @@ async def _router(backend: str, redis_url: str | None = None) -> Router:
     for ep in endpoints.all():
         ep.load = LoadSample(rng.randint(0, 3), rng.randint(0, 30), rng.random(), 1e18)
         ep.inflight = rng.randint(0, 20)
-    index = build_index(config.directory, pool, RouterMetrics())
+    index = create_pool_index(config.directory, pool.key, DirectoryMetrics(CollectorRegistry()))
     return Router(build_state(config), endpoints, {pool.key: index}, clock=lambda: 1e18)
 
 

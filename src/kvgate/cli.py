@@ -28,11 +28,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "prefix": ("kvgate.prefix.diff_command", "prefix tools: `diff` two request bodies"),
     "events": ("kvgate.directory.events_command", "decode raw vLLM KV event payloads"),
     "router": (
-        "kvgate.router.router_command",
+        "kvgate.router.command",
         "run the cache-aware router (--config or --endpoint)",
     ),
     "indexer": (
-        "kvgate.router.indexer_command",
+        "kvgate.indexer.command",
         "subscribe to pods' KV events and write them to the shared (Redis) directory",
     ),
     "sim": ("kvgate.sim.serve_command", "simulated vLLM pods: `sim serve` (one) or `sim fleet`"),

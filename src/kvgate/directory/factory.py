@@ -3,6 +3,8 @@
 `memory` gives an in-process index; `redis` one stored under `<key_prefix>:{<pool key>}:` on
 the configured server. With a `DirectoryMetrics`, the index is wrapped in
 `InstrumentedBlockIndex`. Caps default to the values documented in docs/directory.md.
+`create_pool_index` is what routers and `kvgate indexer` use: a Redis index is wrapped in a
+`FallbackIndex` over a local memory view, so that losing Redis never fails a request.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from kvgate.directory.base import (
     DEFAULT_MAX_BLOCKS_PER_POD,
     BlockIndex,
 )
+from kvgate.directory.fallback import FallbackIndex
 from kvgate.directory.instrumented import InstrumentedBlockIndex
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
@@ -49,3 +52,23 @@ def create_index(
     if metrics is not None:
         index = InstrumentedBlockIndex(index, metrics, pool_key)
     return index
+
+
+def create_pool_index(
+    config: DirectoryConfig,
+    pool_key: str,
+    metrics: DirectoryMetrics,
+) -> BlockIndex:
+    """A pool's index for a long-running service (a router, `kvgate indexer`); the fallback's
+    failures and degraded state are counted in `metrics` (`kvgate_directory_fallback_*`)."""
+    if config.backend == "memory":
+        return create_index(config, pool_key, metrics=metrics)
+    password = config.redis.password.read() if config.redis.password else None
+    shared = create_index(config, pool_key, metrics=metrics, redis_password=password)
+    return FallbackIndex(
+        shared,
+        create_index(config.model_copy(update={"backend": "memory"}), pool_key),
+        metrics.fallback_errors,
+        metrics.fallback_degraded,
+        resync_interval=config.redis.resync_interval_seconds,
+    )

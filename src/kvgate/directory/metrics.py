@@ -85,6 +85,18 @@ class DirectoryMetrics:
             "Pods cleared (reason: restart | gap | all_blocks_cleared | removed | start)",
             ["pool", "reason"],
         )
+        # The indexer's own fallback to its local view while Redis is down (a router counts
+        # these as kvgate_router_directory_*, labelled by its policy in dashboards).
+        self.fallback_errors = counter(
+            "kvgate_directory_fallback_errors_total",
+            "Shared-directory operations that failed (the local view was used)",
+            ["operation"],
+        )
+        self.fallback_degraded = Gauge(
+            "kvgate_directory_fallback_degraded",
+            "1 while the shared directory is unreachable and the local view is used",
+            registry=registry,
+        )
         self.subscriptions = Gauge(
             "kvgate_directory_subscriptions", "Running KV event subscriptions", ["pool"],
             registry=registry,

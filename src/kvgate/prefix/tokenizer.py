@@ -140,7 +140,7 @@ class Tokenizer:
 
         Since every piece is encoded alone, the ids of ``prefix + text`` are the ids of
         ``prefix`` followed by these whenever ``prefix`` ends where the split of the whole
-        text ends an added token (``kvgate.router.reuse`` relies on this)."""
+        text ends an added token (``kvgate.router.core.reuse`` relies on this)."""
         if not self.segmented:
             raise TokenizerError("encode_tail needs a tokenizer that splits on added tokens")
         ids: list[int] = []

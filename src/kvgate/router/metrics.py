@@ -112,17 +112,6 @@ class RouterMetrics:
             ["pool", "state"],
             registry=r,
         )
-        self.directory_errors = Counter(
-            "kvgate_router_directory_errors_total",
-            "Directory operations that failed (the router fell back to its local view)",
-            ["operation"],
-            registry=r,
-        )
-        self.directory_degraded = Gauge(
-            "kvgate_router_directory_degraded",
-            "1 while the shared directory is unreachable and the local view is used",
-            registry=r,
-        )
         self.prefix_breaks = Counter(
             "kvgate_router_prefix_breaks_total",
             "Session turns whose prompt diverged from the previous turn's prompt",

@@ -25,19 +25,20 @@ import httpx
 
 from kvgate.api.router_config import PoolConfig, RouterConfig, load_router_config
 from kvgate.directory.base import BlockIndex
+from kvgate.directory.factory import create_pool_index
 from kvgate.directory.metrics import DirectoryMetrics
-from kvgate.router.discovery import Discovery, build_discovery
-from kvgate.router.endpoints import Endpoint, EndpointSet
-from kvgate.router.indexer import EventIndexer, refresh_directory_stats
-from kvgate.router.keys import Keyer, keyer_identity
-from kvgate.router.learn import Learner
+from kvgate.discovery import Discovery, build_discovery
+from kvgate.discovery.endpoints import Endpoint, EndpointSet
+from kvgate.indexer.subscriptions import EventIndexer, refresh_directory_stats
+from kvgate.router.core.keys import Keyer, keyer_identity
+from kvgate.router.core.learn import Learner
+from kvgate.router.core.routing import Router, RouterState
+from kvgate.router.core.sessions import SessionTracker
+from kvgate.router.http.proxy import Proxy
+from kvgate.router.http.scrape import LoadScraper
+from kvgate.router.http.upstream import HttpxUpstream, RawUpstream, RoutingUpstream, Upstream
 from kvgate.router.metrics import RouterMetrics
-from kvgate.router.proxy import Proxy
-from kvgate.router.routing import Router, RouterState
-from kvgate.router.scrape import LoadScraper
-from kvgate.router.sessions import SessionTracker
-from kvgate.router.setup import build_index, build_keyer, build_policy
-from kvgate.router.upstream import HttpxUpstream, RawUpstream, RoutingUpstream, Upstream
+from kvgate.router.setup import build_keyer, build_policy
 
 log = logging.getLogger(__name__)
 
@@ -102,10 +103,12 @@ class RouterRuntime:
         self.endpoints = EndpointSet(clock)
         self.indexes: dict[str, BlockIndex] = {}
         self.router = Router(state, self.endpoints, self.indexes, clock=clock)
+        self.directory_metrics = DirectoryMetrics(self.metrics.registry)
         self.learner = Learner(
             self.metrics,
             self.router.estimator,
             self.indexes,
+            self.directory_metrics.fallback_errors,
             approximate_ttl_seconds=config.directory.approximate_ttl_seconds,
             access_log=config.server.access_log,
         )
@@ -127,7 +130,6 @@ class RouterRuntime:
         )
         self.discoveries: dict[str, Discovery] = {}
         self.endpoints.add_listener(self._endpoints_changed)
-        self.directory_metrics = DirectoryMetrics(self.metrics.registry)
         self.indexer = (
             EventIndexer(self.endpoints, self.indexes, self.directory_metrics)
             if config.directory.embedded_indexer
@@ -203,9 +205,7 @@ class RouterRuntime:
         for key, pool in wanted.items():
             self.metrics.init_pool(key)
             if key not in self.indexes:
-                self.indexes[key] = build_index(
-                    config.directory, pool, self.metrics, self.directory_metrics
-                )
+                self.indexes[key] = create_pool_index(config.directory, key, self.directory_metrics)
             if key not in self.discoveries:
                 discovery = build_discovery(pool, self.endpoints)
                 self.discoveries[key] = discovery
@@ -221,7 +221,7 @@ class RouterRuntime:
                 try:
                     await index.forget_pod(ep.id)
                 except Exception as exc:  # the directory being down must not stop discovery
-                    self.metrics.directory_errors.labels("forget_pod").inc()
+                    self.directory_metrics.fallback_errors.labels("forget_pod").inc()
                     log.warning("could not forget pod %s: %r", ep.id, exc)
             log.info("endpoint %s left pool %s", ep.id, ep.pool)
         if self.indexer is not None:
@@ -235,7 +235,7 @@ class RouterRuntime:
                 try:
                     await index.set_generation(ep.id, ep.spec.generation)
                 except Exception as exc:
-                    self.metrics.directory_errors.labels("set_generation").inc()
+                    self.directory_metrics.fallback_errors.labels("set_generation").inc()
                     log.warning("could not set generation of %s: %r", ep.id, exc)
             log.info("endpoint %s joined pool %s (%s)", ep.id, ep.pool, ep.spec.url)
         self._update_endpoint_gauges()

@@ -16,7 +16,7 @@ from tests.integration.conftest import free_port
 from tests.integration.sim.processes import SimProcess
 
 from kvgate.api.router_config import RouterConfig
-from kvgate.router.app import RouterApp
+from kvgate.router.http.app import RouterApp
 from kvgate.router.runtime import RouterRuntime
 
 # Fast simulated time; prompt-token details on, as the operator renders vLLM's flags.

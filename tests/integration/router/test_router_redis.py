@@ -61,14 +61,14 @@ async def test_redis_outage_costs_no_request(sim_pods, redis_server_factory, cli
         ]
         assert statuses == [200] * 5
         metrics = (await client.get(base + "/metrics")).text
-        assert _gauge(metrics, "kvgate_router_directory_degraded") == 1.0
+        assert _gauge(metrics, "kvgate_directory_fallback_degraded") == 1.0
         redis.start()
         for _ in range(50):
             await client.post(base + "/v1/chat/completions", json=body)
             metrics = (await client.get(base + "/metrics")).text
-            if _gauge(metrics, "kvgate_router_directory_degraded") == 0.0:
+            if _gauge(metrics, "kvgate_directory_fallback_degraded") == 0.0:
                 break
             await asyncio.sleep(0.1)
-        assert _gauge(metrics, "kvgate_router_directory_degraded") == 0.0
+        assert _gauge(metrics, "kvgate_directory_fallback_degraded") == 0.0
         index = runtime.indexes["default/p"]
         assert not index.degraded

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from tests.integration.conftest import free_port
 
-from kvgate.router.upstream import RawUpstream, UpstreamError, read_all
+from kvgate.router.http.upstream import RawUpstream, UpstreamError, read_all
 
 
 class Server:

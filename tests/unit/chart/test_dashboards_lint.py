@@ -32,9 +32,11 @@ def test_every_selector_is_filtered_by_namespace_and_pool(query) -> None:  # typ
     assert selectors, query.expr
     for metric, labels in selectors:
         assert 'namespace=~"$namespace"' in labels, (metric, query.expr)
-        if metric.startswith("kvgate_router_") and metric != "kvgate_router_directory_degraded":
+        if metric.startswith("kvgate_router_"):
             assert 'policy=~"$policy"' in labels and 'pool=~"$pool"' in labels, metric
-        if metric.startswith(("vllm:", "kvgate_directory_")):
+        if metric == "kvgate_directory_fallback_degraded":  # one per process, no pool label
+            assert 'policy=~"$policy"' in labels, metric
+        elif metric.startswith(("vllm:", "kvgate_directory_")):
             assert 'pool=~"$pool"' in labels, metric
 
 

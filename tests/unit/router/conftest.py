@@ -10,7 +10,7 @@ import pytest
 from tests.unit.router.fakes import FakePods
 
 from kvgate.api.router_config import RouterConfig
-from kvgate.router.app import RouterApp
+from kvgate.router.http.app import RouterApp
 from kvgate.router.runtime import RouterRuntime
 
 AppFactory = Callable[..., Any]

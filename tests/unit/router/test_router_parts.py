@@ -6,12 +6,12 @@ from types import SimpleNamespace
 import pytest
 
 from kvgate.api.router_config import EngineConfig, RouterConfig
-from kvgate.router.classify import Classifier
-from kvgate.router.errors import RouterError
-from kvgate.router.keys import Keyer
-from kvgate.router.router_command import add_arguments, config_from_args
-from kvgate.router.scrape import parse_load
-from kvgate.router.usage import SseUsageTap, usage_from_json_body
+from kvgate.router.command import add_arguments, config_from_args
+from kvgate.router.core.classify import Classifier
+from kvgate.router.core.errors import RouterError
+from kvgate.router.core.keys import Keyer
+from kvgate.router.http.scrape import parse_load
+from kvgate.router.http.usage import SseUsageTap, usage_from_json_body
 
 
 def _config(**extra):
@@ -175,7 +175,7 @@ def test_quick_start_flags_build_a_config():
 
 
 def test_kubernetes_pod_readiness_and_spec():
-    from kvgate.router.discovery.kubernetes import pod_is_ready, pod_spec
+    from kvgate.discovery.kubernetes import pod_is_ready, pod_spec
 
     def pod(ready="True", ip="10.0.0.5", deleting=None, restarts=0):
         return SimpleNamespace(
@@ -222,7 +222,7 @@ def test_exact_chat_keys_match_the_engine_hashing_of_the_rendered_prompt():
 
     from kvgate.api.router_config import TokenizerConfig
     from kvgate.prefix import BlockHasher
-    from kvgate.router.tokenize import load_request_tokenizer
+    from kvgate.router.core.tokenize import load_request_tokenizer
 
     path = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
     requests = load_request_tokenizer(TokenizerConfig(path=str(path)))
@@ -253,7 +253,7 @@ def test_usage_is_read_from_the_tail_even_when_content_mentions_usage():
 
 
 def test_engine_counters_give_prefill_observations():
-    from kvgate.router.scrape import prefill_observation
+    from kvgate.router.http.scrape import prefill_observation
 
     def sample(prompt, hits, seconds):
         text = (
@@ -274,11 +274,13 @@ async def test_long_prompts_are_tokenized_off_the_event_loop():
     import random
     from pathlib import Path
 
-    from kvgate.router.endpoints import EndpointSet, EndpointSpec
-    from kvgate.router.metrics import RouterMetrics
-    from kvgate.router.routing import OFFLOAD_BODY_BYTES, Router
+    from prometheus_client import CollectorRegistry
+
+    from kvgate.directory.factory import create_pool_index
+    from kvgate.directory.metrics import DirectoryMetrics
+    from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
+    from kvgate.router.core.routing import OFFLOAD_BODY_BYTES, Router
     from kvgate.router.runtime import build_state
-    from kvgate.router.setup import build_index
 
     path = str(Path(__file__).parents[2] / "data" / "prefix" / "tokenizer")
     config = RouterConfig.model_validate(
@@ -295,7 +297,9 @@ async def test_long_prompts_are_tokenized_off_the_event_loop():
     )
     endpoints = EndpointSet()
     await endpoints.replace_pool("default/p", [EndpointSpec("a:1", "default/p", "http://a:1")])
-    index = build_index(config.directory, config.pools[0], RouterMetrics())
+    index = create_pool_index(
+        config.directory, config.pools[0].key, DirectoryMetrics(CollectorRegistry())
+    )
     router = Router(build_state(config), endpoints, {"default/p": index})
     rng = random.Random(0)
     words = ["cache", "router", "prefix", "token", "block", "queue", "agent", "pod"]
@@ -334,12 +338,14 @@ def test_sse_tap_handles_crlf_event_separators():
 
 
 async def test_lora_adapter_requests_are_hashed_with_the_adapter_key():
+    from prometheus_client import CollectorRegistry
+
+    from kvgate.directory.factory import create_pool_index
+    from kvgate.directory.metrics import DirectoryMetrics
+    from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
     from kvgate.prefix import BlockHasher, LoraKey
-    from kvgate.router.endpoints import EndpointSet, EndpointSpec
-    from kvgate.router.metrics import RouterMetrics
-    from kvgate.router.routing import Router
+    from kvgate.router.core.routing import Router
     from kvgate.router.runtime import build_state
-    from kvgate.router.setup import build_index
 
     config = RouterConfig.model_validate(
         {
@@ -356,7 +362,9 @@ async def test_lora_adapter_requests_are_hashed_with_the_adapter_key():
     assert config.pools[0].model_names == ["base", "sql-lora"]
     endpoints = EndpointSet()
     await endpoints.replace_pool("default/p", [EndpointSpec("a:1", "default/p", "http://a:1")])
-    index = build_index(config.directory, config.pools[0], RouterMetrics())
+    index = create_pool_index(
+        config.directory, config.pools[0].key, DirectoryMetrics(CollectorRegistry())
+    )
     router = Router(build_state(config), endpoints, {"default/p": index})
     prompt = list(range(64))
     base = await router.plan({"model": "base", "prompt": prompt}, {}, "completion")

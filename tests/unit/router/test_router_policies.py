@@ -7,7 +7,7 @@ import yaml
 from tests.unit.router.fakes import FakePods
 
 from kvgate.api.router_config import RouterConfig
-from kvgate.router.app import RouterApp
+from kvgate.router.http.app import RouterApp
 from kvgate.router.runtime import RouterRuntime
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello " * 50}]}

@@ -1,4 +1,4 @@
-"""PromptReuse (`kvgate.router.reuse`) gives exactly the ids and digests of a fresh encode + hash."""
+"""PromptReuse (`kvgate.router.core.reuse`) gives exactly the ids and digests of a fresh encode + hash."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from tokenizers import AddedToken, models, pre_tokenizers
 
 from kvgate.api.router_config import EngineConfig, TokenizerConfig
 from kvgate.prefix import BlockHasher, LoraKey, Tokenizer
-from kvgate.router.keys import Keyer
-from kvgate.router.reuse import PromptReuse, common_prefix
-from kvgate.router.tokenize import load_request_tokenizer
+from kvgate.router.core.keys import Keyer
+from kvgate.router.core.reuse import PromptReuse, common_prefix
+from kvgate.router.core.tokenize import load_request_tokenizer
 
 TOKENIZER = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
 WORDS = ["alpha", "beta", "gamma", "delta", "x", "y", "z", "é", "\n", "  "]

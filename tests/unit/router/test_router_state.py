@@ -2,11 +2,12 @@
 
 import asyncio
 
+from prometheus_client import CollectorRegistry
 from tests.unit.router.fakes import FakePods, make_config
 
+from kvgate.directory.fallback import FallbackIndex
 from kvgate.directory.memory import MemoryBlockIndex
-from kvgate.router.fallback import FallbackIndex
-from kvgate.router.metrics import RouterMetrics
+from kvgate.directory.metrics import DirectoryMetrics
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}
 
@@ -82,9 +83,14 @@ class _BrokenIndex(MemoryBlockIndex):
 async def test_fallback_routes_on_local_view_and_resyncs():
     now = [0.0]
     shared = _BrokenIndex()
-    metrics = RouterMetrics()
+    metrics = DirectoryMetrics(CollectorRegistry())
     index = FallbackIndex(
-        shared, MemoryBlockIndex(), metrics, resync_interval=1.0, clock=lambda: now[0]
+        shared,
+        MemoryBlockIndex(),
+        metrics.fallback_errors,
+        metrics.fallback_degraded,
+        resync_interval=1.0,
+        clock=lambda: now[0],
     )
     key = b"k" * 32
     await shared.add("pod-a", [key])  # written while healthy (bypassing the wrapper)
@@ -97,7 +103,7 @@ async def test_fallback_routes_on_local_view_and_resyncs():
     found = await index.lookup([key])
     assert not index.degraded
     assert found == {"pod-a": 1}  # pod-b was cleared in the shared index on resync
-    assert metrics.directory_errors.labels("add_approximate")._value.get() == 1
+    assert metrics.fallback_errors.labels("add_approximate")._value.get() == 1
 
 
 async def test_client_disconnect_cancels_upstream(router_app):
@@ -117,7 +123,7 @@ async def test_client_disconnect_cancels_upstream(router_app):
                 raise
 
     from kvgate.api.router_config import RouterConfig  # noqa: F401
-    from kvgate.router.app import RouterApp
+    from kvgate.router.http.app import RouterApp
     from kvgate.router.runtime import RouterRuntime
 
     def handler(request: httpx.Request) -> httpx.Response:
@@ -224,7 +230,7 @@ async def test_kubernetes_pod_that_turns_unready_leaves_routing_and_directory(mo
 async def test_directory_size_gauges_are_kept_current():
     import httpx
 
-    from kvgate.router.app import RouterApp
+    from kvgate.router.http.app import RouterApp
     from kvgate.router.runtime import RouterRuntime
 
     runtime = RouterRuntime(

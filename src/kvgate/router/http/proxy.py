@@ -27,12 +27,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from kvgate.api.router_config import LimitsConfig
-from kvgate.router.endpoints import Endpoint
-from kvgate.router.errors import RouterError, error_bytes
+from kvgate.discovery.endpoints import Endpoint
+from kvgate.router.core.errors import RouterError, error_bytes
+from kvgate.router.core.routing import RoutePlan
+from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
+from kvgate.router.http.usage import SseUsageTap, Usage, usage_from_json_body
 from kvgate.router.metrics import RouterMetrics
-from kvgate.router.routing import RoutePlan
-from kvgate.router.upstream import Upstream, UpstreamError, read_all
-from kvgate.router.usage import SseUsageTap, Usage, usage_from_json_body
 
 log = logging.getLogger(__name__)
 

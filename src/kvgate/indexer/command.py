@@ -40,19 +40,17 @@ class IndexerService:
     """Discovery + subscriptions + indexes; `start()`/`stop()` own every task and connection."""
 
     def __init__(self, config: RouterConfig) -> None:
+        from kvgate.directory.factory import create_pool_index
         from kvgate.directory.metrics import DirectoryMetrics
-        from kvgate.router.endpoints import EndpointSet
-        from kvgate.router.indexer import EventIndexer
-        from kvgate.router.metrics import RouterMetrics
-        from kvgate.router.setup import build_index
+        from kvgate.discovery.endpoints import EndpointSet
+        from kvgate.indexer.subscriptions import EventIndexer
 
         self.config = config
         self.registry = CollectorRegistry()
         self.directory_metrics = DirectoryMetrics(self.registry)
-        router_metrics = RouterMetrics(CollectorRegistry())  # fallback counters, not exported
         self.endpoints = EndpointSet()
         self.indexes = {
-            p.key: build_index(config.directory, p, router_metrics, self.directory_metrics)
+            p.key: create_pool_index(config.directory, p.key, self.directory_metrics)
             for p in config.pools
         }
         self.indexer = EventIndexer(self.endpoints, self.indexes, self.directory_metrics)
@@ -61,7 +59,7 @@ class IndexerService:
         self._stats_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        from kvgate.router.discovery import build_discovery
+        from kvgate.discovery import build_discovery
 
         for pool in self.config.pools:
             discovery = build_discovery(pool, self.endpoints)
@@ -71,7 +69,7 @@ class IndexerService:
 
     async def _refresh_stats(self) -> None:
         """Keep the directory size gauges current (the instrumented index sets them in stats())."""
-        from kvgate.router.indexer import refresh_directory_stats
+        from kvgate.indexer.subscriptions import refresh_directory_stats
 
         await refresh_directory_stats(self.indexes, STATS_INTERVAL_SECONDS)
 
@@ -121,7 +119,7 @@ class IndexerService:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvgate.router.serve import listen, serve
+    from kvgate.serving import listen, serve
 
     try:
         config = load_router_config(args.config)

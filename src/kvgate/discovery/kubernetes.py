@@ -21,7 +21,7 @@ import os
 from typing import Any
 
 from kvgate.api.router_config import KubernetesDiscovery, PoolConfig
-from kvgate.router.endpoints import EndpointSet, EndpointSpec
+from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
 
 log = logging.getLogger(__name__)
 

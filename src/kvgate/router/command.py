@@ -102,9 +102,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 def run(args: argparse.Namespace) -> int:
     import prometheus_client
 
-    from kvgate.router.app import RouterApp
+    from kvgate.router.http.app import RouterApp
     from kvgate.router.runtime import RouterRuntime
-    from kvgate.router.serve import listen, serve
+    from kvgate.serving import listen, serve
 
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # one series per counter, as dashboards expect
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per scrape otherwise

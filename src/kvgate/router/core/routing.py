@@ -25,11 +25,11 @@ from typing import Any
 
 from kvgate.api.router_config import PoolConfig, RouterConfig
 from kvgate.directory.base import BlockIndex
+from kvgate.discovery.endpoints import Endpoint, EndpointSet
 from kvgate.prefix import LoraKey
-from kvgate.router.classify import Classification, Classifier
-from kvgate.router.endpoints import Endpoint, EndpointSet
-from kvgate.router.errors import RouterError, unavailable
-from kvgate.router.keys import Keyer, RequestKeys, keyer_identity
+from kvgate.router.core.classify import Classification, Classifier
+from kvgate.router.core.errors import RouterError, unavailable
+from kvgate.router.core.keys import Keyer, RequestKeys, keyer_identity
 from kvgate.scoring.base import (
     ChoiceHistory,
     Decision,

@@ -1,4 +1,4 @@
-"""Where a pool's endpoints come from: a static list, or Kubernetes.
+"""Where a pool's endpoints come from (a static list, or Kubernetes), and the endpoint set.
 
 A `Discovery` keeps one pool's endpoints in the shared `EndpointSet` up to date between `start()`
 and `stop()`; `stop()` leaves the endpoints in place (a reload may start a replacement).
@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from kvgate.api.router_config import PoolConfig
-from kvgate.router.endpoints import EndpointSet
+from kvgate.discovery.endpoints import EndpointSet
 
 
 class Discovery(Protocol):
@@ -22,9 +22,9 @@ class Discovery(Protocol):
 
 def build_discovery(pool: PoolConfig, endpoints: EndpointSet) -> Discovery:
     if pool.endpoints.static is not None:
-        from kvgate.router.discovery.static import StaticDiscovery
+        from kvgate.discovery.static import StaticDiscovery
 
         return StaticDiscovery(pool, endpoints)
-    from kvgate.router.discovery.kubernetes import KubernetesPodDiscovery
+    from kvgate.discovery.kubernetes import KubernetesPodDiscovery
 
     return KubernetesPodDiscovery(pool, endpoints)

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from kvgate.router.errors import bad_request
-from kvgate.router.upstream import UpstreamError, read_all
-from kvgate.router.usage import usage_from_json_body
+from kvgate.router.core.errors import bad_request
+from kvgate.router.http.upstream import UpstreamError, read_all
+from kvgate.router.http.usage import usage_from_json_body
 
 if TYPE_CHECKING:
     from kvgate.router.runtime import RouterRuntime

@@ -25,9 +25,9 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvgate.router.admin import warm
-from kvgate.router.errors import RouterError, bad_request, error_bytes
-from kvgate.router.proxy import plan_headers
+from kvgate.router.core.errors import RouterError, bad_request, error_bytes
+from kvgate.router.http.admin import warm
+from kvgate.router.http.proxy import plan_headers
 from kvgate.router.runtime import RouterRuntime
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from kvgate.directory.base import BlockIndex
 from kvgate.directory.indexer import SubscriptionManager
 from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.directory.subscriber import PodEndpoint
-from kvgate.router.endpoints import Endpoint, EndpointSet
+from kvgate.discovery.endpoints import Endpoint, EndpointSet
 
 log = logging.getLogger(__name__)
 

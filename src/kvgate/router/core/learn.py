@@ -16,10 +16,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
+from prometheus_client import Counter
+
 from kvgate.directory.base import BlockIndex
+from kvgate.router.core.routing import RoutePlan
+from kvgate.router.http.proxy import Outcome
 from kvgate.router.metrics import RouterMetrics
-from kvgate.router.proxy import Outcome
-from kvgate.router.routing import RoutePlan
 from kvgate.scoring.cost_model import CostModelParams
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
@@ -33,6 +35,7 @@ class Learner:
         metrics: RouterMetrics,
         estimator: PrefillRateEstimator,
         indexes: Mapping[str, BlockIndex],
+        directory_errors: Counter,
         *,
         approximate_ttl_seconds: float,
         access_log: bool = False,
@@ -41,6 +44,7 @@ class Learner:
         self.metrics = metrics
         self.estimator = estimator
         self.indexes = indexes
+        self.directory_errors = directory_errors
         self.ttl = approximate_ttl_seconds
         self.access_log = access_log
         self.prior = prior_tokens_per_second
@@ -59,7 +63,7 @@ class Learner:
         try:
             await index.add_approximate(ep.id, plan.keys.block_keys, self.ttl)
         except Exception as exc:
-            self.metrics.directory_errors.labels("add_approximate").inc()
+            self.directory_errors.labels("add_approximate").inc()
             log.warning("routing history for %s not recorded: %r", ep.id, exc)
 
     def finished(self, outcome: Outcome, request_id: str = "") -> None:

@@ -4,7 +4,7 @@ static URL is noticed by its KV events' sequence reset, not by discovery."""
 from __future__ import annotations
 
 from kvgate.api.router_config import PoolConfig
-from kvgate.router.endpoints import EndpointSet, EndpointSpec
+from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
 
 
 def static_specs(pool: PoolConfig) -> list[EndpointSpec]:

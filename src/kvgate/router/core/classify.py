@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.api.router_config import PoolConfig, RequestClass, RouterConfig
-from kvgate.router.errors import RouterError
+from kvgate.router.core.errors import RouterError
 
 
 @dataclass(frozen=True)

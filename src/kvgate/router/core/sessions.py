@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.prefix import common_prefix_length, first_difference
+from kvgate.router.core.routing import RoutePlan
 from kvgate.router.metrics import RouterMetrics
-from kvgate.router.routing import RoutePlan
 
 log = logging.getLogger(__name__)
 

@@ -33,8 +33,8 @@ from kvgate.prefix import (
 )
 from kvgate.prefix.approx import CHARS_PER_TOKEN
 from kvgate.prefix.hashing import INT_KEY_SIZE
-from kvgate.router.errors import RouterError
-from kvgate.router.reuse import PromptReuse
+from kvgate.router.core.errors import RouterError
+from kvgate.router.core.reuse import PromptReuse
 
 
 @dataclass(frozen=True, slots=True)

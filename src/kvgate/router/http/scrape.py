@@ -17,9 +17,9 @@ import logging
 import time
 from collections.abc import Callable
 
-from kvgate.router.endpoints import Endpoint, EndpointSet, LoadSample
+from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
+from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
 from kvgate.router.metrics import RouterMetrics
-from kvgate.router.upstream import Upstream, UpstreamError, read_all
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)

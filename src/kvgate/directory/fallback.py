@@ -4,7 +4,7 @@
 go to the shared index (which also holds what other routers and `kvgate indexer` wrote). A failed
 lookup is answered from the local view; after `failures_to_degrade` failures in a row, or any
 lost write, the index turns *degraded*: lookups use the local view without asking Redis, it is
-counted (`kvgate_router_directory_errors_total`, `kvgate_router_directory_degraded`), and the
+counted (`kvgate_directory_fallback_errors_total`, `kvgate_directory_fallback_degraded`), and the
 pods whose shared writes were lost are remembered. At most every `resync_interval` a degraded
 index probes the shared one; when it answers, the remembered pods are cleared there (their
 shared entries may have missed removals, and a missing entry costs a cache miss while a stale one
@@ -18,9 +18,10 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TypeVar
 
+from prometheus_client import Counter, Gauge
+
 from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex, IndexStats
 from kvgate.prefix.hashing import BlockKey
-from kvgate.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -31,7 +32,8 @@ class FallbackIndex:
         self,
         shared: BlockIndex,
         local: BlockIndex,
-        metrics: RouterMetrics,
+        errors: Counter,
+        degraded: Gauge,
         *,
         resync_interval: float = 1.0,
         failures_to_degrade: int = 3,
@@ -39,7 +41,8 @@ class FallbackIndex:
     ) -> None:
         self.shared = shared
         self.local = local
-        self._metrics = metrics
+        self._errors = errors  # labelled by operation
+        self._degraded = degraded
         self._interval = resync_interval
         self._clock = clock
         self.degraded = False
@@ -52,7 +55,7 @@ class FallbackIndex:
         try:
             result = await call
         except Exception as exc:
-            self._metrics.directory_errors.labels(operation).inc()
+            self._errors.labels(operation).inc()
             if pod is not None:
                 self._dirty.add(pod)
             self._failures += 1
@@ -65,7 +68,7 @@ class FallbackIndex:
                     "shared directory failed (%s: %r); routing on the local view", operation, exc
                 )
                 self.degraded = True
-                self._metrics.directory_degraded.set(1)
+                self._degraded.set(1)
             self._last_probe = self._clock()
             return None
         self._failures = 0
@@ -81,10 +84,10 @@ class FallbackIndex:
                 await self.shared.clear_pod(pod)
                 self._dirty.discard(pod)
         except Exception:
-            self._metrics.directory_errors.labels("resync").inc()
+            self._errors.labels("resync").inc()
             return
         self.degraded = False
-        self._metrics.directory_degraded.set(0)
+        self._degraded.set(0)
         log.info("shared directory is back; resynchronised")
 
     async def lookup(
