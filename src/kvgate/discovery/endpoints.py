@@ -1,8 +1,10 @@
 """Endpoints (engine pods) the router knows, and their live state.
 
 An `EndpointSpec` is what discovery reports: identity, URLs, generation. An `Endpoint` adds what
-the router observes: load scraped from the pod's /metrics, the router's own in-flight requests and
-pending prefill tokens, and passive health (consecutive failures eject a pod for a while).
+the router observes of the pod itself: load scraped from its /metrics, and health (consecutive
+failures eject a pod for a while). Only the router's routing core changes that state
+(`kvgate.router.core.lifecycle`); the requests the router has in flight to each endpoint are its
+own accounting (`kvgate.router.core.accounting`).
 
 `EndpointSet` holds the endpoints of every pool. Discovery replaces one pool's list at a time;
 the set diffs it against what it had and tells its listeners which endpoints came and went, so
@@ -46,9 +48,6 @@ class LoadSample:
 class Endpoint:
     spec: EndpointSpec
     load: LoadSample = field(default_factory=LoadSample)
-    inflight: int = 0  # requests this router has sent and not finished
-    pending_prefill_requests: int = 0  # sent, no first byte yet
-    pending_prefill_tokens: int = 0  # predicted uncached prompt tokens of those
     draining: bool = False  # leaving: no new requests, in-flight ones finish
     consecutive_failures: int = 0
     ejected_until: float = 0.0  # monotonic seconds

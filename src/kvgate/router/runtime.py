@@ -1,8 +1,9 @@
 """Assemble the router's parts from a config, own their background tasks, and reload.
 
-`RouterRuntime` owns: the HTTP client to the pods (pooled keep-alive connections, `upstream.py`),
-one directory index per pool, the endpoint set fed by discovery, the load scraper, the embedded
-indexer (KV-event subscriptions, `indexer.py`) and the config-file watcher. `start()` starts
+`RouterRuntime` owns: the routing core (`core/lifecycle.py`: decisions, endpoint accounting and
+learning), the HTTP client to the pods (pooled keep-alive connections, `http/upstream.py`), the
+proxy, one directory index per pool, the endpoint set fed by discovery, the load scraper, the
+embedded indexer (KV-event subscriptions, `kvgate.indexer`) and the config-file watcher. `start()` starts
 them; `stop()` cancels and awaits every task and closes every connection.
 
 Reload: a new config builds a new `RouterState` (classifier, keyers, policy) and swaps it in
@@ -31,9 +32,8 @@ from kvgate.discovery import Discovery, build_discovery
 from kvgate.discovery.endpoints import Endpoint, EndpointSet
 from kvgate.indexer.subscriptions import EventIndexer, refresh_directory_stats
 from kvgate.router.core.keys import Keyer, keyer_identity
-from kvgate.router.core.learn import Learner
-from kvgate.router.core.routing import Router, RouterState
-from kvgate.router.core.sessions import SessionTracker
+from kvgate.router.core.lifecycle import RoutingCore
+from kvgate.router.core.routing import RouterState
 from kvgate.router.http.proxy import Proxy
 from kvgate.router.http.scrape import LoadScraper
 from kvgate.router.http.upstream import HttpxUpstream, RawUpstream, RoutingUpstream, Upstream
@@ -102,30 +102,23 @@ class RouterRuntime:
         )
         self.endpoints = EndpointSet(clock)
         self.indexes: dict[str, BlockIndex] = {}
-        self.router = Router(state, self.endpoints, self.indexes, clock=clock)
         self.directory_metrics = DirectoryMetrics(self.metrics.registry)
-        self.learner = Learner(
-            self.metrics,
-            self.router.estimator,
+        self.core = RoutingCore(
+            state,
+            self.endpoints,
             self.indexes,
+            self.metrics,
             self.directory_metrics.fallback_errors,
-            approximate_ttl_seconds=config.directory.approximate_ttl_seconds,
-            access_log=config.server.access_log,
+            clock=clock,
         )
-        self.proxy = Proxy(self.upstream, self.metrics, limits)
-        self.sessions = SessionTracker(
-            self.metrics, config.sessions.max_sessions, config.sessions.ttl_seconds
-        )
+        self.proxy = Proxy(self.upstream, self.core, limits)
         self.scraper = LoadScraper(
             self.endpoints,
             self.upstream,
-            self.metrics,
+            self.core,
             interval=config.load_metrics.scrape_interval_seconds,
             timeout=config.load_metrics.scrape_timeout_seconds,
             path=config.load_metrics.path,
-            eject_after=limits.eject_after_failures,
-            eject_seconds=limits.eject_seconds,
-            estimator=self.router.estimator,
             clock=clock,
         )
         self.discoveries: dict[str, Discovery] = {}
@@ -141,7 +134,7 @@ class RouterRuntime:
 
     @property
     def config(self) -> RouterConfig:
-        return self.router.state.config
+        return self.core.state.config
 
     async def start(self) -> None:
         await self._sync_pools(self.config)
@@ -184,10 +177,7 @@ class RouterRuntime:
         keyers = dict(self._keyers)  # a failed reload leaves the running keyers untouched
         state = build_state(config, keyers)
         self._keyers = keyers
-        self.router.state = state
-        self.learner.ttl = config.directory.approximate_ttl_seconds
-        self.learner.access_log = config.server.access_log
-        self.sessions.configure(config.sessions.max_sessions, config.sessions.ttl_seconds)
+        self.core.reconfigure(state)
         self.proxy.limits = config.limits
         await self._sync_pools(config)
         log.info("configuration reloaded: %d pools", len(config.pools))
@@ -212,10 +202,9 @@ class RouterRuntime:
                 await discovery.start()
 
     async def _endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        self.core.endpoints_changed(added, removed)
         for ep in removed:
             self.upstream.forget(ep.spec.url)
-            self.router.estimator.forget(ep.id)
-            self.router.history.forget(ep.id)
             index = self.indexes.get(ep.pool)
             if index is not None:
                 try:
@@ -227,7 +216,6 @@ class RouterRuntime:
         if self.indexer is not None:
             await self.indexer.endpoints_changed(added, removed)
         for ep in added:
-            self.metrics.init_endpoint(ep.pool, ep.id)
             index = self.indexes.get(ep.pool)
             # Pods with KV events get their generation from their subscriber (embedded here or
             # in `kvgate indexer`); setting it here too would wipe what the subscriber wrote.

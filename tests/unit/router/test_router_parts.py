@@ -253,7 +253,7 @@ def test_usage_is_read_from_the_tail_even_when_content_mentions_usage():
 
 
 def test_engine_counters_give_prefill_observations():
-    from kvgate.router.http.scrape import prefill_observation
+    from kvgate.router.core.learn import prefill_observation
 
     def sample(prompt, hits, seconds):
         text = (

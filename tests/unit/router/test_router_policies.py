@@ -38,7 +38,10 @@ async def test_batch_borrows_an_online_pod_only_while_it_has_room(router_app):
     online = await client.post("/v1/chat/completions", json=CHAT)
     assert online.headers["x-kvgate-pool"] == "default/on"
     # Keep the batch pod busier than the idle online pod: batch borrows it.
-    runtime.endpoints.get("off0:1").inflight = 50
+    for _ in range(50):
+        runtime.core.accounting.sent(
+            "off0:1", 0.0, uncached_tokens=0, predicted_ttft_seconds=0.0, streaming=True
+        )
     resp = await client.post("/v1/chat/completions", json=CHAT, headers=batch)
     assert resp.headers["x-kvgate-endpoint"] == "on0:1"
     # The online pod starts queueing: no more borrowing, online traffic keeps it.
@@ -93,13 +96,13 @@ async def test_config_file_changes_are_reloaded(tmp_path):
         path.write_text(yaml.safe_dump(data))
         for _ in range(200):
             await asyncio.sleep(0.02)
-            if runtime.router.state.policy.name == "round-robin":
+            if runtime.core.state.policy.name == "round-robin":
                 break
-        assert runtime.router.state.policy.name == "round-robin"
+        assert runtime.core.state.policy.name == "round-robin"
         assert {ep.id for ep in runtime.endpoints.in_pool("default/on")} == {"on0:1", "on1:1"}
         path.write_text("pools: not-a-list\n")  # a broken file keeps the running config
         await asyncio.sleep(0.2)
-        assert runtime.router.state.policy.name == "round-robin"
+        assert runtime.core.state.policy.name == "round-robin"
         assert runtime.metrics.config_reloads.labels("error")._value.get() >= 1
         client = httpx.AsyncClient(
             transport=httpx.ASGITransport(app=RouterApp(runtime)), base_url="http://r"

@@ -54,7 +54,7 @@ async def test_reload_adds_endpoints_and_keeps_state(router_app):
     assert runtime.endpoints.get("pod0:8000") is kept
     await runtime.reload(make_config(1, policy={"name": "round-robin"}))
     assert [ep.id for ep in runtime.endpoints.all()] == ["pod0:8000"]
-    assert runtime.router.state.policy.name == "round-robin"
+    assert runtime.core.state.policy.name == "round-robin"
 
 
 async def test_departed_pod_is_forgotten_by_the_directory(router_app):
@@ -155,21 +155,21 @@ async def test_client_disconnect_cancels_upstream(router_app):
     disconnect.set()
     await asyncio.wait_for(task, 5)
     await asyncio.wait_for(cancelled.wait(), 5)
-    assert runtime.endpoints.get("pod0:8000").inflight == 0
+    assert runtime.core.endpoint_load()["pod0:8000"] == 0
     await runtime.stop()
 
 
 async def test_reload_keeps_warm_keyers_of_unchanged_pools(router_app):
     _client, runtime = await router_app(make_config(2), FakePods())
-    before = runtime.router.state.keyer_by_pool["default/p"]
+    before = runtime.core.state.keyer_by_pool["default/p"]
     await runtime.reload(make_config(3))
-    assert runtime.router.state.keyer_by_pool["default/p"] is before
+    assert runtime.core.state.keyer_by_pool["default/p"] is before
     changed = make_config(3)
     pool = changed.pools[0].model_copy(
         update={"engine": changed.pools[0].engine.model_copy(update={"block_size": 32})}
     )
     await runtime.reload(changed.model_copy(update={"pools": [pool]}))
-    assert runtime.router.state.keyer_by_pool["default/p"] is not before
+    assert runtime.core.state.keyer_by_pool["default/p"] is not before
 
 
 async def test_kubernetes_pod_that_turns_unready_leaves_routing_and_directory(monkeypatch):

@@ -3,9 +3,10 @@
 - Routing history: for pods without KV events, the request's block keys are added to the pod's
   directory entries as approximate entries (TTL), right after the decision and before the request
   is sent (so that a burst of requests with one prefix already sees where the first went).
-- Prefill rate: for engines that do not export prefill counters (see `scrape.py`), a streaming
-  request's TTFT on a pod that had nothing queued ahead of it from this router is an observation
-  of (uncached tokens → seconds) for the estimator; uncached tokens come from the engine's
+- Prefill rate: between two scrapes of a pod's /metrics, the engine's own counters give
+  (computed prompt tokens, prefill seconds): `prefill_observation`. For engines that do not
+  export them, a streaming request's TTFT on a pod that had nothing queued ahead of it from this
+  router is an observation of (uncached tokens → seconds); uncached tokens come from the engine's
   `cached_tokens` when it reported them.
 - Metrics: requests by pool/endpoint/class/decision/status, predicted and engine-reported cached
   tokens, prompt tokens, estimated saved prefill seconds, TTFT and duration.
@@ -15,18 +16,61 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from prometheus_client import Counter
 
 from kvgate.directory.base import BlockIndex
+from kvgate.discovery.endpoints import LoadSample
 from kvgate.router.core.routing import RoutePlan
-from kvgate.router.http.proxy import Outcome
 from kvgate.router.metrics import RouterMetrics
 from kvgate.scoring.cost_model import CostModelParams
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)
 request_log = logging.getLogger("kvgate.router.requests")
+
+_COUNTERS = ("prompt_tokens_total", "prefix_cache_hits_total", "prefill_seconds_total")
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the engine reported of a request (`usage` in its answer)."""
+
+    prompt_tokens: int
+    cached_tokens: int | None  # None: the engine did not report prompt_tokens_details
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What is learned from one finished attempt."""
+
+    plan: RoutePlan
+    status: int
+    ttft_seconds: float | None  # streamed answers only: first byte of the stream
+    duration_seconds: float
+    usage: Usage | None
+    retries: int
+    queued_ahead: int  # this router's requests pending prefill on the pod when sent
+    completed: bool  # the whole answer reached the client
+
+
+def prefill_observation(previous: LoadSample, current: LoadSample) -> tuple[float, float] | None:
+    """(computed prompt tokens, prefill seconds) between two scrapes, from the engine's own
+    counters: Δprompt_tokens - Δprefix_cache_hits over Δrequest_prefill_time_seconds_sum.
+    None when a counter is missing, went backwards (engine restart) or nothing was prefilled."""
+    before = [getattr(previous, c) for c in _COUNTERS]
+    after = [getattr(current, c) for c in _COUNTERS]
+    if None in before or None in after:
+        return None
+    deltas = [a - b for a, b in zip(after, before, strict=True)]
+    if min(deltas) < 0:
+        return None
+    tokens, seconds = deltas[0] - deltas[1], deltas[2]
+    if tokens <= 0 or seconds <= 0:
+        return None
+    return tokens, seconds
 
 
 class Learner:
@@ -110,7 +154,7 @@ class Learner:
             m.child(m.cached_tokens, pool, ep).inc(cached)
             rate = self.estimator.rate(ep) or self.prior
             m.child(m.saved_prefill_seconds, pool).inc(cached / rate)
-        # The engine's own prefill counters (scrape.py) are the better source; a TTFT is only
+        # The engine's own prefill counters (prefill_observation) are the better source; a TTFT is only
         # used for engines that do not export them.
         counters = plan.endpoint.load.prefill_seconds_total is not None
         if outcome.ttft_seconds is not None and outcome.status == 200 and not counters:

@@ -8,7 +8,7 @@
    once, its pools' directories are looked up, and the policy decides over the group. With
    several groups (pools with different tokenizers or block sizes) the decision with the lowest
    predicted TTFT wins.
-4. The caller (`proxy.py`) sends the request, then `learn` records what happened.
+4. The routing core (`lifecycle.py`) records the decision; the proxy sends the request.
 
 Everything here is in memory except the directory lookup (a Redis round trip with the redis
 backend, which `FallbackIndex` turns into a local lookup while Redis is down).
@@ -27,6 +27,7 @@ from kvgate.api.router_config import PoolConfig, RouterConfig
 from kvgate.directory.base import BlockIndex
 from kvgate.discovery.endpoints import Endpoint, EndpointSet
 from kvgate.prefix import LoraKey
+from kvgate.router.core.accounting import Accounting
 from kvgate.router.core.classify import Classification, Classifier
 from kvgate.router.core.errors import RouterError, unavailable
 from kvgate.router.core.keys import Keyer, RequestKeys, keyer_identity
@@ -93,6 +94,7 @@ class Router:
         endpoints: EndpointSet,
         indexes: Mapping[str, BlockIndex],
         *,
+        accounting: Accounting | None = None,
         estimator: PrefillRateEstimator | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -100,6 +102,7 @@ class Router:
         self.state = state
         self.endpoints = endpoints
         self.indexes = indexes  # pool key -> index (owned by the app)
+        self.accounting = accounting or Accounting()  # owned by the routing core
         self.estimator = estimator or PrefillRateEstimator()
         self.history = ChoiceHistory()
         self.rng = rng or random.Random(state.config.policy.seed)
@@ -203,12 +206,14 @@ class Router:
         pools = self.state.pools
         stale = self.state.config.load_metrics.stale_after_seconds
         rate = self.estimator.rate
+        accounted = self.accounting.load
         # Every candidate ejected: fail open (trying a pod beats refusing the request).
         fail_open = all(now < ep.ejected_until for ep in members)
         out: list[EndpointSnapshot] = []
         for ep in members:
             spec, load = ep.spec, ep.load
             scraped = load.scraped_at
+            mine = accounted(spec.id, now)
             pool = pools.get(spec.pool)
             out.append(
                 EndpointSnapshot(
@@ -217,9 +222,9 @@ class Router:
                     pool_class=pool.pool_class if pool else "online",
                     healthy=fail_open or now >= ep.ejected_until,
                     draining=ep.draining,
-                    in_flight=ep.inflight,
-                    pending_prefill_requests=ep.pending_prefill_requests,
-                    pending_prefill_tokens=ep.pending_prefill_tokens,
+                    in_flight=mine.in_flight,
+                    pending_prefill_requests=mine.pending_prefill_requests,
+                    pending_prefill_tokens=mine.pending_prefill_tokens,
                     engine=EngineLoad(
                         int(load.waiting), int(load.running), load.kv_cache_usage, scraped
                     )
@@ -270,7 +275,7 @@ class Router:
         if not ep.load_fresh(now, self.state.config.load_metrics.stale_after_seconds):
             return False
         load = ep.load
-        running = max(load.running, float(ep.inflight))
+        running = max(load.running, float(self.accounting.load(ep.id, now).in_flight))
         return (
             load.waiting <= limits.max_waiting_requests
             and load.kv_cache_usage <= limits.max_kv_cache_usage

@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from kvgate.router.core.errors import bad_request
+from kvgate.router.core.lifecycle import ClientRequest
 from kvgate.router.http.upstream import UpstreamError, read_all
 from kvgate.router.http.usage import usage_from_json_body
 
@@ -31,13 +32,13 @@ async def warm(
         raise bad_request("`targets` must be `chosen` or `all`", param="targets")
     kind = "chat" if "messages" in body else "completion"
     path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
-    router = runtime.router
-    plan = await router.plan(body, headers, kind)
+    core = runtime.core
+    plan = await core.plan(ClientRequest(body, headers, kind))
     cls = plan.classification
     if targets == "chosen":
         endpoints = [plan.endpoint]
     else:
-        endpoints = [ep for pool in cls.home_pools for ep in router.endpoints.in_pool(pool.key)]
+        endpoints = [ep for pool in cls.home_pools for ep in core.endpoints.in_pool(pool.key)]
     forward = {**body, "max_tokens": 1, "stream": False}
     forward.pop("stream_options", None)
     forward.pop("max_completion_tokens", None)
@@ -69,7 +70,7 @@ async def warm(
 
     results = await asyncio.gather(*(one(ep.spec.url, ep.id) for ep in endpoints))
     for ep in endpoints:
-        await runtime.learner.routed(replace(plan, endpoint=ep, pool=router.state.pools[ep.pool]))
+        await core.learner.routed(replace(plan, endpoint=ep, pool=core.state.pools[ep.pool]))
     return {
         "model": cls.model,
         "prompt_tokens": plan.keys.prompt_tokens,

@@ -26,6 +26,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvgate.router.core.errors import RouterError, bad_request, error_bytes
+from kvgate.router.core.lifecycle import ClientRequest
 from kvgate.router.http.admin import warm
 from kvgate.router.http.proxy import plan_headers
 from kvgate.router.runtime import RouterRuntime
@@ -105,7 +106,7 @@ class RouterApp:
 
     def _models(self) -> dict[str, Any]:
         created = int(time.time())
-        names = self.runtime.router.state.classifier.models()
+        names = self.runtime.core.state.classifier.models()
         return {
             "object": "list",
             "data": [
@@ -149,25 +150,13 @@ class RouterApp:
     async def _completions(self, scope: Scope, receive: Receive, send: Send, kind: str) -> None:
         raw, body = await self._read_body(scope, receive)
         headers = _headers(scope)
-        request_id = headers.get("x-request-id") or uuid.uuid4().hex
-        router = self.runtime.router
-        plan = await router.plan(body, headers, kind, body_bytes=len(raw))
+        request = ClientRequest(
+            body, headers, kind, len(raw), headers.get("x-request-id") or uuid.uuid4().hex
+        )
+        core = self.runtime.core
+        plan = await core.plan(request)
         stream = body.get("stream") is True
         forward, strip_usage = _forward_body(raw, body, plan.classification.cache_salt, stream)
-        await self.runtime.learner.routed(plan)
-        if plan.classification.session_id is not None:
-            self.runtime.sessions.observe(plan, body)
-
-        async def replan(tried: list[str]) -> Any:
-            return await router.plan(
-                body,
-                headers,
-                kind,
-                exclude=tried,
-                classification=plan.classification,
-                keys_by_pool={plan.pool.key: plan.keys},
-            )
-
         # One watcher task per request: on client disconnect it cancels this task, and the
         # cancellation closes the upstream connection (the pod aborts the request).
         this = asyncio.current_task()
@@ -175,32 +164,27 @@ class RouterApp:
         disconnected = asyncio.Event()
         watcher = asyncio.create_task(_cancel_on_disconnect(receive, this, disconnected))
         try:
-            outcome = await self.runtime.proxy.forward(
+            await self.runtime.proxy.forward(
+                request,
                 plan,
                 scope["path"],
                 forward,
                 stream=stream,
                 strip_usage=strip_usage,
-                request_id=request_id,
                 send=send,
-                replan=replan,
             )
         except asyncio.CancelledError:
             if not disconnected.is_set():
                 raise
             this.uncancel()
-            log.info("request %s: client disconnected; upstream cancelled", request_id)
-            return
+            log.info("request %s: client disconnected; upstream cancelled", request.request_id)
         finally:
             watcher.cancel()
-        self.runtime.learner.finished(outcome, request_id)
 
     async def _debug_route(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await self._read_json(scope, receive)
+        raw, body = await self._read_body(scope, receive)
         kind = "chat" if "messages" in body else "completion"
-        headers = _headers(scope)
-        router = self.runtime.router
-        plan = await router.plan(body, headers, kind, record=False)
+        plan = await self.runtime.core.explain(ClientRequest(body, _headers(scope), kind, len(raw)))
         cls = plan.classification
         result = {
             "model": cls.model,

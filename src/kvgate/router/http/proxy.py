@@ -1,17 +1,18 @@
 """Send a planned request to its pod and stream the answer back; retry before the first byte.
 
-One attempt:
-1. Account the request on the pod: in-flight +1, pending prefill +1 request / +uncached tokens.
+The proxy is I/O only: every decision and every piece of endpoint state is the routing core's
+(`kvgate.router.core.lifecycle`), told through its hooks. One attempt:
+1. `core.sent`: the request is counted on the pod.
 2. POST the body; wait for the response head and its first body chunk (bounded by
    `first_byte_timeout`). Nothing has reached the client yet, so a connection failure, a timeout
-   or a 5xx from the pod is retried on another pod (re-planned without the pods already tried),
-   up to `max_retries` times. The failing pod gets a passive-health failure.
-3. At the first body byte: TTFT is measured, pending prefill is released (non-streaming answers
-   release it at their predicted TTFT instead, since their first byte is their last), the
-   response head goes to the client with the `x-kvgate-*` headers.
+   or a 5xx from the pod is retried on another pod: `core.failed`, then `core.plan` again (the
+   core excludes the pods already tried), up to `max_retries` times.
+3. At the first body byte: `core.first_byte`; the response head goes to the client with the
+   `x-kvgate-*` headers.
 4. The rest streams through as it arrives (each gap bounded by `read_timeout`). Usage is read on
    the way (`usage.py`). A pod failing after the first byte cannot be retried without
-   duplicating output: a stream ends with an OpenAI error event instead of `[DONE]`.
+   duplicating output: a stream ends with an OpenAI error event instead of `[DONE]`. Then
+   `core.finished` learns from the outcome.
 
 Cancellation (the client went away) propagates into the upstream request, which closes the
 connection to the pod, and vLLM aborts the request.
@@ -22,22 +23,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from kvgate.api.router_config import LimitsConfig
-from kvgate.discovery.endpoints import Endpoint
+from kvgate.router.core.accounting import Attempt
 from kvgate.router.core.errors import RouterError, error_bytes
+from kvgate.router.core.learn import Outcome, Usage
+from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
-from kvgate.router.http.usage import SseUsageTap, Usage, usage_from_json_body
-from kvgate.router.metrics import RouterMetrics
+from kvgate.router.http.usage import SseUsageTap, usage_from_json_body
 
 log = logging.getLogger(__name__)
 
 Send = Callable[[dict[str, object]], Awaitable[None]]
-Replan = Callable[[list[str]], Awaitable[RoutePlan]]
 
 _DROP_RESPONSE_HEADERS = {
     b"content-length",
@@ -49,20 +49,6 @@ _DROP_RESPONSE_HEADERS = {
 }
 
 
-@dataclass
-class Outcome:
-    """What the learner needs to know about a finished request."""
-
-    plan: RoutePlan
-    status: int
-    ttft_seconds: float | None  # streaming only: first byte of the stream
-    duration_seconds: float
-    usage: Usage | None
-    retries: int
-    queued_ahead: int  # router-known requests ahead on the pod when sent
-    completed: bool  # the whole response reached the client
-
-
 class _Retryable(Exception):
     def __init__(self, kind: str, detail: str, status: int = 502) -> None:
         super().__init__(detail)
@@ -70,55 +56,67 @@ class _Retryable(Exception):
         self.status = status
 
 
+@dataclass
+class _Answer:
+    status: int
+    usage: Usage | None
+    completed: bool
+    streamed: bool
+
+
 class Proxy:
-    def __init__(self, upstream: Upstream, metrics: RouterMetrics, limits: LimitsConfig) -> None:
+    def __init__(self, upstream: Upstream, core: RoutingCore, limits: LimitsConfig) -> None:
         self.upstream = upstream
-        self.metrics = metrics
+        self.core = core
         self.limits = limits
 
     async def forward(
         self,
+        request: ClientRequest,
         plan: RoutePlan,
         path: str,
         body: bytes,
         *,
         stream: bool,
         strip_usage: bool,
-        request_id: str,
         send: Send,
-        replan: Replan,
     ) -> Outcome:
-        tried: list[str] = []
-        retries = 0
-        started = time.perf_counter()
+        """Send `plan`, retrying on other endpoints before the first byte; the core learns."""
+        core = self.core
         while True:
-            ep = plan.endpoint
-            tried.append(ep.id)
+            attempt = core.sent(request, plan, streaming=stream)
             try:
-                return await self._attempt(
-                    plan, path, body, stream, strip_usage, request_id, send, started, retries
+                answer = await self._attempt(
+                    request, plan, path, body, stream, strip_usage, send, attempt
                 )
             except _Retryable as failure:
-                self.metrics.upstream_errors.labels(plan.pool.key, ep.id, failure.kind).inc()
-                if ep.record_failure(
-                    time.monotonic(), self.limits.eject_after_failures, self.limits.eject_seconds
-                ):
-                    log.warning("endpoint %s ejected after repeated failures", ep.id)
+                core.failed(plan, attempt, failure.kind)
                 log.warning(
                     "request %s: %s failed before the first byte (%s: %s)",
-                    request_id,
-                    ep.id,
+                    request.request_id,
+                    plan.endpoint.id,
                     failure.kind,
                     failure,
                 )
-                if retries >= self.limits.max_retries:
+                if len(request.tried) > self.limits.max_retries:
                     raise self._final_error(failure) from None
                 try:
-                    plan = await replan(tried)
+                    plan = await core.plan(request)
                 except RouterError:
                     raise self._final_error(failure) from None
-                retries += 1
-                self.metrics.retries.labels(plan.pool.key).inc()
+                continue
+            except BaseException:
+                core.cancelled(plan, attempt)  # the client left (or a bug): nothing to learn
+                raise
+            return core.finished(
+                request,
+                plan,
+                attempt,
+                status=answer.status,
+                usage=answer.usage,
+                completed=answer.completed,
+                streamed=answer.streamed,
+            )
 
     @staticmethod
     def _final_error(failure: _Retryable) -> RouterError:
@@ -128,123 +126,70 @@ class Proxy:
 
     async def _attempt(
         self,
+        request: ClientRequest,
         plan: RoutePlan,
         path: str,
         body: bytes,
         stream: bool,
         strip_usage: bool,
-        request_id: str,
         send: Send,
-        started: float,
-        retries: int,
-    ) -> Outcome:
-        ep = plan.endpoint
+        attempt: Attempt,
+    ) -> _Answer:
         limits = self.limits
-        uncached = plan.uncached_tokens
-        queued_ahead = ep.pending_prefill_requests
-        ep.inflight += 1
-        ep.pending_prefill_requests += 1
-        ep.pending_prefill_tokens += uncached
-        inflight_gauge = self.metrics.child(self.metrics.inflight, plan.pool.key, ep.id)
-        inflight_gauge.inc()
-        released = False
-        release_timer: asyncio.TimerHandle | None = None
-
-        def release() -> None:
-            nonlocal released
-            if not released:
-                released = True
-                ep.pending_prefill_requests -= 1
-                ep.pending_prefill_tokens -= uncached
-
         try:
+            response = await self.upstream.request(
+                "POST",
+                plan.endpoint.spec.url + path,
+                body,
+                [
+                    (b"content-type", b"application/json"),
+                    (b"x-request-id", request.request_id.encode()),
+                ],
+                connect_timeout=limits.connect_timeout_seconds,
+                head_timeout=limits.first_byte_timeout_seconds,
+            )
+        except UpstreamError as exc:
+            raise _Retryable(exc.kind, str(exc)) from exc
+        try:
+            if response.status >= 500:
+                with contextlib.suppress(UpstreamError):
+                    await read_all(response)
+                raise _Retryable("status", f"HTTP {response.status}", response.status)
+            chunks = response.chunks()
             try:
-                response = await self.upstream.request(
-                    "POST",
-                    ep.spec.url + path,
-                    body,
-                    [
-                        (b"content-type", b"application/json"),
-                        (b"x-request-id", request_id.encode()),
-                    ],
-                    connect_timeout=limits.connect_timeout_seconds,
-                    head_timeout=limits.first_byte_timeout_seconds,
-                )
+                async with asyncio.timeout(limits.first_byte_timeout_seconds):
+                    first = await anext(chunks, b"")
+            except TimeoutError as exc:
+                raise _Retryable("timeout", "no first byte in time") from exc
             except UpstreamError as exc:
                 raise _Retryable(exc.kind, str(exc)) from exc
-            try:
-                if response.status >= 500:
-                    with contextlib.suppress(UpstreamError):
-                        await read_all(response)
-                    raise _Retryable("status", f"HTTP {response.status}", response.status)
-                chunks = response.chunks()
-                try:
-                    async with asyncio.timeout(limits.first_byte_timeout_seconds):
-                        first = await anext(chunks, b"")
-                except TimeoutError as exc:
-                    raise _Retryable("timeout", "no first byte in time") from exc
-                except UpstreamError as exc:
-                    raise _Retryable(exc.kind, str(exc)) from exc
-                first_byte_at = time.perf_counter()
-                ep.record_success()
-                content_type = _header(response.headers, b"content-type")
-                is_sse = content_type.startswith(b"text/event-stream")
-                if stream and is_sse:
-                    release()
-                else:
-                    delay = max(0.0, plan.decision.predicted_ttft_seconds)
-                    release_timer = asyncio.get_running_loop().call_later(delay, release)
-                headers = _response_headers(response.headers, plan, request_id)
-                ttft: float | None = None
-                if stream and is_sse:
-                    tap = SseUsageTap(strip_usage_chunk=strip_usage)
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": response.status,
-                            "headers": headers,
-                        }
-                    )
-                    completed = await self._stream(first, chunks, tap, send, plan)
-                    usage = tap.usage
-                    ttft = first_byte_at - started
-                else:
-                    parts = [first]
-                    try:
-                        async for chunk in chunks:
-                            parts.append(chunk)
-                    except UpstreamError as exc:
-                        raise _Retryable(exc.kind, str(exc)) from exc
-                    payload = b"".join(parts)
-                    usage = usage_from_json_body(payload) if response.status == 200 else None
-                    headers.append((b"content-length", str(len(payload)).encode()))
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": response.status,
-                            "headers": headers,
-                        }
-                    )
-                    await send({"type": "http.response.body", "body": payload})
-                    completed = True
-                return Outcome(
-                    plan=plan,
-                    status=response.status,
-                    ttft_seconds=ttft,
-                    duration_seconds=time.perf_counter() - started,
-                    usage=usage,
-                    retries=retries,
-                    queued_ahead=queued_ahead,
-                    completed=completed,
+            content_type = _header(response.headers, b"content-type")
+            streamed = stream and content_type.startswith(b"text/event-stream")
+            self.core.first_byte(plan, attempt, streamed=streamed)
+            headers = _response_headers(response.headers, plan, request.request_id)
+            if streamed:
+                tap = SseUsageTap(strip_usage_chunk=strip_usage)
+                await send(
+                    {"type": "http.response.start", "status": response.status, "headers": headers}
                 )
-            finally:
-                await response.aclose()
+                completed = await self._stream(first, chunks, tap, send, plan)
+                return _Answer(response.status, tap.usage, completed, streamed=True)
+            parts = [first]
+            try:
+                async for chunk in chunks:
+                    parts.append(chunk)
+            except UpstreamError as exc:
+                raise _Retryable(exc.kind, str(exc)) from exc
+            payload = b"".join(parts)
+            usage = usage_from_json_body(payload) if response.status == 200 else None
+            headers.append((b"content-length", str(len(payload)).encode()))
+            await send(
+                {"type": "http.response.start", "status": response.status, "headers": headers}
+            )
+            await send({"type": "http.response.body", "body": payload})
+            return _Answer(response.status, usage, completed=True, streamed=False)
         finally:
-            if release_timer is not None and not released:
-                release_timer.cancel()
-            release()
-            ep.inflight -= 1
-            inflight_gauge.dec()
+            await response.aclose()
 
     async def _stream(
         self,
@@ -258,7 +203,6 @@ class Proxy:
         out = tap.feed(first)
         if out:
             await send({"type": "http.response.body", "body": out, "more_body": True})
-        ep: Endpoint = plan.endpoint
         while True:
             try:
                 async with asyncio.timeout(read_timeout):
@@ -267,8 +211,8 @@ class Proxy:
                 break
             except (TimeoutError, UpstreamError) as exc:
                 kind = "timeout" if isinstance(exc, TimeoutError) else "stream"
-                self.metrics.upstream_errors.labels(plan.pool.key, ep.id, kind).inc()
-                log.warning("stream from %s broke after the first byte: %r", ep.id, exc)
+                self.core.broke(plan, kind)
+                log.warning("stream from %s broke after the first byte: %r", plan.endpoint.id, exc)
                 # Too late to retry (output was sent); tell the client in the stream itself.
                 message = f"the model server failed mid-stream ({kind})"
                 error = b"data: " + error_bytes(message, "upstream_error", kind) + b"\n\n"

@@ -4,9 +4,9 @@ Every `interval` the scraper fetches all endpoints' /metrics concurrently (each 
 timeout), parses the three gauges routing needs (`vllm:num_requests_waiting`,
 `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, summed over label sets) and stores them
 on the endpoint with the time of the scrape. Between two scrapes, the engine's counters give a
-prefill-rate observation for the estimator (`prefill_observation`). A failed scrape counts as a
-health failure; enough of them in a row eject the pod until it answers again. Load older than `stale_after` is treated as
-unknown by the scoring snapshot.
+prefill-rate observation. Both go to the routing core, which owns endpoint state: a failed
+scrape counts as a health failure there (enough in a row eject the pod until it answers again).
+Load older than `stale_after` is treated as unknown by the scoring snapshot.
 """
 
 from __future__ import annotations
@@ -18,9 +18,8 @@ import time
 from collections.abc import Callable
 
 from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
+from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
-from kvgate.router.metrics import RouterMetrics
-from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +33,6 @@ _WANTED = {
     "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
     "vllm:request_prefill_time_seconds_sum": "prefill_seconds_total",
 }
-_COUNTERS = ("prompt_tokens_total", "prefix_cache_hits_total", "prefill_seconds_total")
 
 
 def parse_load(text: str, now: float) -> LoadSample:
@@ -68,50 +66,28 @@ def parse_load(text: str, now: float) -> LoadSample:
     )
 
 
-def prefill_observation(previous: LoadSample, current: LoadSample) -> tuple[float, float] | None:
-    """(computed prompt tokens, prefill seconds) between two scrapes, from the engine's own
-    counters: Δprompt_tokens - Δprefix_cache_hits over Δrequest_prefill_time_seconds_sum.
-    None when a counter is missing, went backwards (engine restart) or nothing was prefilled."""
-    before = [getattr(previous, c) for c in _COUNTERS]
-    after = [getattr(current, c) for c in _COUNTERS]
-    if None in before or None in after:
-        return None
-    deltas = [a - b for a, b in zip(after, before, strict=True)]
-    if min(deltas) < 0:
-        return None
-    tokens, seconds = deltas[0] - deltas[1], deltas[2]
-    if tokens <= 0 or seconds <= 0:
-        return None
-    return tokens, seconds
-
-
 class LoadScraper:
-    """An owned background task: start() once, stop() on shutdown."""
+    """An owned background task: start() once, stop() on shutdown. What a scrape finds goes to
+    the routing core (`load_scraped` / `scrape_failed`), which owns endpoint state."""
 
     def __init__(
         self,
         endpoints: EndpointSet,
         upstream: Upstream,
-        metrics: RouterMetrics,
+        core: RoutingCore,
         *,
         interval: float,
         timeout: float,
         path: str = "/metrics",
-        eject_after: int = 3,
-        eject_seconds: float = 5.0,
-        estimator: PrefillRateEstimator | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._endpoints = endpoints
         self._upstream = upstream
-        self._metrics = metrics
+        self._core = core
         self.interval = interval
         self.timeout = timeout
         self.path = path
-        self._eject_after = eject_after
-        self._eject_seconds = eject_seconds
         self._clock = clock
-        self._estimator = estimator
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -154,17 +130,6 @@ class LoadScraper:
             if response.status != 200:
                 raise UpstreamError("status", f"HTTP {response.status}")
         except (UpstreamError, TimeoutError) as exc:
-            self._metrics.scrape_errors.labels(ep.pool, ep.id).inc()
-            if ep.record_failure(self._clock(), self._eject_after, self._eject_seconds):
-                log.warning("endpoint %s ejected: /metrics failing (%r)", ep.id, exc)
+            self._core.scrape_failed(ep, exc)
             return
-        sample = parse_load(text, self._clock())
-        if self._estimator is not None:
-            observed = prefill_observation(ep.load, sample)
-            if observed is not None:
-                self._estimator.observe(ep.id, int(observed[0]), observed[1])
-        ep.load = sample
-        if not ep.healthy(self._clock()):
-            log.info("endpoint %s answers again; back in rotation", ep.id)
-            ep.ejected_until = 0.0
-        ep.record_success()
+        self._core.load_scraped(ep, parse_load(text, self._clock()))

@@ -13,15 +13,9 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any
 
-
-@dataclass(frozen=True)
-class Usage:
-    prompt_tokens: int
-    cached_tokens: int | None  # None: the engine did not report prompt_tokens_details
-    completion_tokens: int
+from kvgate.router.core.learn import Usage
 
 
 def usage_from_obj(obj: Any) -> Usage | None:

@@ -1,0 +1,128 @@
+"""What this router has sent to each endpoint and not seen finish: in flight, pending prefill.
+
+Per endpoint the routing core keeps:
+
+- **in flight**: requests sent and not yet finished, failed or cancelled;
+- **pending prefill**: requests sent whose prefill has not happened yet, with the uncached
+  prompt tokens predicted for them. The cost model queues a new request behind this work.
+
+A request leaves pending prefill at its first byte when it streams (the first token comes right
+after the prefill). A non-streaming answer's first byte is its last, so such a request leaves
+pending prefill at its predicted TTFT after it was sent, or when it ends if that is earlier.
+That expiry is evaluated lazily against the core's clock when the endpoint is next looked at,
+so the same accounting runs in real time and in the discrete-event benchmark's simulated time.
+
+Only the routing core (`lifecycle.py`) calls `sent`, `prefill_done` and `done`; everything else
+reads `load(endpoint_id, now)`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+@dataclass(slots=True)
+class _Account:
+    in_flight: int = 0
+    pending_requests: int = 0
+    pending_tokens: int = 0
+    # non-streaming attempts by expiry time: (release_at, tie-breaker, attempt)
+    expiring: list[tuple[float, int, Attempt]] = field(default_factory=list)
+
+
+@dataclass(slots=True, eq=False)
+class Attempt:
+    """One try of a request on one endpoint, from sending it until it ends."""
+
+    endpoint_id: str
+    account: _Account = field(repr=False)  # the account it was counted in (not a later one)
+    sent_at: float  # the core's clock
+    uncached_tokens: int  # predicted at routing time
+    queued_ahead: int  # this router's requests pending prefill on the endpoint when sent
+    streaming: bool
+    release_at: float  # when pending prefill expires without a first byte (inf when streaming)
+    first_byte_at: float | None = None
+    prefill_pending: bool = True
+    open: bool = True
+
+
+class EndpointLoad(NamedTuple):
+    """This router's own view of the load it put on one endpoint."""
+
+    in_flight: int
+    pending_prefill_requests: int
+    pending_prefill_tokens: int
+
+
+_IDLE = EndpointLoad(0, 0, 0)
+
+
+class Accounting:
+    """The accounts of every endpoint this router has sent to. Not thread-safe (one loop)."""
+
+    def __init__(self) -> None:
+        self._accounts: dict[str, _Account] = {}
+        self._order = itertools.count()
+
+    def sent(
+        self,
+        endpoint_id: str,
+        now: float,
+        *,
+        uncached_tokens: int,
+        predicted_ttft_seconds: float,
+        streaming: bool,
+    ) -> Attempt:
+        account = self._accounts.setdefault(endpoint_id, _Account())
+        self._expire(account, now)
+        attempt = Attempt(
+            endpoint_id=endpoint_id,
+            account=account,
+            sent_at=now,
+            uncached_tokens=uncached_tokens,
+            queued_ahead=account.pending_requests,
+            streaming=streaming,
+            release_at=float("inf") if streaming else now + max(0.0, predicted_ttft_seconds),
+        )
+        account.in_flight += 1
+        account.pending_requests += 1
+        account.pending_tokens += uncached_tokens
+        if not streaming:
+            heapq.heappush(account.expiring, (attempt.release_at, next(self._order), attempt))
+        return attempt
+
+    def prefill_done(self, attempt: Attempt) -> None:
+        """The attempt's prefill is over (first byte of a stream, or its end)."""
+        if attempt.prefill_pending:
+            attempt.prefill_pending = False
+            attempt.account.pending_requests -= 1
+            attempt.account.pending_tokens -= attempt.uncached_tokens
+
+    def done(self, attempt: Attempt) -> None:
+        """The attempt ended (finished, failed or cancelled): it is no longer in flight."""
+        if not attempt.open:
+            return
+        self.prefill_done(attempt)
+        attempt.open = False
+        attempt.account.in_flight -= 1
+
+    def load(self, endpoint_id: str, now: float) -> EndpointLoad:
+        account = self._accounts.get(endpoint_id)
+        if account is None:
+            return _IDLE
+        self._expire(account, now)
+        return EndpointLoad(account.in_flight, account.pending_requests, account.pending_tokens)
+
+    def forget(self, endpoint_id: str) -> None:
+        """The endpoint left. Attempts still open on it end in their own (dropped) account, so
+        an endpoint that rejoins under the same id starts from zero."""
+        self._accounts.pop(endpoint_id, None)
+
+    def _expire(self, account: _Account, now: float) -> None:
+        expiring = account.expiring
+        while expiring and expiring[0][0] <= now:
+            attempt = heapq.heappop(expiring)[2]
+            self.prefill_done(attempt)

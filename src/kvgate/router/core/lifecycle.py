@@ -1,0 +1,259 @@
+"""The routing core: one owner for a request's lifecycle, from its decision to what is learned.
+
+    plan ──> sent ──> first_byte ──> finished
+     ^         ├──> failed ──> plan again without the endpoints tried (the caller retries)
+     │         └──> cancelled (the client left)
+     explain (the same decision, recorded nowhere: /debug/route)
+
+- `plan(request, exclude)`: classify, key, look up the directory and decide (`routing.Router`).
+  A decision that will be acted on is recorded: the choice history, the routing history of pods
+  without KV events (before the request is sent, so the next request of a burst already sees
+  where this one went), the session's prefix-break check (first try only), the retry counter.
+- `sent(plan, streaming)`: the request is counted on its endpoint (`accounting.py`).
+- `first_byte(attempt)`: passive health success; a stream's prefill is over.
+- `finished(attempt, ...)`: the attempt ends; metrics and prefill-rate learning (`learn.py`).
+- `failed(attempt, kind)`: the endpoint failed before the first byte: a passive health failure
+  (enough in a row eject it for a while), counted; the caller may plan again.
+- `cancelled(attempt)`: the client went away; nothing is learned.
+- `load_scraped` / `scrape_failed`: the load scraper's findings (engine load and prefill
+  counters, active health).
+- `endpoints_changed(added, removed)`: forget what departed endpoints left behind.
+
+Only `plan` and `explain` await anything (the directory: a Redis round trip with the redis
+backend); every hook is plain synchronous code. Time comes from the injected clock: monotonic in
+the live router, simulated in the discrete-event benchmark, which drives this same class
+(`kvgate.bench.des`), so every benchmark number measures the router users run. The HTTP app and
+the proxy (`kvgate.router.http`) are I/O around these hooks; nothing else mutates endpoint state.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import Counter
+
+from kvgate.directory.base import BlockIndex
+from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
+from kvgate.router.core.accounting import Accounting, Attempt
+from kvgate.router.core.classify import Classification
+from kvgate.router.core.keys import RequestKeys
+from kvgate.router.core.learn import Learner, Outcome, Usage, prefill_observation
+from kvgate.router.core.routing import RoutePlan, Router, RouterState
+from kvgate.router.core.sessions import SessionTracker
+from kvgate.router.metrics import RouterMetrics
+from kvgate.scoring.prefill_rate import PrefillRateEstimator
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ClientRequest:
+    """One client request as the core sees it. Classification and keys are computed by the first
+    `plan` and reused by retries."""
+
+    body: Mapping[str, Any]
+    headers: Mapping[str, str]  # lower-case names
+    kind: str  # "chat" | "completion"
+    body_bytes: int = 0
+    request_id: str = ""
+    classification: Classification | None = None
+    keys_by_pool: dict[str, RequestKeys] = field(default_factory=dict)
+    tried: list[str] = field(default_factory=list)  # endpoint ids, in order
+
+
+class RoutingCore:
+    """One per router process (or per simulated router). Not thread-safe: one event loop."""
+
+    def __init__(
+        self,
+        state: RouterState,
+        endpoints: EndpointSet,
+        indexes: Mapping[str, BlockIndex],
+        metrics: RouterMetrics,
+        directory_errors: Counter,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        config = state.config
+        self.clock = clock
+        self.metrics = metrics
+        self.endpoints = endpoints
+        self.accounting = Accounting()
+        self.estimator = PrefillRateEstimator()
+        self.router = Router(
+            state,
+            endpoints,
+            indexes,
+            accounting=self.accounting,
+            estimator=self.estimator,
+            rng=rng,
+            clock=clock,
+        )
+        self.learner = Learner(
+            metrics,
+            self.estimator,
+            indexes,
+            directory_errors,
+            approximate_ttl_seconds=config.directory.approximate_ttl_seconds,
+            access_log=config.server.access_log,
+        )
+        self.sessions = SessionTracker(
+            metrics, config.sessions.max_sessions, config.sessions.ttl_seconds, clock=clock
+        )
+
+    @property
+    def state(self) -> RouterState:
+        return self.router.state
+
+    def reconfigure(self, state: RouterState) -> None:
+        """A new configuration (reload); requests in flight keep the plans they have."""
+        config = state.config
+        self.router.state = state
+        self.learner.ttl = config.directory.approximate_ttl_seconds
+        self.learner.access_log = config.server.access_log
+        self.sessions.configure(config.sessions.max_sessions, config.sessions.ttl_seconds)
+
+    # -- decisions -------------------------------------------------------------------------
+
+    async def plan(self, request: ClientRequest, *, exclude: tuple[str, ...] = ()) -> RoutePlan:
+        """The decision the caller will act on. Raises RouterError (client mistakes: 4xx; no
+        endpoint: 503)."""
+        first_try = request.classification is None
+        plan = await self.router.plan(
+            request.body,
+            request.headers,
+            request.kind,
+            exclude=exclude or tuple(request.tried),
+            classification=request.classification,
+            keys_by_pool=request.keys_by_pool,
+            body_bytes=request.body_bytes,
+        )
+        request.classification = plan.classification
+        if not first_try:
+            self.metrics.child(self.metrics.retries, plan.pool.key).inc()
+        await self.learner.routed(plan)
+        if first_try and plan.classification.session_id is not None:
+            self.sessions.observe(plan, request.body)
+        return plan
+
+    async def explain(self, request: ClientRequest) -> RoutePlan:
+        """The decision `plan` would make now, recorded nowhere."""
+        return await self.router.plan(
+            request.body,
+            request.headers,
+            request.kind,
+            keys_by_pool=request.keys_by_pool,
+            record=False,
+            body_bytes=request.body_bytes,
+        )
+
+    # -- hooks -----------------------------------------------------------------------------
+
+    def sent(self, request: ClientRequest, plan: RoutePlan, *, streaming: bool) -> Attempt:
+        request.tried.append(plan.endpoint.id)
+        attempt = self.accounting.sent(
+            plan.endpoint.id,
+            self.clock(),
+            uncached_tokens=plan.uncached_tokens,
+            predicted_ttft_seconds=plan.decision.predicted_ttft_seconds,
+            streaming=streaming,
+        )
+        self.metrics.child(self.metrics.inflight, plan.pool.key, plan.endpoint.id).inc()
+        return attempt
+
+    def first_byte(self, plan: RoutePlan, attempt: Attempt, *, streamed: bool) -> None:
+        """The endpoint answered. `streamed`: the answer is an event stream (its first byte
+        follows the prefill); otherwise it is whole, and its prefill is over too."""
+        attempt.first_byte_at = self.clock()
+        plan.endpoint.record_success()
+        if streamed or not attempt.streaming:
+            self.accounting.prefill_done(attempt)
+
+    def finished(
+        self,
+        request: ClientRequest,
+        plan: RoutePlan,
+        attempt: Attempt,
+        *,
+        status: int,
+        usage: Usage | None,
+        completed: bool,
+        streamed: bool,
+    ) -> Outcome:
+        """The attempt ended with an answer (whole, or a stream that broke after its start)."""
+        self._close(plan, attempt)
+        now = self.clock()
+        first = attempt.first_byte_at
+        outcome = Outcome(
+            plan=plan,
+            status=status,
+            ttft_seconds=first - attempt.sent_at if streamed and first is not None else None,
+            duration_seconds=now - attempt.sent_at,
+            usage=usage,
+            retries=len(request.tried) - 1,
+            queued_ahead=attempt.queued_ahead,
+            completed=completed,
+        )
+        self.learner.finished(outcome, request.request_id)
+        return outcome
+
+    def failed(self, plan: RoutePlan, attempt: Attempt, kind: str) -> None:
+        """The endpoint failed before the first byte (connect, timeout, 5xx, broken)."""
+        self._close(plan, attempt)
+        ep = plan.endpoint
+        self.metrics.upstream_errors.labels(plan.pool.key, ep.id, kind).inc()
+        limits = self.state.config.limits
+        if ep.record_failure(self.clock(), limits.eject_after_failures, limits.eject_seconds):
+            log.warning("endpoint %s ejected after repeated failures", ep.id)
+
+    def broke(self, plan: RoutePlan, kind: str) -> None:
+        """A stream broke after its first byte (too late to retry; `finished` follows)."""
+        self.metrics.upstream_errors.labels(plan.pool.key, plan.endpoint.id, kind).inc()
+
+    def cancelled(self, plan: RoutePlan, attempt: Attempt) -> None:
+        """The client went away (or the request was abandoned): nothing to learn."""
+        self._close(plan, attempt)
+
+    def _close(self, plan: RoutePlan, attempt: Attempt) -> None:
+        if attempt.open:
+            self.accounting.done(attempt)
+            self.metrics.child(self.metrics.inflight, plan.pool.key, plan.endpoint.id).dec()
+
+    # -- load and membership ---------------------------------------------------------------
+
+    def load_scraped(self, ep: Endpoint, sample: LoadSample) -> None:
+        """A fresh /metrics scrape: engine load, a prefill-rate observation from the engine's
+        counters, and active health (an ejected endpoint that answers is back in rotation)."""
+        observed = prefill_observation(ep.load, sample)
+        if observed is not None:
+            self.estimator.observe(ep.id, int(observed[0]), observed[1])
+        ep.load = sample
+        if not ep.healthy(self.clock()):
+            log.info("endpoint %s answers again; back in rotation", ep.id)
+            ep.ejected_until = 0.0
+        ep.record_success()
+
+    def scrape_failed(self, ep: Endpoint, reason: object) -> None:
+        self.metrics.scrape_errors.labels(ep.pool, ep.id).inc()
+        limits = self.state.config.limits
+        if ep.record_failure(self.clock(), limits.eject_after_failures, limits.eject_seconds):
+            log.warning("endpoint %s ejected: /metrics failing (%r)", ep.id, reason)
+
+    def endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        for ep in removed:
+            self.estimator.forget(ep.id)
+            self.router.history.forget(ep.id)
+            self.accounting.forget(ep.id)
+        for ep in added:
+            self.metrics.init_endpoint(ep.pool, ep.id)
+
+    def endpoint_load(self) -> MutableMapping[str, int]:
+        """Requests in flight per endpoint id (for tests and /debug)."""
+        now = self.clock()
+        return {ep.id: self.accounting.load(ep.id, now).in_flight for ep in self.endpoints.all()}

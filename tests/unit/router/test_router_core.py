@@ -1,0 +1,159 @@
+"""The routing core's hooks and endpoint accounting, driven directly with an injected clock."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry
+from tests.unit.router.fakes import make_config
+
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, LoadSample
+from kvgate.router.core.accounting import Accounting
+from kvgate.router.core.learn import Usage
+from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
+from kvgate.router.metrics import RouterMetrics
+from kvgate.router.runtime import build_state
+
+BODY = {"model": "m", "prompt": list(range(64)), "max_tokens": 4}
+
+
+def test_streaming_attempt_leaves_pending_prefill_at_its_first_byte():
+    accounts = Accounting()
+    attempt = accounts.sent(
+        "a", 0.0, uncached_tokens=100, predicted_ttft_seconds=1.0, streaming=True
+    )
+    assert accounts.load("a", 50.0) == (1, 1, 100)  # no expiry for streams
+    accounts.prefill_done(attempt)
+    assert accounts.load("a", 50.0) == (1, 0, 0)
+    accounts.done(attempt)
+    accounts.done(attempt)  # idempotent
+    assert accounts.load("a", 50.0) == (0, 0, 0)
+
+
+def test_non_streaming_attempt_leaves_pending_prefill_at_its_predicted_ttft():
+    accounts = Accounting()
+    first = accounts.sent("a", 0.0, uncached_tokens=10, predicted_ttft_seconds=2.0, streaming=False)
+    second = accounts.sent("a", 1.0, uncached_tokens=5, predicted_ttft_seconds=0.5, streaming=False)
+    assert second.queued_ahead == 1
+    assert accounts.load("a", 1.4) == (2, 2, 15)
+    assert accounts.load("a", 1.5) == (2, 1, 10)  # the second's prediction passed first
+    assert accounts.load("a", 2.0) == (2, 0, 0)
+    accounts.done(first)
+    accounts.done(second)
+    assert accounts.load("a", 3.0) == (0, 0, 0)
+
+
+def test_an_endpoint_that_rejoins_starts_from_zero():
+    accounts = Accounting()
+    old = accounts.sent("a", 0.0, uncached_tokens=10, predicted_ttft_seconds=1.0, streaming=True)
+    accounts.forget("a")
+    new = accounts.sent("a", 0.0, uncached_tokens=3, predicted_ttft_seconds=1.0, streaming=True)
+    accounts.done(old)  # ends in its own account, not the new one
+    assert accounts.load("a", 0.0) == (1, 1, 3)
+    accounts.done(new)
+    assert accounts.load("a", 0.0) == (0, 0, 0)
+
+
+async def _core(n: int = 2) -> tuple[RoutingCore, list[float]]:
+    now = [100.0]
+    config = make_config(n)
+    endpoints = EndpointSet(lambda: now[0])
+    pool = config.pools[0]
+    core = RoutingCore(
+        build_state(config),
+        endpoints,
+        {pool.key: MemoryBlockIndex()},
+        RouterMetrics(),
+        DirectoryMetrics(CollectorRegistry()).fallback_errors,
+        clock=lambda: now[0],
+    )
+    endpoints.add_listener(_async(core.endpoints_changed))
+    specs = [EndpointSpec(f"pod{i}:8000", pool.key, f"http://pod{i}:8000") for i in range(n)]
+    await endpoints.replace_pool(pool.key, specs)
+    return core, now
+
+
+def _async(fn):  # type: ignore[no-untyped-def]
+    async def call(*args):  # type: ignore[no-untyped-def]
+        fn(*args)
+
+    return call
+
+
+async def test_a_request_is_in_flight_from_sent_until_finished_and_its_outcome_is_learned():
+    core, now = await _core()
+    request = ClientRequest(BODY, {}, "completion", request_id="r1")
+    plan = await core.plan(request)
+    attempt = core.sent(request, plan, streaming=True)
+    assert core.endpoint_load()[plan.endpoint.id] == 1
+    now[0] += 0.25
+    core.first_byte(plan, attempt, streamed=True)
+    now[0] += 1.0
+    outcome = core.finished(
+        request,
+        plan,
+        attempt,
+        status=200,
+        usage=Usage(prompt_tokens=64, cached_tokens=0, completion_tokens=4),
+        completed=True,
+        streamed=True,
+    )
+    assert outcome.ttft_seconds == 0.25 and outcome.duration_seconds == 1.25
+    assert outcome.retries == 0
+    assert all(n == 0 for n in core.endpoint_load().values())
+
+
+async def test_failures_before_the_first_byte_eject_and_the_retry_avoids_the_pod():
+    core, now = await _core()
+    limits = core.state.config.limits
+    request = ClientRequest(BODY, {}, "completion")
+    plan = await core.plan(request)
+    bad = plan.endpoint
+    for _ in range(limits.eject_after_failures):
+        attempt = core.sent(ClientRequest(BODY, {}, "completion"), plan, streaming=False)
+        core.failed(plan, attempt, "connect")
+    assert not bad.healthy(now[0])
+    request.tried.append(bad.id)
+    retry = await core.plan(request)
+    assert retry.endpoint.id != bad.id
+    assert all(n == 0 for n in core.endpoint_load().values())
+    # An answer to /metrics brings it back into rotation.
+    core.load_scraped(bad, LoadSample(scraped_at=now[0]))
+    assert bad.healthy(now[0])
+
+
+async def test_a_cancelled_attempt_is_released_and_teaches_nothing():
+    core, _now = await _core()
+    request = ClientRequest(BODY, {}, "completion")
+    plan = await core.plan(request)
+    attempt = core.sent(request, plan, streaming=True)
+    core.cancelled(plan, attempt)
+    assert all(n == 0 for n in core.endpoint_load().values())
+    assert core.estimator.rate(plan.endpoint.id) is None
+
+
+async def test_engine_counters_between_scrapes_teach_the_prefill_rate():
+    core, now = await _core(1)
+    ep = core.endpoints.all()[0]
+
+    def sample(prompt: float, hits: float, seconds: float) -> LoadSample:
+        return LoadSample(
+            scraped_at=now[0],
+            prompt_tokens_total=prompt,
+            prefix_cache_hits_total=hits,
+            prefill_seconds_total=seconds,
+        )
+
+    core.load_scraped(ep, sample(0, 0, 0))
+    core.load_scraped(ep, sample(20_000, 4_000, 1.0))
+    rate = core.estimator.rate(ep.id)
+    assert rate is not None and 10_000 < rate <= 16_000
+
+
+async def test_explain_records_nothing():
+    core, _now = await _core()
+    before = [core.router.history.last_chosen(ep.id) for ep in core.endpoints.all()]
+    plan = await core.explain(ClientRequest(BODY, {}, "completion"))
+    assert plan.endpoint.id in core.endpoint_load()
+    after = [core.router.history.last_chosen(ep.id) for ep in core.endpoints.all()]
+    assert before == after
