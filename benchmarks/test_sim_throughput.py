@@ -24,7 +24,7 @@ from benchmarks.directory_common import report
 from tests.integration.conftest import free_port
 from tests.integration.sim.processes import SimProcess
 
-from kvgate.sim.des import DESFleet, TraceRequest, longest_prefix
+from kvgate.sim.des import DESFleet, PodState, TraceRequest, routed_by
 from kvgate.sim.engine import EngineConfig
 from kvgate.sim.profile import H100_LLAMA3_8B
 
@@ -91,6 +91,12 @@ def test_http_requests_per_second(benchmark, tmp_path: Path, pods: int) -> None:
     report(f"sim HTTP, {pods} pod(s), {CONNECTIONS} connections", {"req_per_s": rate})
 
 
+def _longest_prefix(request: TraceRequest, pods: list[PodState], now: float) -> int:
+    return min(
+        pods, key=lambda p: (-p.cached_prefix_tokens, p.num_running + p.num_waiting, p.index)
+    ).index
+
+
 def test_des_simulated_requests_per_second(benchmark) -> None:  # type: ignore[no-untyped-def]
     rng = random.Random(0)
     pods, n = 64, 5000
@@ -104,7 +110,7 @@ def test_des_simulated_requests_per_second(benchmark) -> None:  # type: ignore[n
     def run() -> tuple[float, float]:
         fleet = DESFleet(pods, EngineConfig(), H100_LLAMA3_8B)
         wall, cpu = time.perf_counter(), time.process_time()
-        result = fleet.run(trace, longest_prefix)
+        result = fleet.run(trace, routed_by(_longest_prefix))
         assert len(result.records) == n
         return time.perf_counter() - wall, time.process_time() - cpu
 

@@ -104,8 +104,13 @@ def render_chat_text(messages: Sequence[Message]) -> str:
     return "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages) + "<|assistant|>\n"
 
 
+_UNIT_MODULUS = 2**31 - 1  # a prime: stand-in ids stay valid 31-bit token ids
+
+
 def character_units(messages: Sequence[Message]) -> list[int]:
-    """Stand-in token ids: the ChatML-like text cut into 4-character chunks (code points)."""
+    """Stand-in token ids: the ChatML-like text cut into 4-character chunks, each chunk's code
+    points read as one number modulo a 31-bit prime (equal chunks, equal ids; different chunks
+    collide with probability ~2⁻³¹), so they fit where real token ids go (the KV-event wire)."""
     text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
     out: list[int] = []
     for i in range(0, len(text), CHARS_PER_TOKEN):
@@ -113,7 +118,7 @@ def character_units(messages: Sequence[Message]) -> list[int]:
         value = 0
         for char in chunk:
             value = value * 0x110000 + ord(char)
-        out.append(value)
+        out.append(value % _UNIT_MODULUS)
     return out
 
 

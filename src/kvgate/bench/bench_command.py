@@ -35,7 +35,7 @@ from kvgate.bench.harness import BenchResult, HarnessSettings, run_live, write_o
 from kvgate.bench.plots import write_plots
 from kvgate.bench.processes import StartError
 from kvgate.bench.records import RequestRecord
-from kvgate.bench.targets import TARGET_NAMES, validate_targets
+from kvgate.bench.targets import kvgate_policies, target_names, validate_targets
 from kvgate.bench.workload import Workload
 from kvgate.bench.workloads import WORKLOAD_NAMES, build_trace, build_workload, parse_overrides
 
@@ -72,7 +72,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--targets",
         default="round-robin,kvgate",
-        help=f"comma-separated, from: {', '.join(TARGET_NAMES)} (default round-robin,kvgate)",
+        help=f"comma-separated, from: {', '.join(target_names())} (default round-robin,kvgate)",
     )
     parser.add_argument("--speedup", type=float, default=None, help="trace time speed-up factor")
     parser.add_argument("--jitter", type=float, default=None, help="trace arrival jitter, seconds")
@@ -228,7 +228,7 @@ def run_des_mode(
     workload: Workload, targets: list[str], args: argparse.Namespace, console: Console
 ) -> int:
     """``--mode des``: every kvgate policy on simulated engines, in simulated time."""
-    from kvgate.bench.des import DES_POLICIES, des_report
+    from kvgate.bench.des import des_report
 
     console.print(
         f"[bold]{workload.name}[/bold] (discrete-event): {workload.description} — "
@@ -261,7 +261,7 @@ def run_des_mode(
     console.print(f"report: {report_path}")
     for plot in plots:
         console.print(f"plot:   {plot}")
-    return exit_code(report.targets.keys(), [t for t in targets if t in DES_POLICIES])
+    return exit_code(report.targets.keys(), [t for t in targets if t in kvgate_policies()])
 
 
 def nested_params(pairs: list[str]) -> dict[str, Any]:

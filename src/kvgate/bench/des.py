@@ -1,313 +1,314 @@
-"""Discrete-event benchmark: the simulator's engines, kvgate's scoring policies, no HTTP.
+"""Discrete-event benchmark: kvgate's own routing core in front of simulated engines, no HTTP.
 
-Every pod is a :class:`kvgate.sim.engine.SimEngine` (the same KV cache, scheduler and
-performance profile as ``kvgate sim``), stepped in simulated time. Events, in time order:
+The fleet is :class:`kvgate.sim.des.DESFleet` (the simulator's engines in virtual time). The
+router is :class:`kvgate.router.core.lifecycle.RoutingCore`, built from the config that
+``kvgate router --endpoint ... --model ... --policy NAME`` builds (``quickstart_config``), with
+the simulated clock. What the live router learns over the network, it learns here through the
+same code, driven by :class:`RouterDriver`'s hooks:
 
-- **arrival** (open-loop ``arrival_s``, or a session's next turn at the previous turn's finish +
-  think time): the routing plug-in builds what the live router would see and calls the scoring
-  policy (:func:`kvgate.scoring.registry.build_policy`) *unchanged*:
-  ``RoutingRequest`` (prompt tokens and vLLM block hashes), ``matched_blocks`` from an index of
-  the engines' own KV events (what kvgate's directory holds, without network lag), one ``EndpointSnapshot`` per
-  pod (requests in flight and pending prefill from this router's own accounting; engine waiting /
-  running / KV usage as a fresh ``/metrics`` scrape would report them; the prefill rate learned
-  from TTFTs like the live router's estimator), the clock, a seeded RNG and the choice history.
-  The request is added to the chosen engine with its arrival time;
-- **step** of one pod: ``engine.step(t)``; first tokens and finished requests are recorded
-  (TTFT = first token - arrival, as the engine's own histogram measures it), and the next step is
-  scheduled at the step's end, or when the next request arrives at an idle pod.
+- **arrival**: the body and headers the load generator sends (``prompt`` as token ids, so keys
+  are exact; ``x-kvgate-class``, ``x-session-id``) go to ``core.plan``; ``core.sent`` counts it on
+  the chosen pod. A request the router refuses (4xx/5xx) never reaches a pod and is recorded
+  with its status, as the load generator would record it;
+- **first token**: ``core.first_byte``; **end**: ``core.finished`` with the engine's usage
+  (prompt, cached and completion tokens); a pod's 400 (prompt too long): ``core.finished`` with
+  that status. A session's next turn arrives its think time after the answer;
+- **KV events**: each step's events, encoded as vLLM encodes them, go through a
+  :class:`kvgate.directory.subscriber.PodSubscriber` (the indexer's code) into the pool's memory
+  directory;
+- **load**: every ``load_metrics.scrape_interval_seconds`` each pod's ``/metrics`` as a scrape
+  would read it (waiting, running, KV usage, the prefill counters) goes to ``core.load_scraped``.
 
-Each request becomes a :class:`RequestRecord` in simulated seconds, so live and discrete-event
-runs share the report code. The SGLang router is a separate binary and cannot be plugged in here.
+No network latency and no router CPU time: TTFT is the engine's (arrival to first token). Each
+request becomes a :class:`RequestRecord` in simulated seconds, so live and discrete-event runs
+share the report code. Any policy of the scoring registry can run (``kvgate.bench.targets.kvgate_policies``); the
+SGLang router is a separate binary and cannot be plugged in here.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import random
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+import zmq.asyncio
+from prometheus_client import CollectorRegistry
+
+from kvgate.bench.loadgen import CLASS_HEADER, SESSION_HEADER
 from kvgate.bench.records import GeneratorHealth, LoadSample, RequestRecord
 from kvgate.bench.report import BenchReport, arrival_order, ideal_hit_rate, summarize
+from kvgate.bench.targets import kvgate_policies
 from kvgate.bench.workload import BenchRequest, Workload
-from kvgate.scoring.base import (
-    ChoiceHistory,
-    EndpointSnapshot,
-    EngineLoad,
-    Policy,
-    RoutingRequest,
-)
-from kvgate.scoring.prefill_rate import PrefillRateEstimator
-from kvgate.scoring.registry import build_policy
-from kvgate.sim.engine import EngineConfig, SimEngine
-from kvgate.sim.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from kvgate.sim.hashing import PrefixBlockHasher
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.directory.subscriber import PodEndpoint, PodSubscriber
+from kvgate.discovery.endpoints import Endpoint, EndpointSet, EndpointSpec
+from kvgate.discovery.endpoints import LoadSample as ScrapedLoad
+from kvgate.router.core.accounting import Attempt
+from kvgate.router.core.errors import RouterError
+from kvgate.router.core.learn import Usage
+from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
+from kvgate.router.core.routing import RoutePlan
+from kvgate.router.metrics import RouterMetrics
+from kvgate.router.runtime import build_state
+from kvgate.router.setup import quickstart_config
+from kvgate.sim.des import DESFleet, FleetDriver, TraceRequest
+from kvgate.sim.engine import EngineConfig
+from kvgate.sim.events import KVEvent, encode_batch
 from kvgate.sim.profile import DEFAULT_PROFILE, load_profile
 from kvgate.sim.request import SimRequest
 
 MODEL = "sim-model"
-POOL = "default/default"
-DES_POLICIES = ("round-robin", "least-load", "prefix", "kvgate")
-
 ProgressFn = Callable[[int], None]  # called with the number of finished requests
-
-
-@dataclass
-class _Pod:
-    id: str
-    engine: SimEngine
-    step_scheduled: bool = False
-    in_flight: int = 0
-    pending_requests: int = 0
-    pending_tokens: int = 0
-
-
-@dataclass
-class _Pending:
-    bench: BenchRequest
-    pod: _Pod
-    record: RequestRecord
-    predicted_uncached: int
-    queued_ahead: int
-    sim: SimRequest | None = None
-    session: tuple[BenchRequest, ...] = ()
-    turn: int = 0
-
-
-@dataclass(frozen=True)
-class _Arrival:
-    bench: BenchRequest
-    session: tuple[BenchRequest, ...] = ()  # the session's turns (closed loop), else empty
-    turn: int = 0
+T = TypeVar("T")
 
 
 @dataclass
 class DesResult:
     records: list[RequestRecord]
     samples: list[LoadSample]
+    decisions: list[tuple[str, str, str, int]] = field(default_factory=list)
+    # (request id, endpoint, reason, predicted hit tokens), in decision order
     health: GeneratorHealth = field(default_factory=GeneratorHealth)
 
 
-class DesFleet:
-    """``pods`` simulated engines routed by one scoring policy."""
+@dataclass
+class _InFlight:
+    bench: BenchRequest
+    record: RequestRecord
+    request: ClientRequest
+    plan: RoutePlan
+    attempt: Attempt
+
+
+class RouterDriver(FleetDriver):
+    """The routing core of one simulated ``kvgate router`` process (see the module docstring)."""
 
     def __init__(
         self,
-        pods: int,
+        fleet: DESFleet,
         policy: str,
         *,
-        profile: str = DEFAULT_PROFILE,
-        engine: EngineConfig | None = None,
         seed: int = 0,
-        sample_interval_s: float = 1.0,
         policy_params: dict[str, Any] | None = None,
+        sample_interval_s: float = 1.0,
+        progress: ProgressFn | None = None,
     ) -> None:
-        if policy not in DES_POLICIES:
-            raise ValueError(
-                f"policy {policy!r} cannot run in des mode ({', '.join(DES_POLICIES)})"
-            )
-        self.config = engine or EngineConfig()
-        perf = load_profile(profile)
-        self.hasher = PrefixBlockHasher("sha256", self.config.block_size, None)
-        self.pods = [
-            _Pod(f"pod-{i}", SimEngine(self._pod_config(i), perf, self.hasher)) for i in range(pods)
+        self.fleet = fleet
+        self.now = 0.0
+        self._zmq = zmq.asyncio.Context()  # replay sockets only; never used: no seq gaps here
+        ids = list(fleet.names)  # the endpoints' directory ids
+        urls = [f"http://{pod_id.replace(':', '-')}:8000" for pod_id in ids]
+        config = quickstart_config(
+            urls,
+            MODEL,
+            policy=policy,
+            policy_params=policy_params,
+            seed=seed,
+            block_size=fleet.block_size,
+            kv_events={url: f"inproc://{pod_id}" for url, pod_id in zip(urls, ids, strict=True)},
+            endpoint_ids=dict(zip(urls, ids, strict=True)),
+        )
+        self.config = config
+        pool = config.pools[0]
+        self.index = MemoryBlockIndex()
+        self.endpoints = EndpointSet(self.clock)
+        registry = CollectorRegistry()
+        self.core = RoutingCore(
+            build_state(config),
+            self.endpoints,
+            {pool.key: self.index},
+            RouterMetrics(registry),
+            DirectoryMetrics(registry).fallback_errors,
+            clock=self.clock,
+        )
+        specs = [
+            EndpointSpec(pod_id, pool.key, url, kv_events=f"inproc://{pod_id}")
+            for pod_id, url in zip(ids, urls, strict=True)
         ]
-        self.policy: Policy = build_policy(policy, policy_params)
-        self.rng = random.Random(seed)
-        self.history = ChoiceHistory()
-        self.estimator = PrefillRateEstimator()
-        self.sample_interval_s = sample_interval_s
-        self._events: list[tuple[float, int, _Arrival | _Pod]] = []
-        # block hash -> pods holding it, kept from the engines' KV events (the directory)
-        self._holders: dict[object, set[str]] = {}
-        self._order = itertools.count()
+        self._complete(self.endpoints.replace_pool(pool.key, specs))
+        self._endpoints: list[Endpoint] = self.endpoints.in_pool(pool.key)
+        self.core.endpoints_changed(self._endpoints, [])
+        self._subscribers = [
+            PodSubscriber(PodEndpoint(pod_id, f"inproc://{pod_id}"), self.index, self._zmq)
+            for pod_id in ids
+        ]
+        for subscriber in self._subscribers:
+            self._complete(subscriber.open())
+        self._seq = [0] * len(ids)
+        self._pod_index = {pod_id: i for i, pod_id in enumerate(ids)}
+        self._prefill_seconds = [0.0] * len(ids)
+        self.tick_interval_s = config.load_metrics.scrape_interval_seconds
+        self._sample_every = max(1, round(sample_interval_s / self.tick_interval_s))
+        self._ticks = 0
+        self._bench: dict[str, tuple[BenchRequest, tuple[BenchRequest, ...], int]] = {}
+        self._in_flight: dict[str, _InFlight] = {}
+        self.records: list[RequestRecord] = []
+        self.samples: list[LoadSample] = []
+        self.decisions: list[tuple[str, str, str, int]] = []
+        self._progress = progress
+        self._done = 0
 
-    def _pod_config(self, index: int) -> EngineConfig:
-        c = self.config
-        return EngineConfig(**{**c.__dict__, "seed": c.seed + index})
+    def clock(self) -> float:
+        return self.now
 
-    def _push(self, at: float, payload: _Arrival | _Pod) -> None:
-        heapq.heappush(self._events, (at, next(self._order), payload))
+    def close(self) -> None:
+        self._zmq.term()
 
-    # -- routing plug-in ---------------------------------------------------------------------
+    @staticmethod
+    def _complete(coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run one of the core's coroutines to its end. With the memory directory they never
+        wait on anything, so no event loop is needed (and a caller's running loop is no
+        obstacle); one that does wait is an error here, not a silent stall."""
+        try:
+            coroutine.send(None)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+        coroutine.close()
+        raise RuntimeError("a routing-core coroutine waited on I/O in the discrete-event bench")
 
-    def _snapshot(self, pod: _Pod, now: float) -> EndpointSnapshot:
-        engine = pod.engine
-        return EndpointSnapshot(
-            id=pod.id,
-            pool=POOL,
-            in_flight=pod.in_flight,
-            pending_prefill_requests=pod.pending_requests,
-            pending_prefill_tokens=pod.pending_tokens,
-            engine=EngineLoad(
-                waiting=engine.num_waiting,
-                running=engine.num_running,
-                kv_cache_usage=engine.kv_cache.usage,
-                observed_at=now,
-            ),
-            prefill_tokens_per_second=self.estimator.rate(pod.id),
-            max_num_seqs=self.config.max_num_seqs,
+    # -- the workload --------------------------------------------------------------------
+
+    def trace(self, workload: Workload) -> list[TraceRequest]:
+        """Open-loop requests and every session's first turn, in arrival order."""
+        items: list[tuple[float, BenchRequest, tuple[BenchRequest, ...], int]] = [
+            (r.arrival_s, r, (), 0) for r in workload.requests
+        ]
+        items += [(s.start_s, s.turns[0], s.turns, 0) for s in workload.sessions if s.turns]
+        items.sort(key=lambda item: item[0])
+        return [self._trace_request(at, bench, turns, turn) for at, bench, turns, turn in items]
+
+    def _trace_request(
+        self, at: float, bench: BenchRequest, turns: tuple[BenchRequest, ...], turn: int
+    ) -> TraceRequest:
+        self._bench[bench.request_id] = (bench, turns, turn)
+        return TraceRequest(
+            bench.request_id, at, bench.prefix_units, bench.max_tokens, None, bench.session_id
         )
 
-    def route(self, tokens: list[int], now: float) -> tuple[_Pod, int]:
-        """Choose a pod; returns it and the predicted uncached prompt tokens."""
-        keys = self.hasher.prompt_hashes(tokens, None)
-        request = RoutingRequest(
-            model=MODEL,
-            prompt_tokens=len(tokens),
-            block_tokens=self.config.block_size,
-            block_keys=keys,
-        )
-        matched = self.matched_blocks(keys)
-        snapshots = [self._snapshot(pod, now) for pod in self.pods]
-        decision = self.policy.decide(
-            request, snapshots, matched, now=now, rng=self.rng, history=self.history
-        )
-        self.history.record(decision.endpoint_id)
-        pod = next(p for p in self.pods if p.id == decision.endpoint_id)
-        return pod, max(0, len(tokens) - decision.predicted_hit_tokens)
+    # -- hooks ---------------------------------------------------------------------------
 
-    def matched_blocks(self, keys: list[bytes]) -> dict[str, int]:
-        """Pod -> leading blocks of ``keys`` it holds, from the KV-event index."""
-        matched: dict[str, int] = {}
-        alive: set[str] | None = None
-        for index, key in enumerate(keys):
-            holders = self._holders.get(key)
-            if not holders:
-                break
-            alive = set(holders) if alive is None else alive & holders
-            if not alive:
-                break
-            for pod_id in alive:
-                matched[pod_id] = index + 1
-        return matched
-
-    def _apply_events(self, pod: _Pod, events: list[KVEvent]) -> None:
-        for event in events:
-            if isinstance(event, BlockStored):
-                for h in event.block_hashes:
-                    self._holders.setdefault(h, set()).add(pod.id)
-            elif isinstance(event, BlockRemoved):
-                for h in event.block_hashes:
-                    holders = self._holders.get(h)
-                    if holders is not None:
-                        holders.discard(pod.id)
-                        if not holders:
-                            del self._holders[h]
-            elif isinstance(event, AllBlocksCleared):
-                held = [key for key, pods in self._holders.items() if pod.id in pods]
-                for key in held:
-                    self._holders[key].discard(pod.id)
-                    if not self._holders[key]:
-                        del self._holders[key]
-
-    # -- event loop --------------------------------------------------------------------------
-
-    def run(self, workload: Workload, progress: ProgressFn | None = None) -> DesResult:
-        for request in workload.requests:
-            self._push(request.arrival_s, _Arrival(request))
-        for session in workload.sessions:
-            if session.turns:
-                self._push(session.start_s, _Arrival(session.turns[0], session.turns, 0))
-        by_request: dict[str, _Pending] = {}
-        records: list[RequestRecord] = []
-        samples: list[LoadSample] = []
-        next_sample = 0.0
-        done = 0
-        while self._events:
-            now, _, payload = heapq.heappop(self._events)
-            while now >= next_sample:
-                samples.extend(self._sample(next_sample))
-                next_sample += self.sample_interval_s
-            if isinstance(payload, _Arrival):
-                pending = self._arrive(payload.bench, now)
-                pending.session, pending.turn = payload.session, payload.turn
-                by_request[payload.bench.request_id] = pending
-                records.append(pending.record)
-                continue
-            for finished in self._step(payload, now, by_request):
-                done += 1
-                if progress is not None:
-                    progress(done)
-                nxt = finished.turn + 1
-                if nxt < len(finished.session):
-                    at = (finished.record.end_s or now) + finished.bench.think_time_s
-                    self._push(at, _Arrival(finished.session[nxt], finished.session, nxt))
-        return DesResult(records=records, samples=samples)
-
-    def _arrive(self, bench: BenchRequest, now: float) -> _Pending:
-        tokens = list(bench.prefix_units)
-        pod, uncached = self.route(tokens, now)
+    def route(self, request: TraceRequest, fleet: DESFleet, now: float) -> int | None:
+        self.now = now
+        bench = self._bench[request.request_id][0]
         record = RequestRecord(
             request_id=bench.request_id,
             request_class=bench.request_class,
             session_id=bench.session_id,
             scheduled_s=now,
             sent_s=now,
-            endpoint=pod.id,
         )
-        pending = _Pending(bench, pod, record, uncached, queued_ahead=pod.in_flight)
+        self.records.append(record)
+        headers = {CLASS_HEADER: bench.request_class}
+        if bench.session_id is not None:
+            headers[SESSION_HEADER] = bench.session_id
+        body = {
+            "model": MODEL,
+            "prompt": list(request.prompt_token_ids),
+            "max_tokens": bench.max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        client = ClientRequest(body, headers, "completion", request_id=bench.request_id)
         try:
-            pending.sim = pod.engine.add_request(bench.request_id, tokens, bench.max_tokens, now)
-        except ValueError as exc:  # RequestRejected: what a pod answers with a 400
-            record.status, record.error, record.end_s = 400, str(exc), now
-            return pending
-        pod.in_flight += 1
-        pod.pending_requests += 1
-        pod.pending_tokens += uncached
-        if not pod.step_scheduled:
-            pod.step_scheduled = True
-            self._push(now, pod)
-        return pending
+            plan = self._complete(self.core.plan(client))
+        except RouterError as exc:
+            record.status, record.error, record.end_s = exc.status, exc.message, now
+            self._finish_one(request.request_id, now)
+            return None
+        attempt = self.core.sent(client, plan, streaming=True)
+        record.endpoint = plan.endpoint.id
+        decision = plan.decision
+        self.decisions.append(
+            (bench.request_id, plan.endpoint.id, decision.reason, decision.predicted_hit_tokens)
+        )
+        self._in_flight[bench.request_id] = _InFlight(bench, record, client, plan, attempt)
+        return self._pod_index[plan.endpoint.id]
 
-    def _step(self, pod: _Pod, now: float, by_request: dict[str, _Pending]) -> list[_Pending]:
-        engine = pod.engine
-        result = engine.step(now)
-        self._apply_events(pod, result.events)
-        finished: list[_Pending] = []
-        for sim, _token in result.tokens:
-            pending = by_request[sim.request_id]
-            record = pending.record
-            if record.first_byte_s is None:
-                record.first_byte_s = sim.first_token_time
-                pod.pending_requests -= 1
-                pod.pending_tokens -= pending.predicted_uncached
-                cached = max(sim.num_cached_tokens, 0)
-                self.estimator.observe_ttft(
-                    pod.id,
-                    sim.num_prompt_tokens - cached,
-                    (sim.first_token_time or now) - sim.arrival_time,
-                    pending.queued_ahead,
-                )
-        for sim in result.finished:
-            pending = by_request.pop(sim.request_id)
-            record = pending.record
-            record.end_s = sim.finish_time
-            record.status = 200
-            record.prompt_tokens = sim.num_prompt_tokens
-            record.cached_tokens = max(sim.num_cached_tokens, 0)
-            record.completion_tokens = len(sim.output_token_ids)
-            pod.in_flight -= 1
-            finished.append(pending)
-        nxt = engine.next_step_time(result.end)
-        if nxt is None:
-            pod.step_scheduled = False
-        else:
-            self._push(nxt, pod)
-        return finished
+    def rejected(self, request: TraceRequest, pod: int, error: str, now: float) -> None:
+        self.now = now
+        flight = self._in_flight.pop(request.request_id)
+        self.core.first_byte(flight.plan, flight.attempt, streamed=False)
+        self.core.finished(
+            flight.request,
+            flight.plan,
+            flight.attempt,
+            status=400,
+            usage=None,
+            completed=True,
+            streamed=False,
+        )
+        record = flight.record
+        record.status, record.error, record.end_s = 400, error, now
+        self._finish_one(request.request_id, now)
 
-    def _sample(self, at: float) -> list[LoadSample]:
-        return [
-            LoadSample(
-                t_s=at,
-                pod=pod.id,
-                running=float(pod.engine.num_running),
-                waiting=float(pod.engine.num_waiting),
+    def first_token(self, request: SimRequest, pod: int, now: float) -> None:
+        self.now = now
+        flight = self._in_flight[request.request_id]
+        flight.record.first_byte_s = now
+        if request.first_scheduled_time is not None:  # vllm:request_prefill_time_seconds
+            self._prefill_seconds[pod] += now - request.first_scheduled_time
+        self.core.first_byte(flight.plan, flight.attempt, streamed=True)
+
+    def finished(self, request: SimRequest, pod: int, now: float) -> list[TraceRequest]:
+        self.now = now
+        flight = self._in_flight.pop(request.request_id)
+        cached = max(request.num_cached_tokens, 0)
+        completion = len(request.output_token_ids)
+        self.core.finished(
+            flight.request,
+            flight.plan,
+            flight.attempt,
+            status=200,
+            usage=Usage(request.num_prompt_tokens, cached, completion),
+            completed=True,
+            streamed=True,
+        )
+        record = flight.record
+        record.end_s, record.status = now, 200
+        record.prompt_tokens, record.cached_tokens = request.num_prompt_tokens, cached
+        record.completion_tokens = completion
+        return self._finish_one(request.request_id, now)
+
+    def _finish_one(self, request_id: str, now: float) -> list[TraceRequest]:
+        self._done += 1
+        if self._progress is not None:
+            self._progress(self._done)
+        bench, turns, turn = self._bench.pop(request_id)
+        if turn + 1 >= len(turns):
+            return []
+        nxt = turns[turn + 1]
+        return [self._trace_request(now + bench.think_time_s, nxt, turns, turn + 1)]
+
+    def kv_events(self, pod: int, events: Sequence[KVEvent], now: float) -> None:
+        self.now = now
+        seq = self._seq[pod]
+        self._seq[pod] = seq + 1
+        frames = [b"", seq.to_bytes(8, "big"), encode_batch(now, list(events))]
+        self._complete(self._subscribers[pod].handle(frames))
+
+    def tick(self, fleet: DESFleet, now: float) -> None:
+        self.now = now
+        sample = self._ticks % self._sample_every == 0
+        self._ticks += 1
+        for i, (engine, ep) in enumerate(zip(fleet.engines, self._endpoints, strict=True)):
+            stats = engine.stats
+            self.core.load_scraped(
+                ep,
+                ScrapedLoad(
+                    waiting=float(engine.num_waiting),
+                    running=float(engine.num_running),
+                    kv_cache_usage=engine.kv_cache.usage,
+                    scraped_at=now,
+                    prompt_tokens_total=float(stats.prompt_tokens),
+                    prefix_cache_hits_total=float(stats.prefix_cache_hits),
+                    prefill_seconds_total=self._prefill_seconds[i],
+                ),
             )
-            for pod in self.pods
-        ]
+            if sample:
+                self.samples.append(
+                    LoadSample(now, ep.id, float(engine.num_running), float(engine.num_waiting))
+                )
 
 
 def run_des(
@@ -317,12 +318,24 @@ def run_des(
     *,
     seed: int = 0,
     profile: str = DEFAULT_PROFILE,
+    engine: EngineConfig | None = None,
     progress: ProgressFn | None = None,
     policy_params: dict[str, Any] | None = None,
+    pod_names: list[str] | None = None,
 ) -> DesResult:
-    """One policy over one workload on ``pods`` simulated engines."""
-    fleet = DesFleet(pods, policy, profile=profile, seed=seed, policy_params=policy_params)
-    return fleet.run(workload, progress)
+    """One policy over one workload on ``pods`` simulated engines, named ``pod-<i>`` or
+    ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id)."""
+    if policy not in kvgate_policies():
+        raise ValueError(
+            f"policy {policy!r} cannot run in des mode ({', '.join(kvgate_policies())})"
+        )
+    fleet = DESFleet(pods, engine or EngineConfig(), load_profile(profile), names=pod_names)
+    driver = RouterDriver(fleet, policy, seed=seed, policy_params=policy_params, progress=progress)
+    try:
+        fleet.run(driver.trace(workload), driver)
+    finally:
+        driver.close()
+    return DesResult(records=driver.records, samples=driver.samples, decisions=driver.decisions)
 
 
 def des_report(
@@ -340,13 +353,22 @@ def des_report(
     records: dict[str, list[RequestRecord]] = {}
     samples: dict[str, list[LoadSample]] = {}
     notes = []
+    runnable = kvgate_policies()
     for name in targets:
-        if name not in DES_POLICIES:
+        if name not in runnable:
             notes.append(f"{name} is not a kvgate scoring policy and cannot run in des mode")
             continue
         progress = on_target(name) if on_target is not None else None
         params = policy_params if name == "kvgate" else None
-        result = run_des(workload, name, pods, seed=seed, progress=progress, policy_params=params)
+        result = run_des(
+            workload,
+            name,
+            pods,
+            seed=seed,
+            engine=EngineConfig(block_size=block_size),
+            progress=progress,
+            policy_params=params,
+        )
         records[name] = result.records
         samples[name] = result.samples
         summary = summarize(name, result.records)

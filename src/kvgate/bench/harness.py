@@ -43,7 +43,7 @@ from kvgate.bench.report import (
     rescaled,
     summarize,
 )
-from kvgate.bench.targets import start_target
+from kvgate.bench.targets import kvgate_policies, start_target
 from kvgate.bench.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ class LiveRun:
     samples: dict[str, list[LoadSample]] = field(default_factory=dict)
     summaries: dict[str, TargetSummary] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    pod_urls: list[str] = field(default_factory=list)  # in the order every target was given them
 
 
 @dataclass
@@ -126,6 +127,7 @@ async def run_live(
     )
     timeout = httpx.Timeout(settings.request_timeout_s, connect=10.0)
     await fleet.start()
+    run.pod_urls = list(fleet.urls)
     try:
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
             for index, name in enumerate(settings.targets):
@@ -143,7 +145,9 @@ async def run_live(
                         settings.model,
                         logs,
                         startup_timeout_s=settings.startup_timeout_s,
-                        extra_args=kvgate_router_args(settings, fleet) if name in _KVGATE else None,
+                        extra_args=kvgate_router_args(settings, fleet)
+                        if name in kvgate_policies()
+                        else None,
                     )
                 except StartError as exc:
                     log.error("target %s did not start: %s", name, exc)
@@ -165,7 +169,7 @@ async def run_live(
                         progress=progress,
                     )
                     wall_records, health = await generator.run(wall_workload)
-                    if name in _KVGATE:
+                    if name in kvgate_policies():
                         router_stats = await _router_stats(client, target.base_url, scale)
                 finally:
                     samples[name] = [replace(s, t_s=s.t_s / scale) for s in await sampler.stop()]
@@ -234,9 +238,6 @@ def write_outputs(
         _write_records(out_dir / f"records-{name}.jsonl", recs)
     plots = write_plots(report, run.records, run.samples, out_dir)
     return BenchResult(report, plots, report_path)
-
-
-_KVGATE = ("round-robin", "least-load", "prefix", "kvgate")
 
 
 ROUTER_COUNTERS = (

@@ -2,10 +2,8 @@
 
 | target name          | what runs                                                           |
 |----------------------|---------------------------------------------------------------------|
-| round-robin          | ``kvgate router --policy round-robin``                              |
-| least-load           | ``kvgate router --policy least-load``                               |
-| prefix               | ``kvgate router --policy prefix``                                   |
-| kvgate               | ``kvgate router --policy kvgate``                                   |
+| a kvgate policy      | ``kvgate router --policy NAME``: every policy of the scoring        |
+|                      | registry (``round-robin``, ``least-load``, ``prefix``, ``kvgate``…)  |
 | sglang-cache-aware   | ``sglang-router launch --policy cache_aware`` (PyPI ``sglang-router``) |
 | sglang-round-robin   | ``sglang-router launch --policy round_robin``                       |
 
@@ -24,19 +22,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvgate.bench.processes import ManagedProcess, StartError, free_port
+from kvgate.scoring.registry import default_registry
 
-KVGATE_POLICIES = {
-    "round-robin": "round-robin",
-    "least-load": "least-load",
-    "prefix": "prefix",
-    "kvgate": "kvgate",
-}
 SGLANG_POLICIES = {
     "sglang-cache-aware": "cache_aware",
     "sglang-round-robin": "round_robin",
 }
-TARGET_NAMES = (*KVGATE_POLICIES, *SGLANG_POLICIES)
 HOST = "127.0.0.1"
+
+
+def kvgate_policies() -> list[str]:
+    """Every policy of kvgate's scoring registry that runs with its default parameters
+    (``pipeline`` needs a list of plugins), by the name ``--policy`` takes."""
+    return [name for name in default_registry().names("policy") if name != "pipeline"]
+
+
+def target_names() -> list[str]:
+    return [*kvgate_policies(), *SGLANG_POLICIES]
 
 
 class UnknownTargetError(ValueError):
@@ -44,11 +46,10 @@ class UnknownTargetError(ValueError):
 
 
 def validate_targets(names: list[str]) -> list[str]:
+    known = target_names()
     for name in names:
-        if name not in TARGET_NAMES:
-            raise UnknownTargetError(
-                f"unknown target {name!r}; choose from {', '.join(TARGET_NAMES)}"
-            )
+        if name not in known:
+            raise UnknownTargetError(f"unknown target {name!r}; choose from {', '.join(known)}")
     return names
 
 
@@ -82,11 +83,11 @@ def router_argv(
     extra_args: list[str] | None = None,
 ) -> list[str]:
     """The command line that runs target ``name`` on ``port`` in front of ``pod_urls``."""
-    if name in KVGATE_POLICIES:
+    if name in kvgate_policies():
         argv = [*kvgate_command(), "--log-level", "WARNING", "router"]
         for url in pod_urls:
             argv += ["--endpoint", url]
-        argv += ["--model", model, "--policy", KVGATE_POLICIES[name]]
+        argv += ["--model", model, "--policy", name]
         argv += ["--host", HOST, "--port", str(port)]
         return argv + list(extra_args or [])
     if name in SGLANG_POLICIES:

@@ -113,13 +113,18 @@ class PodSubscriber:
         base = self.endpoint.generation or self.endpoint.pod
         return f"{base}#{self._token}.{self._restarts}"
 
+    async def open(self) -> None:
+        """Announce this subscription's generation of the pod in the directory (the first thing
+        `run` does; a caller that feeds `handle` itself calls it once before)."""
+        await self._new_generation("start")
+
     async def run(self) -> None:
         sock = self._context.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
         sock.connect(self.endpoint.events)
         try:
-            await self._new_generation("start")
+            await self.open()
             while True:
                 messages = [await sock.recv_multipart()]
                 while len(messages) < self._drain:  # what queued up meanwhile: one write for all

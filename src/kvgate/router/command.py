@@ -17,6 +17,7 @@ import logging
 from typing import Any
 
 from kvgate.api.router_config import RouterConfig, load_router_config
+from kvgate.router.setup import quickstart_config
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", help="model name the endpoints serve (quick start)")
     parser.add_argument("--policy", default=None, help="routing policy (default kvgate)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="seed of the policy's tie-breaking (reproducible runs)",
+    )
     parser.add_argument("--host", default=None, help="listen address (default 0.0.0.0)")
     parser.add_argument("--port", type=int, default=None, help="listen port (default 8000)")
     parser.add_argument("--tokenizer", default=None, help="tokenizer directory (exact keys)")
@@ -64,39 +71,19 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         url, sep, zmq = item.partition("=")
         if not sep or not zmq:
             raise ValueError(f"--kv-events wants URL=tcp://HOST:PORT, got {item!r}")
-        events[url.rstrip("/")] = zmq
-    unknown = set(events) - {e.rstrip("/") for e in args.endpoint}
-    if unknown:
-        raise ValueError(
-            f"--kv-events names endpoints not given with --endpoint: {sorted(unknown)}"
-        )
-    data: dict[str, Any] = {
-        "server": {
-            "host": args.host if args.host is not None else "0.0.0.0",
-            "port": args.port if args.port is not None else 8000,
-        },
-        "pools": [
-            {
-                "name": "default",
-                "model": args.model,
-                "engine": {
-                    "block_size": args.block_size,
-                    "tokenizer": {"path": args.tokenizer},
-                },
-                "endpoints": {
-                    "static": [
-                        {"url": url, "kv_events": events.get(url.rstrip("/"))}
-                        for url in args.endpoint
-                    ]
-                },
-            }
-        ],
-    }
-    if args.policy:
-        data["policy"] = {"name": args.policy}
-    if args.redis:
-        data["directory"] = {"backend": "redis", "redis": {"url": args.redis}}
-    return RouterConfig.model_validate(data)
+        events[url] = zmq
+    return quickstart_config(
+        args.endpoint,
+        args.model,
+        policy=args.policy,
+        seed=args.seed,
+        block_size=args.block_size,
+        tokenizer=args.tokenizer,
+        kv_events=events,
+        redis=args.redis,
+        host=args.host if args.host is not None else "0.0.0.0",
+        port=args.port if args.port is not None else 8000,
+    )
 
 
 def run(args: argparse.Namespace) -> int:

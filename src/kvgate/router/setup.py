@@ -1,4 +1,7 @@
-"""Factories from config to the parts other packages own: the policy and the keyer.
+"""Factories: the quick-start config, and from config to the parts other packages own.
+
+- quick start: `kvgate router --endpoint URL ... --model NAME` (and the discrete-event bench,
+  which must route exactly as that command does) build their config with `quickstart_config`.
 
 - policy: `kvgate.scoring`'s registry builds it by name from `policy.params`; the top-level
   `policy.max_affinity_wait_seconds` is passed in when the policy takes that parameter (and the
@@ -32,3 +35,52 @@ def build_policy(config: RouterConfig) -> Policy:
 
 def build_keyer(pool: PoolConfig) -> Keyer:
     return Keyer(pool.engine, load_request_tokenizer(pool.engine.tokenizer))
+
+
+def quickstart_config(
+    endpoints: list[str],
+    model: str,
+    *,
+    policy: str | None = None,
+    policy_params: dict[str, Any] | None = None,
+    seed: int | None = None,
+    block_size: int = 16,
+    tokenizer: str | None = None,
+    kv_events: dict[str, str] | None = None,
+    endpoint_ids: dict[str, str] | None = None,
+    redis: str | None = None,
+    host: str = "0.0.0.0",
+    port: int = 8000,
+) -> RouterConfig:
+    """One online pool `default/default` of static endpoints (base URLs). `kv_events` maps an
+    endpoint URL to its ZMQ PUB socket; `endpoint_ids` to its directory id. Raises ValueError."""
+    events = {url.rstrip("/"): zmq for url, zmq in (kv_events or {}).items()}
+    ids = {url.rstrip("/"): i for url, i in (endpoint_ids or {}).items()}
+    unknown = (set(events) | set(ids)) - {e.rstrip("/") for e in endpoints}
+    if unknown:
+        raise ValueError(f"endpoints named but not given: {sorted(unknown)}")
+    data: dict[str, Any] = {
+        "server": {"host": host, "port": port},
+        "pools": [
+            {
+                "name": "default",
+                "model": model,
+                "engine": {"block_size": block_size, "tokenizer": {"path": tokenizer}},
+                "endpoints": {
+                    "static": [
+                        {
+                            "url": url,
+                            "kv_events": events.get(url.rstrip("/")),
+                            "id": ids.get(url.rstrip("/")),
+                        }
+                        for url in endpoints
+                    ]
+                },
+            }
+        ],
+    }
+    if policy or policy_params or seed is not None:
+        data["policy"] = {"name": policy or "kvgate", "params": policy_params or {}, "seed": seed}
+    if redis:
+        data["directory"] = {"backend": "redis", "redis": {"url": redis}}
+    return RouterConfig.model_validate(data)

@@ -5,16 +5,13 @@ is imported only by ``kvgate sim serve|fleet``; see docs/simulator.md.
 """
 
 from kvgate.sim.des import (
-    ArrivingRequest,
     DESFleet,
+    FleetDriver,
     FleetResult,
     PodState,
     RequestRecord,
-    RoutingPolicy,
     TraceRequest,
-    least_loaded,
-    longest_prefix,
-    round_robin,
+    routed_by,
 )
 from kvgate.sim.engine import EngineConfig, RequestRejected, SimEngine, StepResult
 from kvgate.sim.profile import DEFAULT_PROFILE, H100_LLAMA3_8B, PerformanceProfile, load_profile
@@ -22,20 +19,17 @@ from kvgate.sim.profile import DEFAULT_PROFILE, H100_LLAMA3_8B, PerformanceProfi
 __all__ = [
     "DEFAULT_PROFILE",
     "H100_LLAMA3_8B",
-    "ArrivingRequest",
     "DESFleet",
     "EngineConfig",
+    "FleetDriver",
     "FleetResult",
     "PerformanceProfile",
     "PodState",
     "RequestRecord",
     "RequestRejected",
-    "RoutingPolicy",
     "SimEngine",
     "StepResult",
     "TraceRequest",
-    "least_loaded",
     "load_profile",
-    "longest_prefix",
-    "round_robin",
+    "routed_by",
 ]

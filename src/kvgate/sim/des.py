@@ -1,26 +1,35 @@
 """Discrete-event mode: a whole fleet of simulated engines in virtual time, no sockets.
 
-Each pod is the same :class:`~kvgate.sim.engine.SimEngine` the HTTP server runs. Events are
-processed in time order from one heap: request arrivals and pod step starts. Arrivals win
-ties, so a step includes every request that arrived at or before its start, which is the rule
-the HTTP driver follows too: the same arrivals routed to the same pod give the same TTFTs in
-both modes.
+Each pod is the same :class:`~kvgate.sim.engine.SimEngine` the HTTP server runs. One heap orders
+four kinds of events; at equal times they run in this order:
 
-Routing is a plug-in: any callable ``route(request, pods, now) -> pod index`` (see
-:class:`RoutingPolicy`). ``pods`` describes each pod at the arrival instant: its load, its KV
-cache usage and the prefix-cache hit it would give this request (read from its real prefix
-cache, as an ideal KV-event-fed directory would know it). Policies must not mutate anything.
+1. **tick**: the driver's periodic callback (every ``driver.tick_interval_s``), e.g. a router's
+   load scrape or a benchmark's load sampler;
+2. **delivery**: what a step produced, delivered at the step's end (the time a real client and
+   router would see it): first tokens, finished requests, the KV events the engine published;
+3. **arrival**: a request is routed (``driver.route``) and added to its pod;
+4. **step**: a pod starts its next step. Arrivals win ties with steps, so a step includes every
+   request that arrived at or before its start, which is the rule the HTTP driver follows too:
+   the same arrivals routed to the same pods give the same TTFTs in both modes.
+
+Routing and everything around it is a plug-in, a :class:`FleetDriver`: ``route`` chooses a pod
+for each arrival; the other hooks (no-ops by default) see first tokens, finished requests (and
+may answer with follow-up requests: closed-loop sessions), rejections, KV events and ticks.
+``kvgate.bench.des`` drives kvgate's own routing core through these hooks; :func:`routed_by`
+wraps a plain function of the request and the pods' current state (:class:`PodState`, read
+from their real prefix caches, as an ideal KV-event-fed directory would know them).
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
 
 from kvgate.prefix import HashAlgo
-from kvgate.sim.engine import EngineConfig, SimEngine
+from kvgate.sim.engine import EngineConfig, SimEngine, StepResult
+from kvgate.sim.events import KVEvent
 from kvgate.sim.hashing import PrefixBlockHasher
 from kvgate.sim.profile import PerformanceProfile
 from kvgate.sim.request import SimRequest
@@ -36,19 +45,6 @@ class TraceRequest:
     max_tokens: int
     cache_salt: str | None = None
     session_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ArrivingRequest:
-    """What a routing policy sees of a request."""
-
-    request_id: str
-    arrival_time: float
-    prompt_token_ids: Sequence[int]
-    block_hashes: Sequence[bytes]
-    max_tokens: int
-    cache_salt: str | None
-    session_id: str | None
 
 
 class PodState:
@@ -110,10 +106,62 @@ class PodState:
         )
 
 
-class RoutingPolicy(Protocol):
-    def __call__(self, request: ArrivingRequest, pods: Sequence[PodState], now: float) -> int:
-        """Index into ``pods`` of the pod to send ``request`` to."""
-        ...
+class FleetDriver:
+    """The plug-in of a discrete-event run. ``route`` is required; every other hook is a no-op
+    unless overridden. Times are virtual seconds; hooks must not mutate the engines."""
+
+    #: seconds between ``tick`` calls; None = never
+    tick_interval_s: float | None = None
+
+    def route(self, request: TraceRequest, fleet: DESFleet, now: float) -> int | None:
+        """Index of the pod that gets ``request``; None = no pod does (the router refused it)."""
+        raise NotImplementedError
+
+    def engine_block_hashes(self, request: TraceRequest) -> Sequence[bytes] | None:
+        """The prompt's block hashes if routing computed them (the engine then reuses them
+        instead of hashing again); None = let the engine hash."""
+        return None
+
+    def rejected(self, request: TraceRequest, pod: int, error: str, now: float) -> None:
+        """The pod refused the request (what vLLM answers with a 400)."""
+
+    def first_token(self, request: SimRequest, pod: int, now: float) -> None:
+        """``request``'s first token reached the client."""
+
+    def finished(self, request: SimRequest, pod: int, now: float) -> Iterable[TraceRequest]:
+        """``request`` ended; returns requests to add (arrival times >= ``now``)."""
+        return ()
+
+    def kv_events(self, pod: int, events: Sequence[KVEvent], now: float) -> None:
+        """One step's KV events, as the pod publishes them."""
+
+    def tick(self, fleet: DESFleet, now: float) -> None:
+        """Periodic callback (``tick_interval_s``)."""
+
+
+RouteFn = Callable[[TraceRequest, Sequence[PodState], float], int]
+
+
+class _FunctionDriver(FleetDriver):
+    def __init__(self, route: RouteFn) -> None:
+        self._route = route
+        self._hashes: tuple[str, Sequence[bytes]] = ("", ())
+
+    def route(self, request: TraceRequest, fleet: DESFleet, now: float) -> int:
+        tokens = request.prompt_token_ids
+        hashes = fleet.hasher.prompt_hashes(tokens, request.cache_salt) if tokens else []
+        self._hashes = (request.request_id, hashes)
+        max_hit = max(len(tokens) - 1, 0) // fleet.block_size
+        return self._route(request, fleet.pod_states(hashes, max_hit), now)
+
+    def engine_block_hashes(self, request: TraceRequest) -> Sequence[bytes] | None:
+        request_id, hashes = self._hashes
+        return hashes if request_id == request.request_id else None
+
+
+def routed_by(route: RouteFn) -> FleetDriver:
+    """A driver that only routes, with ``route(request, pods, now) -> pod index``."""
+    return _FunctionDriver(route)
 
 
 @dataclass(slots=True)
@@ -140,6 +188,10 @@ class FleetResult:
     rejected: list[str] = field(default_factory=list)
 
 
+# event kinds, in their order at equal times
+_TICK, _DELIVERY, _ARRIVAL, _STEP = range(4)
+
+
 class DESFleet:
     """A fleet of simulated pods driven in virtual time by :meth:`run`."""
 
@@ -156,7 +208,7 @@ class DESFleet:
             raise ValueError("a fleet needs at least one pod")
         self.hasher = PrefixBlockHasher(hash_algo, config.block_size, hash_seed)
         self.engines = [
-            SimEngine(_with_seed(config, config.seed + i), profile, self.hasher)
+            SimEngine(replace(config, seed=config.seed + i), profile, self.hasher)
             for i in range(num_pods)
         ]
         self.names = list(names) if names else [f"pod-{i}" for i in range(num_pods)]
@@ -168,85 +220,115 @@ class DESFleet:
             for i, engine in enumerate(self.engines)
         ]
 
-    def run(self, trace: Iterable[TraceRequest], route: RoutingPolicy) -> FleetResult:
-        """Replay ``trace`` (sorted by arrival time) through ``route`` until every request ends."""
+    def run(self, trace: Iterable[TraceRequest], driver: FleetDriver) -> FleetResult:
+        """Replay ``trace`` (sorted by arrival time) and the driver's follow-up requests until
+        every request has ended."""
         result = FleetResult()
-        heap: list[tuple[float, int, int]] = []  # (time, 0 arrival | 1 step, pod or -1)
-        scheduled = [False] * len(self.engines)
-        last_end = [0.0] * len(self.engines)
+        heap: list[tuple[float, int, int, object]] = []  # (time, kind, order, payload)
+        order = itertools.count()
+        scheduled = [False] * len(self.engines)  # a step is queued, or running until delivery
         routed: dict[SimRequest, int] = {}
         arrivals = iter(trace)
-        pending_arrival = next(arrivals, None)
-        while pending_arrival is not None or heap:
-            if pending_arrival is not None and (
-                not heap or pending_arrival.arrival_time <= heap[0][0]
-            ):
-                item = pending_arrival
-                pending_arrival = next(arrivals, None)
-                if pending_arrival is not None and pending_arrival.arrival_time < item.arrival_time:
-                    raise ValueError("the trace must be sorted by arrival time")
-                pod = self._admit(item, route, routed, result)
-                if pod is not None and not scheduled[pod]:
-                    start = self.engines[pod].next_step_time(last_end[pod])
-                    if start is not None:
-                        heapq.heappush(heap, (start, 1, pod))
-                        scheduled[pod] = True
-                continue
-            now, _kind, pod = heapq.heappop(heap)
-            scheduled[pod] = False
-            engine = self.engines[pod]
-            step = engine.step(now)
-            result.steps += 1
-            last_end[pod] = step.end
-            result.end_time = max(result.end_time, step.end)
-            for req in step.finished:
-                result.records.append(_record(req, routed.pop(req)))
-            start = engine.next_step_time(step.end)
+        upcoming = next(arrivals, None)
+        interval = driver.tick_interval_s
+        if interval is not None:
+            heapq.heappush(heap, (0.0, _TICK, next(order), None))
+
+        def schedule_step(pod: int, not_before: float) -> None:
+            if scheduled[pod]:
+                return
+            start = self.engines[pod].next_step_time(not_before)
             if start is not None:
-                heapq.heappush(heap, (start, 1, pod))
+                heapq.heappush(heap, (start, _STEP, next(order), pod))
                 scheduled[pod] = True
+
+        while upcoming is not None or len(heap) > (interval is not None):
+            if upcoming is not None and (
+                not heap or (upcoming.arrival_time, _ARRIVAL) <= heap[0][:2]
+            ):
+                item, upcoming = upcoming, next(arrivals, None)
+                if upcoming is not None and upcoming.arrival_time < item.arrival_time:
+                    raise ValueError("the trace must be sorted by arrival time")
+                pod = self._admit(item, driver, routed, result)
+                if pod is not None:
+                    schedule_step(pod, item.arrival_time)
+                continue
+            now, kind, _, payload = heapq.heappop(heap)
+            if kind == _TICK:
+                driver.tick(self, now)
+                assert interval is not None
+                heapq.heappush(heap, (now + interval, _TICK, next(order), None))
+            elif kind == _ARRIVAL:
+                assert isinstance(payload, TraceRequest)
+                pod = self._admit(payload, driver, routed, result)
+                if pod is not None:
+                    schedule_step(pod, now)
+            elif kind == _STEP:
+                assert isinstance(payload, int)
+                step = self.engines[payload].step(now)
+                result.steps += 1
+                result.end_time = max(result.end_time, step.end)
+                heapq.heappush(heap, (step.end, _DELIVERY, next(order), (payload, step)))
+            else:
+                assert isinstance(payload, tuple)
+                delivered, step = payload
+                scheduled[delivered] = False
+                for follow_up in self._deliver(delivered, step, driver, routed, result):
+                    if follow_up.arrival_time < now:
+                        raise ValueError("a follow-up request cannot arrive in the past")
+                    heapq.heappush(heap, (follow_up.arrival_time, _ARRIVAL, next(order), follow_up))
+                schedule_step(delivered, step.end)
         return result
+
+    def _deliver(
+        self,
+        pod: int,
+        step: StepResult,
+        driver: FleetDriver,
+        routed: dict[SimRequest, int],
+        result: FleetResult,
+    ) -> list[TraceRequest]:
+        now = step.end
+        if step.events:
+            driver.kv_events(pod, step.events, now)
+        for req, _token in step.tokens:
+            if len(req.output_token_ids) == 1:
+                driver.first_token(req, pod, now)
+        follow_ups: list[TraceRequest] = []
+        for req in step.finished:
+            result.records.append(_record(req, routed.pop(req)))
+            follow_ups.extend(driver.finished(req, pod, now))
+        return follow_ups
 
     def _admit(
         self,
         item: TraceRequest,
-        route: RoutingPolicy,
+        driver: FleetDriver,
         routed: dict[SimRequest, int],
         result: FleetResult,
     ) -> int | None:
-        tokens = list(item.prompt_token_ids)
-        hashes = self.hasher.prompt_hashes(tokens, item.cache_salt) if tokens else []
-        request = ArrivingRequest(
-            request_id=item.request_id,
-            arrival_time=item.arrival_time,
-            prompt_token_ids=tokens,
-            block_hashes=hashes,
-            max_tokens=item.max_tokens,
-            cache_salt=item.cache_salt,
-            session_id=item.session_id,
-        )
-        max_hit = max(len(tokens) - 1, 0) // self.block_size
-        pod = route(request, self.pod_states(hashes, max_hit), item.arrival_time)
+        now = item.arrival_time
+        pod = driver.route(item, self, now)
+        if pod is None:
+            return None
         if not 0 <= pod < len(self.engines):
-            raise ValueError(f"routing policy returned pod {pod} of {len(self.engines)}")
+            raise ValueError(f"routing returned pod {pod} of {len(self.engines)}")
+        known = driver.engine_block_hashes(item)
         try:
             req = self.engines[pod].add_request(
                 item.request_id,
-                tokens,
+                list(item.prompt_token_ids),
                 item.max_tokens,
-                item.arrival_time,
+                now,
                 item.cache_salt,
-                block_hashes=hashes,
+                block_hashes=list(known) if known is not None else None,  # the engine extends it
             )
-        except ValueError:
+        except ValueError as exc:  # RequestRejected
             result.rejected.append(item.request_id)
+            driver.rejected(item, pod, str(exc), now)
             return None
         routed[req] = pod
         return pod
-
-
-def _with_seed(config: EngineConfig, seed: int) -> EngineConfig:
-    return replace(config, seed=seed)
 
 
 def _record(req: SimRequest, pod: int) -> RequestRecord:
@@ -265,25 +347,3 @@ def _record(req: SimRequest, pod: int) -> RequestRecord:
         queue_time=scheduled - req.arrival_time,
         preemptions=req.num_preemptions,
     )
-
-
-def round_robin() -> RoutingPolicy:
-    """Baseline policy: pods in turn."""
-    counter = iter(range(1 << 62))
-
-    def route(request: ArrivingRequest, pods: Sequence[PodState], now: float) -> int:
-        return next(counter) % len(pods)
-
-    return route
-
-
-def least_loaded(request: ArrivingRequest, pods: Sequence[PodState], now: float) -> int:
-    """Baseline policy: fewest running + waiting requests (lowest index on ties)."""
-    return min(pods, key=lambda p: (p.num_running + p.num_waiting, p.index)).index
-
-
-def longest_prefix(request: ArrivingRequest, pods: Sequence[PodState], now: float) -> int:
-    """Baseline policy: the largest prefix-cache hit, then the least loaded."""
-    return min(
-        pods, key=lambda p: (-p.cached_prefix_tokens, p.num_running + p.num_waiting, p.index)
-    ).index

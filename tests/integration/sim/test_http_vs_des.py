@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from tests.integration.sim.processes import SimFactory
 
-from kvgate.sim.des import DESFleet, TraceRequest
+from kvgate.sim.des import DESFleet, TraceRequest, routed_by
 from kvgate.sim.engine import EngineConfig
 from kvgate.sim.profile import H100_LLAMA3_8B
 
@@ -41,7 +41,7 @@ def test_http_ttfts_equal_des_ttfts_for_the_same_arrivals(start_sim: SimFactory)
         block_size=16, max_model_len=8192, max_num_batched_tokens=2048, max_num_seqs=8, seed=3
     )
     fleet = DESFleet(1, config, H100_LLAMA3_8B, hash_seed="0")  # PYTHONHASHSEED=0 in the pod
-    records = {r.request_id: r for r in fleet.run(trace, lambda r, p, n: 0).records}
+    records = {r.request_id: r for r in fleet.run(trace, routed_by(lambda r, p, n: 0)).records}
     for i in order:
         assert records[str(i)].ttft == pytest.approx(results[i][1], rel=1e-9, abs=1e-12), i
     assert sum(1 for r in records.values() if r.cached_tokens > 0) >= 9

@@ -1,12 +1,16 @@
 """Discrete-event mode: kvgate's policies on simulated engines, in simulated time."""
 
+import asyncio
 import itertools
 
 import pytest
 
-from kvgate.bench.des import des_report, run_des
+from kvgate.bench.des import RouterDriver, des_report, run_des
 from kvgate.bench.report import summarize
 from kvgate.bench.workloads import build_workload
+from kvgate.sim.des import DESFleet
+from kvgate.sim.engine import EngineConfig
+from kvgate.sim.profile import DEFAULT_PROFILE, load_profile
 
 PARAMS = {
     "num_groups": "4",
@@ -56,19 +60,36 @@ def test_sessions_wait_for_their_previous_turn():
             assert later.sent_s >= earlier.end_s
 
 
-def test_the_kv_event_index_matches_the_engines_caches():
-    from kvgate.bench.des import DesFleet
-
+def test_the_kv_event_directory_matches_the_engines_caches():
+    """The router's directory, fed by the engines' KV events through the indexer's subscriber
+    code, says exactly what each engine's prefix cache holds."""
     w = build_workload("shared-prefix", PARAMS)
-    fleet = DesFleet(3, "prefix")
-    fleet.run(w)
-    for request in w.requests:
-        keys = fleet.hasher.prompt_hashes(list(request.prefix_units), None)
-        expected = {
-            pod.id: n for pod in fleet.pods if (n := pod.engine.kv_cache.cached_prefix_blocks(keys))
-        }
-        assert fleet.matched_blocks(keys) == expected
-    assert any(
-        fleet.matched_blocks(fleet.hasher.prompt_hashes(list(r.prefix_units), None))
-        for r in w.requests
-    )
+    fleet = DESFleet(3, EngineConfig(), load_profile(DEFAULT_PROFILE))
+    driver = RouterDriver(fleet, "prefix")
+    try:
+        fleet.run(driver.trace(w), driver)
+        matched_any = False
+        for request in w.requests:
+            keys = fleet.hasher.prompt_hashes(list(request.prefix_units), None)
+            expected = {
+                fleet.names[i]: n
+                for i, engine in enumerate(fleet.engines)
+                if (n := engine.kv_cache.cached_prefix_blocks(keys))
+            }
+            found = asyncio.run(driver.index.lookup(keys))
+            assert found == expected
+            matched_any = matched_any or bool(found)
+        assert matched_any
+    finally:
+        driver.close()
+
+
+def test_decisions_are_the_routing_cores_and_deterministic():
+    w = build_workload("shared-prefix", PARAMS)
+    first = run_des(w, "kvgate", 3)
+    again = run_des(w, "kvgate", 3)
+    assert first.decisions == again.decisions
+    assert len(first.decisions) == 24
+    reasons = {reason for _rid, _ep, reason, _hit in first.decisions}
+    assert "prefix-hit" in reasons
+    assert any(hit > 0 for *_rest, hit in first.decisions)

@@ -5,17 +5,35 @@ from collections.abc import Sequence
 import pytest
 
 from kvgate.sim.des import (
-    ArrivingRequest,
     DESFleet,
+    FleetDriver,
     PodState,
     RequestRecord,
     TraceRequest,
-    least_loaded,
-    longest_prefix,
-    round_robin,
+    routed_by,
 )
 from kvgate.sim.engine import EngineConfig
 from kvgate.sim.profile import H100_LLAMA3_8B
+from kvgate.sim.request import SimRequest
+
+
+def _round_robin() -> FleetDriver:
+    counter = iter(range(1 << 62))
+    return routed_by(lambda request, pods, now: next(counter) % len(pods))
+
+
+def _least_loaded_fn(request: TraceRequest, pods: Sequence[PodState], now: float) -> int:
+    return min(pods, key=lambda p: (p.num_running + p.num_waiting, p.index)).index
+
+
+def _longest_prefix_fn(request: TraceRequest, pods: Sequence[PodState], now: float) -> int:
+    return min(
+        pods, key=lambda p: (-p.cached_prefix_tokens, p.num_running + p.num_waiting, p.index)
+    ).index
+
+
+least_loaded = routed_by(_least_loaded_fn)
+longest_prefix = routed_by(_longest_prefix_fn)
 
 
 def _fleet(pods: int = 4, **overrides: object) -> DESFleet:
@@ -39,7 +57,7 @@ def _trace(n: int, prefixes: int, gap: float = 0.05) -> list[TraceRequest]:
 
 def test_prefix_aware_routing_hits_the_cache_and_beats_round_robin() -> None:
     trace = _trace(64, prefixes=5)  # 5 prefixes over 4 pods: round robin keeps missing
-    rr = _fleet().run(trace, round_robin())
+    rr = _fleet().run(trace, _round_robin())
     lp = _fleet().run(trace, longest_prefix)
     assert len(rr.records) == len(lp.records) == 64
 
@@ -79,15 +97,14 @@ def test_a_one_pod_fleet_matches_the_engine_driven_alone() -> None:
 def test_policy_sees_load_and_prefix_hits() -> None:
     seen: list[list[tuple[int, int, int]]] = []
 
-    def spy(request: ArrivingRequest, pods: Sequence[PodState], now: float) -> int:
+    def spy(request: TraceRequest, pods: Sequence[PodState], now: float) -> int:
         seen.append([(p.cached_prefix_tokens, p.num_running + p.num_waiting, p.block_size)
                      for p in pods])  # fmt: skip
         assert now == request.arrival_time
-        assert len(request.block_hashes) == len(request.prompt_token_ids) // 16
         return 1
 
     trace = _trace(3, prefixes=1, gap=0.0)
-    _fleet(pods=2).run(trace, spy)
+    _fleet(pods=2).run(trace, routed_by(spy))
     assert seen[0] == [(0, 0, 16), (0, 0, 16)]
     assert seen[1][1][1] == 1 and seen[1][1][0] == 0  # queued on pod 1, not computed yet
     assert seen[1][0] == (0, 0, 16)
@@ -98,7 +115,7 @@ def test_bad_traces_and_policies_fail_loudly() -> None:
     with pytest.raises(ValueError, match="sorted"):
         _fleet().run(list(reversed(trace)), least_loaded)
     with pytest.raises(ValueError, match="returned pod 9"):
-        _fleet().run(trace, lambda r, p, n: 9)
+        _fleet().run(trace, routed_by(lambda r, p, n: 9))
 
 
 def test_requests_the_engine_refuses_are_reported() -> None:
@@ -109,3 +126,57 @@ def test_requests_the_engine_refuses_are_reported() -> None:
     result = _fleet(pods=1, max_model_len=4096).run(trace, least_loaded)
     assert [r.request_id for r in result.records] == ["ok"]
     assert result.rejected == ["too-long"]
+
+
+class _Sessions(FleetDriver):
+    """Closed loop: each finished request is followed by the next turn after a think time;
+    every hook is seen at the time a client would see it."""
+
+    tick_interval_s = 0.5
+
+    def __init__(self) -> None:
+        self.first_tokens: dict[str, float] = {}
+        self.events = 0
+        self.ticks: list[float] = []
+
+    def route(self, request: TraceRequest, fleet: DESFleet, now: float) -> int:
+        return int(request.request_id.split("-")[0][1:]) % len(fleet.engines)
+
+    def first_token(self, request: SimRequest, pod: int, now: float) -> None:
+        assert now == request.first_token_time
+        self.first_tokens[request.request_id] = now
+
+    def finished(self, request: SimRequest, pod: int, now: float) -> list[TraceRequest]:
+        assert now == request.finish_time
+        session, turn = request.request_id.split("-")
+        if int(turn) >= 2:
+            return []
+        history = list(request.all_token_ids)
+        nxt = f"{session}-{int(turn) + 1}"
+        return [TraceRequest(nxt, now + 0.25, [*history, *range(500, 532)], 4)]
+
+    def kv_events(self, pod: int, events: Sequence[object], now: float) -> None:
+        self.events += len(events)
+
+    def tick(self, fleet: DESFleet, now: float) -> None:
+        self.ticks.append(now)
+
+
+def test_closed_loop_sessions_and_every_hook() -> None:
+    driver = _Sessions()
+    trace = [TraceRequest(f"s{i}-0", i * 0.01, list(range(i * 1000, i * 1000 + 300)), 4)
+             for i in range(4)]  # fmt: skip
+    result = _fleet(pods=2).run(trace, driver)
+    ids = sorted(r.request_id for r in result.records)
+    assert ids == sorted(f"s{i}-{t}" for i in range(4) for t in range(3))
+    assert set(driver.first_tokens) == set(ids)
+    by_id = {r.request_id: r for r in result.records}
+    # Each next turn arrives think time after the previous turn's answer, and hits its history.
+    for i in range(4):
+        for t in (1, 2):
+            prev, cur = by_id[f"s{i}-{t - 1}"], by_id[f"s{i}-{t}"]
+            assert cur.arrival_time == pytest.approx(prev.arrival_time + prev.e2e + 0.25)
+            assert cur.cached_tokens >= prev.prompt_tokens // 16 * 16 - 16
+    assert driver.events > 0
+    assert driver.ticks[:2] == [0.0, 0.5]
+    assert driver.ticks[-1] <= result.end_time + 0.5
