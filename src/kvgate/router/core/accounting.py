@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -77,7 +78,8 @@ class Accounting:
         streaming: bool,
     ) -> Attempt:
         account = self._accounts.setdefault(endpoint_id, _Account())
-        self._expire(account, now)
+        if account.expiring:
+            self._expire(account, now)
         attempt = Attempt(
             endpoint_id=endpoint_id,
             account=account,
@@ -113,8 +115,25 @@ class Accounting:
         account = self._accounts.get(endpoint_id)
         if account is None:
             return _IDLE
-        self._expire(account, now)
+        if account.expiring and account.expiring[0][0] <= now:  # hot path: one check
+            self._expire(account, now)
         return EndpointLoad(account.in_flight, account.pending_requests, account.pending_tokens)
+
+    def loads(self, endpoint_ids: Iterable[str], now: float) -> list[EndpointLoad]:
+        """`load` of each endpoint, in order (one call per decision, not one per endpoint)."""
+        accounts = self._accounts
+        out: list[EndpointLoad] = []
+        for endpoint_id in endpoint_ids:
+            account = accounts.get(endpoint_id)
+            if account is None:
+                out.append(_IDLE)
+                continue
+            if account.expiring and account.expiring[0][0] <= now:
+                self._expire(account, now)
+            out.append(
+                EndpointLoad(account.in_flight, account.pending_requests, account.pending_tokens)
+            )
+        return out
 
     def forget(self, endpoint_id: str) -> None:
         """The endpoint left. Attempts still open on it end in their own (dropped) account, so

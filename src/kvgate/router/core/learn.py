@@ -42,7 +42,7 @@ class Usage:
     completion_tokens: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Outcome:
     """What is learned from one finished attempt."""
 

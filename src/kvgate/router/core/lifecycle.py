@@ -51,7 +51,7 @@ from kvgate.scoring.prefill_rate import PrefillRateEstimator
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(slots=True)
 class ClientRequest:
     """One client request as the core sees it. Classification and keys are computed by the first
     `plan` and reused by retries."""
@@ -156,15 +156,16 @@ class RoutingCore:
     # -- hooks -----------------------------------------------------------------------------
 
     def sent(self, request: ClientRequest, plan: RoutePlan, *, streaming: bool) -> Attempt:
-        request.tried.append(plan.endpoint.id)
+        endpoint_id = plan.endpoint.spec.id
+        request.tried.append(endpoint_id)
         attempt = self.accounting.sent(
-            plan.endpoint.id,
+            endpoint_id,
             self.clock(),
             uncached_tokens=plan.uncached_tokens,
             predicted_ttft_seconds=plan.decision.predicted_ttft_seconds,
             streaming=streaming,
         )
-        self.metrics.child(self.metrics.inflight, plan.pool.key, plan.endpoint.id).inc()
+        self.metrics.child(self.metrics.inflight, plan.pool.key, endpoint_id).inc()
         return attempt
 
     def first_byte(self, plan: RoutePlan, attempt: Attempt, *, streamed: bool) -> None:
@@ -223,7 +224,7 @@ class RoutingCore:
     def _close(self, plan: RoutePlan, attempt: Attempt) -> None:
         if attempt.open:
             self.accounting.done(attempt)
-            self.metrics.child(self.metrics.inflight, plan.pool.key, plan.endpoint.id).dec()
+            self.metrics.child(self.metrics.inflight, plan.pool.key, attempt.endpoint_id).dec()
 
     # -- load and membership ---------------------------------------------------------------
 

@@ -206,14 +206,13 @@ class Router:
         pools = self.state.pools
         stale = self.state.config.load_metrics.stale_after_seconds
         rate = self.estimator.rate
-        accounted = self.accounting.load
+        loads = self.accounting.loads([ep.spec.id for ep in members], now)
         # Every candidate ejected: fail open (trying a pod beats refusing the request).
         fail_open = all(now < ep.ejected_until for ep in members)
         out: list[EndpointSnapshot] = []
-        for ep in members:
+        for ep, mine in zip(members, loads, strict=True):
             spec, load = ep.spec, ep.load
             scraped = load.scraped_at
-            mine = accounted(spec.id, now)
             pool = pools.get(spec.pool)
             out.append(
                 EndpointSnapshot(
