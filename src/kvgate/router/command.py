@@ -89,8 +89,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 def run(args: argparse.Namespace) -> int:
     import prometheus_client
 
-    from kvgate.router.http.app import RouterApp
     from kvgate.router.runtime import RouterRuntime
+    from kvgate.router.server.app import RouterApp
     from kvgate.serving import listen, serve
 
     prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # one series per counter, as dashboards expect

@@ -16,8 +16,8 @@ from tests.integration.conftest import free_port
 from tests.integration.sim.processes import SimProcess
 
 from kvgate.api.router_config import RouterConfig
-from kvgate.router.http.app import RouterApp
 from kvgate.router.runtime import RouterRuntime
+from kvgate.router.server.app import RouterApp
 
 # Fast simulated time; prompt-token details on, as the operator renders vLLM's flags.
 SIM_FLAGS = ("--model", "m", "--enable-prompt-tokens-details", "--sim-time-scale", "0.2")

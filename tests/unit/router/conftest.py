@@ -10,8 +10,8 @@ import pytest
 from tests.unit.router.fakes import FakePods
 
 from kvgate.api.router_config import RouterConfig
-from kvgate.router.http.app import RouterApp
 from kvgate.router.runtime import RouterRuntime
+from kvgate.router.server.app import RouterApp
 
 AppFactory = Callable[..., Any]
 

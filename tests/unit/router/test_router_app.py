@@ -145,8 +145,8 @@ async def test_access_log_has_one_line_per_request_with_its_id(router_app, caplo
 async def test_a_stream_broken_mid_way_ends_with_an_error_event():
     import httpx
 
-    from kvgate.router.http.app import RouterApp
     from kvgate.router.runtime import RouterRuntime
+    from kvgate.router.server.app import RouterApp
 
     class Broken(httpx.AsyncByteStream):
         async def __aiter__(self):

@@ -7,8 +7,8 @@ import yaml
 from tests.unit.router.fakes import FakePods
 
 from kvgate.api.router_config import RouterConfig
-from kvgate.router.http.app import RouterApp
 from kvgate.router.runtime import RouterRuntime
+from kvgate.router.server.app import RouterApp
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello " * 50}]}
 

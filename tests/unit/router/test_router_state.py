@@ -123,8 +123,8 @@ async def test_client_disconnect_cancels_upstream(router_app):
                 raise
 
     from kvgate.api.router_config import RouterConfig  # noqa: F401
-    from kvgate.router.http.app import RouterApp
     from kvgate.router.runtime import RouterRuntime
+    from kvgate.router.server.app import RouterApp
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/metrics":
@@ -230,8 +230,8 @@ async def test_kubernetes_pod_that_turns_unready_leaves_routing_and_directory(mo
 async def test_directory_size_gauges_are_kept_current():
     import httpx
 
-    from kvgate.router.http.app import RouterApp
     from kvgate.router.runtime import RouterRuntime
+    from kvgate.router.server.app import RouterApp
 
     runtime = RouterRuntime(
         make_config(2),

@@ -1,2 +1,2 @@
-"""HTTP I/O around the routing core: the ASGI app, the proxy to the pods, the pods' client,
-the load scraper and the admin API."""
+"""HTTP to the pods, as I/O around the routing core: the proxy, the pods' client, the usage
+reader and the load scraper."""

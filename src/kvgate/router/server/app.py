@@ -27,9 +27,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvgate.router.core.errors import RouterError, bad_request, error_bytes
 from kvgate.router.core.lifecycle import ClientRequest
-from kvgate.router.http.admin import warm
 from kvgate.router.http.proxy import plan_headers
 from kvgate.router.runtime import RouterRuntime
+from kvgate.router.server.admin import warm
 
 log = logging.getLogger(__name__)
 
