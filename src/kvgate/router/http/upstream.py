@@ -13,7 +13,9 @@ anything else (an error, a cancellation because the client left) closes it, whic
 pod learns that the request was abandoned. A reused connection that the pod had already closed
 (EOF before any response byte) is retried once on a fresh connection: the pod never saw it.
 
-`HttpxUpstream` adapts an `httpx.AsyncClient` to the same interface, so unit tests can use
+`RawUpstream` opens connections through an injectable `open_connection(host, port)` (default
+`asyncio.open_connection`), the seam its unit tests use to script a pod's bytes. `HttpxUpstream`
+adapts an `httpx.AsyncClient` to the same interface, so router unit tests can use
 `httpx.MockTransport`. Both raise `UpstreamError(kind)` with kind `connect`, `timeout` or `stream`.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -72,6 +74,19 @@ class Upstream(Protocol):
 # ---------------------------------------------------------------------------------------------
 
 
+class StreamWriter(Protocol):
+    """What the client needs of a connection's writing side (`asyncio.StreamWriter`)."""
+
+    def write(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def is_closing(self) -> bool: ...
+
+
+OpenConnection = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, StreamWriter]]]
+
+
 class _StaleConnection(Exception):
     """A reused connection was closed by the pod before it answered (it never saw the request)."""
 
@@ -80,7 +95,7 @@ class _Connection:
     __slots__ = ("key", "reader", "writer")
 
     def __init__(
-        self, key: tuple[str, int], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, key: tuple[str, int], reader: asyncio.StreamReader, writer: StreamWriter
     ) -> None:
         self.key = key
         self.reader = reader
@@ -101,6 +116,11 @@ class _Parser:
         self.headers_done = False
         self.body: list[bytes] = []
         self.complete = False
+        self.unsolicited = False  # bytes after the response: the connection cannot be reused
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            self.unsolicited = True
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers.append((name.lower(), value))
@@ -109,7 +129,8 @@ class _Parser:
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
-        self.body.append(body)
+        if not self.unsolicited:
+            self.body.append(body)
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -172,7 +193,8 @@ class _RawResponse:
         conn, self._conn = self._conn, None
         if conn is None:
             return
-        if self._state.complete and self._keep_alive and conn.usable():
+        state = self._state
+        if state.complete and not state.unsolicited and self._keep_alive and conn.usable():
             self._pool._release(conn)
         else:
             conn.close()
@@ -181,9 +203,14 @@ class _RawResponse:
 class RawUpstream:
     """Keep-alive HTTP/1.1 connections per `host:port` (plain TCP; https goes through httpx)."""
 
-    def __init__(self, max_idle_per_host: int = 512) -> None:
+    def __init__(
+        self,
+        max_idle_per_host: int = 512,
+        open_connection: OpenConnection = asyncio.open_connection,
+    ) -> None:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
         self._max_idle = max_idle_per_host
+        self._open = open_connection
 
     def _release(self, conn: _Connection) -> None:
         idle = self._idle.setdefault(conn.key, [])
@@ -195,7 +222,7 @@ class RawUpstream:
     async def _connect(self, key: tuple[str, int], limit_seconds: float) -> _Connection:
         try:
             async with asyncio.timeout(limit_seconds):
-                reader, writer = await asyncio.open_connection(key[0], key[1])
+                reader, writer = await self._open(key[0], key[1])
         except TimeoutError as exc:
             raise UpstreamError("connect", f"connect to {key[0]}:{key[1]} timed out") from exc
         except OSError as exc:
