@@ -161,4 +161,4 @@ async def test_wrong_topic_and_frames(sub: PodSubscriber, registry: CollectorReg
     await sub.handle([b"t", b"\x00" * 7, b""])
     await sub.handle([b"t"])
     assert sub.expected is None
-    assert (bad(registry, "unknown_pod"), bad(registry, "malformed_frame")) == (1, 2)
+    assert (bad(registry, "wrong_topic"), bad(registry, "malformed_frame")) == (1, 2)
