@@ -14,7 +14,10 @@ lookups go to the shared index (which also holds what other routers and `kvgate 
   timeout per request. Counted in `kvgate_directory_fallback_errors_total{operation}` and
   `kvgate_directory_fallback_degraded`.
 * **Resync**: at most every `resync_interval` after a failure, a background task (owned here,
-  cancelled by `close`) rebuilds each unsynced pod in the shared index from the local view:
+  cancelled by `close`) probes the shared index (pods it lacks that the local view knows were
+  lost with it, e.g. by a Redis restart, and are unsynced too), then rebuilds each unsynced pod
+  there from the local view (the probe also runs every `audit_interval`, since a Redis that
+  restarts between two calls raises nothing: the client reconnects):
   a `forget_pod` that was lost is replayed; then the pod's local generation is set, the pod is
   cleared, and its exact entries (per medium) and unexpired approximate entries (with their
   remaining TTL) are written in batches. The snapshot is taken in one step; writes to the pod
@@ -58,6 +61,7 @@ class FallbackIndex:
         *,
         resync_interval: float = 1.0,
         failures_to_degrade: int = 3,
+        audit_interval: float = 30.0,
         rebuild_batch: int = 4096,
         max_queued_writes: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
@@ -74,6 +78,8 @@ class FallbackIndex:
         self._max_queued = max_queued_writes
         self._read_failures = 0
         self._retry_at = 0.0
+        self._audit_interval = audit_interval
+        self._next_audit = clock() + audit_interval
         self._unsynced: set[str] = set()  # pods whose shared entries missed writes
         self._forgotten: set[str] = set()  # of those, pods whose lost write was a forget_pod
         # Pods being rebuilt -> shared writes that arrived meanwhile (None: too many, rebuild
@@ -109,10 +115,13 @@ class FallbackIndex:
             self._forgotten.add(pod)
 
     def _maybe_resync(self) -> None:
-        if not (self.degraded or self._unsynced) or self.resync_task is not None:
+        if self.resync_task is not None:
             return
-        if self._clock() < self._retry_at:
+        now = self._clock()
+        failed = (self.degraded or bool(self._unsynced)) and now >= self._retry_at
+        if not failed and now < self._next_audit:
             return
+        self._next_audit = now + self._audit_interval
         self.resync_task = asyncio.create_task(self._resync_task(), name="kvgate-directory-resync")
 
     async def _resync_task(self) -> bool:
@@ -127,8 +136,11 @@ class FallbackIndex:
         """Leave the degraded state if the shared index answers, then rebuild each unsynced pod
         there (see the module docstring). False (retried later) if the shared index fails."""
         try:
+            # The probe. A Redis that restarted empty (or failed over to a replica that missed
+            # writes) lost pods nobody wrote during the outage: those are unsynced too.
+            shared_pods = await self.shared.pods()
+            self._unsynced |= await self.local.pods() - shared_pods - set(self._rebuilding)
             if self.degraded:
-                await self.shared.pods()  # a probe
                 self.degraded = False
                 self._degraded.set(0)
                 self._read_failures = 0

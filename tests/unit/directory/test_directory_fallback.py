@@ -337,6 +337,24 @@ async def test_too_many_writes_during_a_rebuild_mean_another_rebuild(
     await index.close()
 
 
+async def test_pods_redis_lost_without_an_error_are_rebuilt_by_the_audit(
+    pair: tuple[FallbackIndex, FlakyIndex], clocks: Clocks
+) -> None:
+    """A Redis that restarted empty between two calls raises nothing (the client reconnects)."""
+    index, shared = pair
+    await index.set_generation("a", "g")
+    await index.add("a", chain(3))
+    await shared.forget_pod("a")  # what an empty Redis looks like
+    clocks.advance(29.0)
+    await index.lookup(chain(3))
+    assert index.resync_task is None
+    clocks.advance(1.0)
+    await index.lookup(chain(3))  # the audit is due: it probes and rebuilds in the background
+    await settle(index)
+    assert await shared.lookup(chain(3)) == {"a": 3}
+    assert await shared.get_generation("a") == "g"
+
+
 async def test_a_failing_rebuild_is_retried_later(
     pair: tuple[FallbackIndex, FlakyIndex], clocks: Clocks, registry: CollectorRegistry
 ) -> None:
