@@ -33,6 +33,19 @@ class FlakyIndex(MemoryBlockIndex):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.calls: list[str] = []
+        self.held = asyncio.Event()  # set once an `add` waits at the gate
+
+    def hold(self) -> None:
+        """Hold every `add` from now on until `release`."""
+        self.gate = asyncio.Event()
+        self.held.clear()
+
+    def release(self) -> None:
+        assert self.gate is not None
+        self.gate.set()
+
+    async def until_held(self) -> None:
+        await asyncio.wait_for(self.held.wait(), 5)
 
     def _call(self, name: str) -> None:
         self.calls.append(name)
@@ -46,6 +59,7 @@ class FlakyIndex(MemoryBlockIndex):
     async def add(self, pod: str, keys: Sequence[bytes], **kwargs: Any) -> bool:
         self._call("add")
         if self.gate is not None:
+            self.held.set()
             await self.gate.wait()
         return await super().add(pod, keys, **kwargs)
 
@@ -296,17 +310,15 @@ async def test_writes_during_a_rebuild_are_replayed_after_it_in_order(
     shared.down = True
     await index.add("a", keys[:3])
     shared.down = False
-    shared.gate = asyncio.Event()  # the rebuild's first add hangs until released
+    shared.hold()  # the rebuild's first add hangs until released
     clocks.advance(1.0)
-    shared.calls.clear()
     rebuild = asyncio.create_task(index.resync())
-    while "add" not in shared.calls:
-        await asyncio.sleep(0)
+    await shared.until_held()
     await index.remove("a", keys[1:2])  # arrives mid-rebuild: queued, not lost
     await index.add("a", keys[3:])
     assert index.unsynced == {"a"}
     assert shared.calls.count("remove") == 0  # not yet: after the copy
-    shared.gate.set()
+    shared.release()
     assert await rebuild
     assert await shared.lookup(keys) == await index.local.lookup(keys) == {"a": 1}
     assert await shared.lookup(keys[3:]) == {"a": 1}
@@ -320,15 +332,13 @@ async def test_too_many_writes_during_a_rebuild_mean_another_rebuild(
     shared.down = True
     await index.add("a", keys[:1])
     shared.down = False
-    shared.gate = asyncio.Event()
+    shared.hold()
     clocks.advance(1.0)
-    shared.calls.clear()
     rebuild = asyncio.create_task(index.resync())
-    while "add" not in shared.calls:
-        await asyncio.sleep(0)
+    await shared.until_held()
     for i in range(1, 5):
         await index.add("a", keys[i : i + 1])
-    shared.gate.set()
+    shared.release()
     assert not await rebuild  # "a" is unsynced again
     assert index.unsynced == {"a"}
     shared.gate = None
@@ -397,14 +407,12 @@ async def test_close_cancels_a_running_resync(
     shared.down = True
     await index.add("a", chain(1))
     shared.down = False
-    shared.gate = asyncio.Event()  # never set: the rebuild hangs
+    shared.hold()  # never released: the rebuild hangs
     clocks.advance(1.0)
-    shared.calls.clear()
     await index.lookup(chain(1))
     task = index.resync_task
     assert task is not None
-    while "add" not in shared.calls:
-        await asyncio.sleep(0)
+    await shared.until_held()
     await asyncio.wait_for(index.close(), 2)
     assert task.done()
 
