@@ -5,6 +5,7 @@ past its deadline, and seqs no vLLM counter reaches are counted and skipped."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -29,6 +30,11 @@ from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
 
 REPLAY_TIMEOUT_SECONDS = 1.0
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 @pytest.fixture
@@ -78,16 +84,22 @@ async def test_a_seq_jump_of_2_to_the_62_costs_constant_memory(
     try:
         tracemalloc.reset_peak()
         before, _ = tracemalloc.get_traced_memory()
+        rss_before = rss_bytes()
         started = time.monotonic()
         engine.seq = 1 << 62
         await engine.publish(stored(h(1)))
         await until(lambda: lookup_is(index, [h(1)], {"p1": 1}))
         elapsed = time.monotonic() - started
         _, peak = tracemalloc.get_traced_memory()
+        rss_growth = rss_bytes() - rss_before
     finally:
         tracemalloc.stop()
-    print(f"2^62 jump: peak +{(peak - before) / 1024:.0f} KiB traced, handled in {elapsed:.3f} s")
+    print(
+        f"\n2^62 jump: peak +{(peak - before) / 1024:.0f} KiB traced, RSS "
+        f"{rss_growth / 2**20:+.1f} MiB, handled in {elapsed:.3f} s"
+    )
     assert peak - before < 2 * 1024 * 1024  # the old code asked for a 2^62-element list
+    assert rss_growth < 32 * 1024 * 1024
     assert await index.lookup([h(0)]) == {}  # cleared: the jump is beyond any replay buffer
     assert counter(registry, "kvgate_directory_bad_events_total", reason="seq_jump") == 1
     assert counter(registry, "kvgate_directory_pod_clears_total", reason="gap") == 1

@@ -87,12 +87,15 @@ async def test_predicted_hits_match_the_engines_after_a_redis_stall(
         await complete(client, base, before)
 
         sent: list[list[int]] = []
+        latencies: list[float] = []
 
         async def traffic(offset: int, until: float) -> None:
             i = offset
             while time.monotonic() < until:
                 tokens = prompt(i)
+                started = time.monotonic()
                 await complete(client, base, tokens)  # never fails, even while Redis is frozen
+                latencies.append(time.monotonic() - started)
                 sent.append(tokens)
                 i += 10
 
@@ -103,6 +106,7 @@ async def test_predicted_hits_match_the_engines_after_a_redis_stall(
         finally:
             redis.resume()
         assert sent, "no request during the stall"
+        print(f"\nstall: {len(sent)} requests, slowest {max(latencies):.3f} s")
         # The stall was noticed (or the test proves nothing): calls timed out, and the writes
         # of the blocks computed meanwhile did not reach Redis.
         metrics = (await client.get(base + "/metrics")).text
@@ -131,4 +135,7 @@ async def test_predicted_hits_match_the_engines_after_a_redis_stall(
             predicted, cached, _endpoint = await complete(client, base, tokens)
             assert predicted == cached
             routed_to_holder += cached == full
+        print(
+            f"after: {len(sent) + 1} prompts, predicted == cached for all, {routed_to_holder} hits"
+        )
         assert routed_to_holder >= 0.5 * (len(sent) + 1)  # the claim above is not vacuous
