@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
@@ -84,7 +85,7 @@ class FallbackIndex:
         self._forgotten: set[str] = set()  # of those, pods whose lost write was a forget_pod
         # Pods being rebuilt -> shared writes that arrived meanwhile (None: too many, rebuild
         # again). A pod is in at most one of _unsynced and _rebuilding.
-        self._rebuilding: dict[str, list[tuple[str, _Call]] | None] = {}
+        self._rebuilding: dict[str, deque[_Call] | None] = {}
         self._inflight: dict[str, int] = {}  # pod -> shared writes awaiting an answer
         self.resync_task: asyncio.Task[bool] | None = None
 
@@ -163,7 +164,7 @@ class FallbackIndex:
         self._unsynced.discard(pod)
         self._forgotten.discard(pod)
         snapshot = self.local.export_pod(pod)  # no await since the discard: consistent
-        queue: list[tuple[str, _Call]] | None = []
+        queue: deque[_Call] | None = deque()
         self._rebuilding[pod] = queue
         shared = self.shared
         try:
@@ -184,8 +185,7 @@ class FallbackIndex:
                 for ttl, keys in snapshot.approximate_batches(now, self._batch):
                     await shared.add_approximate(pod, keys, ttl)
             while (queue := self._rebuilding[pod]) is not None and queue:
-                _operation, call = queue.pop(0)
-                await call(shared)
+                await queue.popleft()(shared)
         except BaseException:
             self._rebuilding.pop(pod, None)
             self._lost(pod, "forget_pod" if forget else "rebuild")
@@ -213,9 +213,9 @@ class FallbackIndex:
         found = await self._read("lookup", self.shared.lookup(keys, pods))
         if found is _FAILED:
             return await self.local.lookup(keys, pods)
-        unsynced = self.unsynced
-        if unsynced and pods is not None:
-            unsynced &= set(pods)
+        if not (self._unsynced or self._rebuilding):
+            return found  # type: ignore[no-any-return]
+        unsynced = self.unsynced if pods is None else self.unsynced & set(pods)
         if not unsynced:
             return found  # type: ignore[no-any-return]
         # The shared answer is stale for these pods until they are rebuilt: use the local one.
@@ -257,7 +257,7 @@ class FallbackIndex:
         if pod in self._rebuilding:
             queue = self._rebuilding[pod]
             if queue is not None:
-                queue.append((operation, call))
+                queue.append(call)
                 if len(queue) > self._max_queued:
                     self._rebuilding[pod] = None
             return result
