@@ -1,9 +1,10 @@
 """A Redis stall under traffic loses no cache hits for good.
 
 Real simulated pods publish KV events to a real router (embedded indexer, Redis directory, the
-default socket timeout); redis-server is frozen with SIGSTOP for a second while requests with
-new prompts keep arriving, so the subscriber's writes of their blocks time out. After SIGCONT,
-the router must predict, for each of those prompts sent again, exactly the prefix hit the engine
+default socket timeout unless stated); redis-server is frozen with SIGSTOP while requests with
+new prompts keep arriving: for 0.3 s (within the 0.5 s default timeout: calls just wait; with
+the old 50 ms default they time out) and for 1 s (calls time out, the subscriber's writes of the
+new blocks are lost in Redis). After SIGCONT, the router must predict, for each of those prompts sent again, exactly the prefix hit the engine
 then reports (`x-kvgate-prefix-hit-tokens` == `usage.prompt_tokens_details.cached_tokens`), and
 so must a second router that reads only Redis: the shared directory says again what the
 engines hold, instead of having been cleared for the pods whose writes were lost.
@@ -16,13 +17,13 @@ import time
 from typing import Any
 
 import httpx
+import pytest
 from tests.integration.conftest import free_port
 from tests.integration.router.conftest import serve_router
 
 from kvgate.api.router_config import RouterConfig
 from kvgate.directory.fallback import FallbackIndex
 
-STALL_SECONDS = 1.0
 BLOCK = 16
 
 
@@ -31,14 +32,19 @@ def prompt(i: int) -> list[int]:
     return [100_000 + 1000 * i + t for t in range(21 * BLOCK + 5)]
 
 
-def config(pool: dict[str, Any], redis_url: str, *, embedded: bool) -> RouterConfig:
+def config(
+    pool: dict[str, Any], redis_url: str, *, embedded: bool, timeout: float | None = None
+) -> RouterConfig:
+    redis: dict[str, Any] = {"url": redis_url}  # the default resync interval
+    if timeout is not None:
+        redis["socket_timeout_seconds"] = timeout
     return RouterConfig.model_validate(
         {
             "server": {"host": "127.0.0.1", "port": free_port()},
             "pools": [pool],
             "directory": {
                 "backend": "redis",
-                "redis": {"url": redis_url},  # the default socket timeout and resync interval
+                "redis": redis,
                 "embedded_indexer": embedded,
             },
             "policy": {"seed": 3},
@@ -56,8 +62,16 @@ async def complete(client: httpx.AsyncClient, base: str, tokens: list[int]) -> t
     return predicted, cached, resp.headers["x-kvgate-endpoint"]
 
 
+@pytest.mark.parametrize(
+    ("stall_seconds", "socket_timeout"),
+    [
+        (0.3, None),  # within the default socket timeout (0.5 s): calls just wait
+        (0.3, 0.05),  # the issue's case: the old 50 ms default times out, writes are lost
+        (1.0, None),  # longer than the default timeout
+    ],
+)
 async def test_predicted_hits_match_the_engines_after_a_redis_stall(
-    sim_fleet, redis_server_factory, client
+    sim_fleet, redis_server_factory, client, stall_seconds, socket_timeout
 ):
     redis = redis_server_factory()
     fleet, events, replay = sim_fleet(2)
@@ -77,7 +91,10 @@ async def test_predicted_hits_match_the_engines_after_a_redis_stall(
         },
     }
     async with (
-        serve_router(config(pool, redis.url, embedded=True)) as (base, runtime),
+        serve_router(config(pool, redis.url, embedded=True, timeout=socket_timeout)) as (
+            base,
+            runtime,
+        ),
         serve_router(config(pool, redis.url, embedded=False)) as (reader, _),
     ):
         index = runtime.indexes["default/p"]
@@ -89,7 +106,10 @@ async def test_predicted_hits_match_the_engines_after_a_redis_stall(
         sent: list[list[int]] = []
         latencies: list[float] = []
 
+        lost_writes = False
+
         async def traffic(offset: int, until: float) -> None:
+            nonlocal lost_writes
             i = offset
             while time.monotonic() < until:
                 tokens = prompt(i)
@@ -97,21 +117,30 @@ async def test_predicted_hits_match_the_engines_after_a_redis_stall(
                 await complete(client, base, tokens)  # never fails, even while Redis is frozen
                 latencies.append(time.monotonic() - started)
                 sent.append(tokens)
+                lost_writes |= bool(index.unsynced)
                 i += 10
 
-        redis.pause()
-        try:
-            stop_at = time.monotonic() + STALL_SECONDS
-            await asyncio.gather(*(traffic(o, stop_at) for o in (1, 2, 3)))
-        finally:
-            redis.resume()
+        async def stall() -> None:
+            redis.pause()
+            try:
+                await asyncio.sleep(stall_seconds)
+            finally:
+                redis.resume()
+
+        stop_at = time.monotonic() + stall_seconds
+        await asyncio.gather(stall(), *(traffic(o, stop_at) for o in (1, 2, 3)))
         assert sent, "no request during the stall"
-        print(f"\nstall: {len(sent)} requests, slowest {max(latencies):.3f} s")
-        # The stall was noticed (or the test proves nothing): calls timed out, and the writes
-        # of the blocks computed meanwhile did not reach Redis.
+        print(
+            f"\n{stall_seconds} s stall, timeout {socket_timeout or 'default'}: {len(sent)} requests, "
+            f"slowest {max(latencies):.3f} s"
+        )
         metrics = (await client.get(base + "/metrics")).text
-        assert "kvgate_directory_fallback_errors_total{" in metrics
-        assert index.unsynced
+        if stall_seconds < (socket_timeout or 0.5):  # within the socket timeout: calls just waited
+            assert "kvgate_directory_fallback_errors_total{" not in metrics
+            assert not lost_writes
+        else:  # calls timed out; the blocks computed meanwhile did not reach Redis
+            assert "kvgate_directory_fallback_errors_total{" in metrics
+            assert lost_writes
 
         deadline = time.monotonic() + 15
         while index.unsynced or index.degraded or index.resync_task is not None:
