@@ -147,6 +147,8 @@ class FallbackIndex:
                 self._read_failures = 0
                 log.info("shared directory is back; rebuilding %d pod(s)", len(self._unsynced))
             for pod in sorted(self._unsynced):
+                if pod not in self._unsynced or pod in self._rebuilding:
+                    continue  # another resync (a direct call) took it meanwhile
                 if self._inflight.get(pod):
                     # A shared write to the pod that started before it was marked unsynced is
                     # still in flight (a slow Redis): landing after the rebuild it could undo
