@@ -2,13 +2,14 @@
 
 Redis: `redis_url` gives a test an empty database on a redis-server shared by the session
 (started on first use, in a temporary directory, persistence off); `redis_server_factory` starts
-dedicated servers a test may stop or restart (e.g. to check behaviour while Redis is down).
+dedicated servers a test may stop, restart or pause (e.g. to check behaviour while Redis is down).
 Every test under tests/integration is marked `integration`.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -89,8 +90,19 @@ class RedisServer:
             sock.sendall(b"FLUSHALL\r\n")
             assert sock.recv(64).startswith(b"+OK")
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): connections stay open and nothing answers, as in a stall."""
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._proc is not None
+        self._proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
         proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.send_signal(signal.SIGCONT)  # a paused server cannot act on SIGTERM
         if proc is None or proc.poll() is not None:
             return
         proc.terminate()

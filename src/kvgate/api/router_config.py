@@ -96,6 +96,10 @@ class StaticEndpoint(_Model):
     id: str | None = None  # default: host:port of url
     kv_events: str | None = None  # tcp://host:5557 (ZMQ PUB); None = approximate for this pod
     kv_replay: str | None = None  # tcp://host:5558 (ZMQ ROUTER replay socket)
+    # The topic the pod publishes its KV events under; messages of any other topic are dropped.
+    # None: `kv@<url host>@<pool model>`, what the operator renders (`kv@$(POD_IP)@<model>`);
+    # "" for an engine started with vLLM's default topic.
+    kv_topic: str | None = None
 
     @field_validator("url")
     @classmethod
@@ -271,8 +275,29 @@ class RedisConfig(_Model):
     url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "kvgate"
     password: SecretRef | None = None
-    socket_timeout_seconds: float = Field(default=0.05, gt=0)  # routing must not wait on Redis
+    # Per call. A call that times out is answered from the router's local view, so this is the
+    # most a Redis stall adds to a request; too short and a healthy Redis on a loaded machine
+    # counts as down (50 ms did, under load: docs/directory.md, "Trust and limits").
+    socket_timeout_seconds: float = Field(default=0.5, gt=0)
+    # How often an index that lost shared writes (or lookups) retries Redis and rebuilds them.
     resync_interval_seconds: float = Field(default=1.0, gt=0)
+
+
+class KvEventsConfig(_Model):
+    """Bounds on what a pod's KV-event stream can cost the indexer (docs/directory.md)."""
+
+    # vLLM's `buffer_steps` (its replay buffer holds that many batches): a seq gap larger than
+    # this cannot be replayed, so the pod is cleared and followed from the new seq at once.
+    replay_buffer_steps: int = Field(default=10_000, ge=1)
+    # One replay, end to end (receiving and applying): past it an incomplete replay is given up.
+    replay_timeout_seconds: float = Field(default=5.0, gt=0)
+    # Payload bytes one replay may bring; past it the replay is incomplete.
+    replay_max_bytes: int = Field(default=128 * 1024 * 1024, ge=1)
+    # A larger ZMQ message drops the connection (ZMQ_MAXMSGSIZE); vLLM batches are ~10-1000 KB.
+    max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    # Messages queued per subscription before ZMQ drops new ones (ZMQ_RCVHWM); a drop is a seq
+    # gap, which the replay buffer covers.
+    receive_queue_messages: int = Field(default=1000, ge=1)
 
 
 class DirectoryConfig(_Model):
@@ -282,6 +307,7 @@ class DirectoryConfig(_Model):
     embedded_indexer: bool = True
     # Routing-history entries for pods without KV events expire after this long.
     approximate_ttl_seconds: float = Field(default=300.0, gt=0)
+    kv_events: KvEventsConfig = KvEventsConfig()
 
 
 class AdminConfig(_Model):

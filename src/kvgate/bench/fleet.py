@@ -154,7 +154,7 @@ class SimFleet:
                 "enable_kv_cache_events": True,
                 "publisher": "zmq",
                 "endpoint": events,  # ipc:// is bound by vLLM's rule (tcp://HOST:PORT would not be)
-                "topic": f"kv@{HOST}:{port}@{self.model}",
+                "topic": f"kv@{HOST}@{self.model}",  # what the router derives
             }
             argv += ["--kv-events-config", json.dumps(config)]
         return argv + self._common()

@@ -67,7 +67,7 @@ def create_pool_index(
     shared = create_index(config, pool_key, metrics=metrics, redis_password=password)
     return FallbackIndex(
         shared,
-        create_index(config.model_copy(update={"backend": "memory"}), pool_key),
+        MemoryBlockIndex(),
         metrics.fallback_errors,
         metrics.fallback_degraded,
         resync_interval=config.redis.resync_interval_seconds,

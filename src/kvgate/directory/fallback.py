@@ -1,42 +1,70 @@
-"""A shared (Redis) directory with a local fallback: losing Redis never fails a request.
+"""A shared (Redis) directory with a local fallback: losing Redis never fails a request, and a
+Redis blip never loses cache hits for good.
 
-`FallbackIndex` writes every update to a local in-memory index and to the shared one. Lookups
-go to the shared index (which also holds what other routers and `kvgate indexer` wrote). A failed
-lookup is answered from the local view; after `failures_to_degrade` failures in a row, or any
-lost write, the index turns *degraded*: lookups use the local view without asking Redis, it is
-counted (`kvgate_directory_fallback_errors_total`, `kvgate_directory_fallback_degraded`), and the
-pods whose shared writes were lost are remembered. At most every `resync_interval` a degraded
-index probes the shared one; when it answers, the remembered pods are cleared there (their
-shared entries may have missed removals, and a missing entry costs a cache miss while a stale one
-misroutes), and lookups go back to the shared index.
+`FallbackIndex` applies every write to a local in-memory index first, then to the shared one;
+lookups go to the shared index (which also holds what other routers and `kvgate indexer` wrote).
+
+* **A lost write** marks its pod *unsynced*: the shared index may now miss blocks the engine
+  holds, or keep blocks it dropped. Later writes to an unsynced pod skip the shared index (the
+  local view keeps them), and lookups answer for unsynced pods from the local view. A lost write
+  does not degrade lookups for the other pods.
+* **Lookups** that fail are answered from the local view; after `failures_to_degrade` failed
+  reads in a row the index is *degraded*: reads use the local view without asking Redis, and
+  writes skip it too (each pod written is marked unsynced), so that a dead Redis costs no
+  timeout per request. Counted in `kvgate_directory_fallback_errors_total{operation}` and
+  `kvgate_directory_fallback_degraded`.
+* **Resync**: at most every `resync_interval` after a failure, a background task (owned here,
+  cancelled by `close`) probes the shared index (pods it lacks that the local view knows were
+  lost with it, e.g. by a Redis restart, and are unsynced too), then rebuilds each unsynced pod
+  there from the local view (the probe also runs every `audit_interval`, since a Redis that
+  restarts between two calls raises nothing: the client reconnects):
+  a `forget_pod` that was lost is replayed; then the pod's local generation is set, the pod is
+  cleared, and its exact entries (per medium) and unexpired approximate entries (with their
+  remaining TTL) are written in batches. The snapshot is taken in one step; writes to the pod
+  that arrive while it is copied are queued and replayed after it, in order (a bounded queue;
+  overflowing it means another rebuild). A degraded index first probes the shared one and, once
+  it answers, sends lookups there again (unsynced pods keep being answered locally until their
+  rebuild is done).
+
+So after an outage the shared directory again says what the engines hold, instead of having
+forgotten it: blocks that stay cached in an engine are not announced again by its KV events.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import TypeVar
+from typing import Any
 
 from prometheus_client import Counter, Gauge
 
 from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex, IndexStats
+from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.prefix.hashing import BlockKey
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
+
+_Call = Callable[[BlockIndex], Awaitable[Any]]
+_FAILED = object()
 
 
 class FallbackIndex:
     def __init__(
         self,
         shared: BlockIndex,
-        local: BlockIndex,
+        local: MemoryBlockIndex,
         errors: Counter,
         degraded: Gauge,
         *,
         resync_interval: float = 1.0,
         failures_to_degrade: int = 3,
+        audit_interval: float = 30.0,
+        rebuild_batch: int = 4096,
+        max_queued_writes: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.shared = shared
@@ -47,71 +75,207 @@ class FallbackIndex:
         self._clock = clock
         self.degraded = False
         self.failures_to_degrade = failures_to_degrade
-        self._failures = 0
-        self._last_probe = 0.0
-        self._dirty: set[str] = set()
+        self._batch = rebuild_batch
+        self._max_queued = max_queued_writes
+        self._read_failures = 0
+        self._retry_at = 0.0
+        self._audit_interval = audit_interval
+        self._next_audit = clock() + audit_interval
+        self._unsynced: set[str] = set()  # pods whose shared entries missed writes
+        self._forgotten: set[str] = set()  # of those, pods whose lost write was a forget_pod
+        # Pods being rebuilt -> shared writes that arrived meanwhile (None: too many, rebuild
+        # again). A pod is in at most one of _unsynced and _rebuilding.
+        self._rebuilding: dict[str, deque[_Call] | None] = {}
+        self._inflight: dict[str, int] = {}  # pod -> shared writes awaiting an answer
+        self.resync_task: asyncio.Task[bool] | None = None
 
-    async def _shared(self, operation: str, call: Awaitable[T], pod: str | None) -> T | None:
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def unsynced(self) -> set[str]:
+        """Pods whose shared entries do not match the local view yet (being rebuilt or not)."""
+        return self._unsynced | set(self._rebuilding)
+
+    def _failed(self, operation: str, exc: BaseException) -> None:
+        self._errors.labels(operation).inc()
+        if not self._unsynced and not self.degraded:
+            log.warning("shared directory failed (%s: %r); using the local view", operation, exc)
+        self._retry_at = self._clock() + self._interval
+
+    def _read_failed(self, operation: str, exc: BaseException) -> None:
+        self._failed(operation, exc)
+        self._read_failures += 1
+        if not self.degraded and self._read_failures >= self.failures_to_degrade:
+            log.warning("shared directory unreachable; routing on the local view")
+            self.degraded = True
+            self._degraded.set(1)
+
+    def _lost(self, pod: str, operation: str) -> None:
+        self._unsynced.add(pod)
+        if operation == "forget_pod":
+            self._forgotten.add(pod)
+
+    def _maybe_resync(self) -> None:
+        if self.resync_task is not None:
+            return
+        now = self._clock()
+        failed = (self.degraded or bool(self._unsynced)) and now >= self._retry_at
+        if not failed and now < self._next_audit:
+            return
+        self._next_audit = now + self._audit_interval
+        self.resync_task = asyncio.create_task(self._resync_task(), name="kvgate-directory-resync")
+
+    async def _resync_task(self) -> bool:
+        try:
+            return await self.resync()
+        finally:
+            self.resync_task = None
+
+    # -- resync ------------------------------------------------------------------------------
+
+    async def resync(self) -> bool:
+        """Leave the degraded state if the shared index answers, then rebuild each unsynced pod
+        there (see the module docstring). False (retried later) if the shared index fails."""
+        try:
+            # The probe. A Redis that restarted empty (or failed over to a replica that missed
+            # writes) lost pods nobody wrote during the outage: those are unsynced too.
+            shared_pods = await self.shared.pods()
+            self._unsynced |= await self.local.pods() - shared_pods - set(self._rebuilding)
+            if self.degraded:
+                self.degraded = False
+                self._degraded.set(0)
+                self._read_failures = 0
+                log.info("shared directory is back; rebuilding %d pod(s)", len(self._unsynced))
+            for pod in sorted(self._unsynced):
+                if pod not in self._unsynced or pod in self._rebuilding:
+                    continue  # another resync (a direct call) took it meanwhile
+                if self._inflight.get(pod):
+                    # A shared write to the pod that started before it was marked unsynced is
+                    # still in flight (a slow Redis): landing after the rebuild it could undo
+                    # it. Rebuild the pod shortly, once that write has its answer.
+                    self._retry_at = self._clock() + min(self._interval, 0.05)
+                    continue
+                await self._rebuild(pod)
+        except Exception as exc:
+            self._failed("resync", exc)
+            return False
+        return not self._unsynced
+
+    async def _rebuild(self, pod: str) -> None:
+        forget = pod in self._forgotten
+        self._unsynced.discard(pod)
+        self._forgotten.discard(pod)
+        snapshot = self.local.export_pod(pod)  # no await since the discard: consistent
+        queue: deque[_Call] | None = deque()
+        self._rebuilding[pod] = queue
+        shared = self.shared
+        try:
+            if forget:
+                await shared.forget_pod(pod)
+            if snapshot is None:
+                if not forget:
+                    await shared.clear_pod(pod)
+            else:
+                generation = snapshot.generation
+                if generation is not None:
+                    await shared.set_generation(pod, generation)
+                await shared.clear_pod(pod)
+                for medium, keys in snapshot.exact_batches(self._batch):
+                    if not await shared.add(pod, keys, medium=medium, generation=generation):
+                        break  # another writer set a newer generation: the pod is its now
+                now = self.local.clock()
+                for ttl, keys in snapshot.approximate_batches(now, self._batch):
+                    await shared.add_approximate(pod, keys, ttl)
+            while (queue := self._rebuilding[pod]) is not None and queue:
+                await queue.popleft()(shared)
+        except BaseException:
+            self._rebuilding.pop(pod, None)
+            self._lost(pod, "forget_pod" if forget else "rebuild")
+            raise
+        if self._rebuilding.pop(pod) is None:  # the queue overflowed: rebuild it again
+            self._unsynced.add(pod)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def _read(self, operation: str, call: Awaitable[Any]) -> Any:
         try:
             result = await call
         except Exception as exc:
-            self._errors.labels(operation).inc()
-            if pod is not None:
-                self._dirty.add(pod)
-            self._failures += 1
-            # One slow answer is not an outage: degrade after a few failures in a row, or at
-            # once when a write was lost (the shared index no longer matches the local view).
-            if not self.degraded and (
-                pod is not None or self._failures >= self.failures_to_degrade
-            ):
-                log.warning(
-                    "shared directory failed (%s: %r); routing on the local view", operation, exc
-                )
-                self.degraded = True
-                self._degraded.set(1)
-            self._last_probe = self._clock()
-            return None
-        self._failures = 0
+            self._read_failed(operation, exc)
+            return _FAILED
+        self._read_failures = 0
         return result
-
-    async def _maybe_recover(self) -> None:
-        now = self._clock()
-        if now - self._last_probe < self._interval:
-            return
-        self._last_probe = now
-        try:
-            for pod in sorted(self._dirty):
-                await self.shared.clear_pod(pod)
-                self._dirty.discard(pod)
-        except Exception:
-            self._errors.labels("resync").inc()
-            return
-        self.degraded = False
-        self._degraded.set(0)
-        log.info("shared directory is back; resynchronised")
 
     async def lookup(
         self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
     ) -> dict[str, int]:
+        self._maybe_resync()
         if self.degraded:
-            await self._maybe_recover()
-        if not self.degraded:
-            found = await self._shared("lookup", self.shared.lookup(keys, pods), None)
-            if found is not None:
-                return found
-        return await self.local.lookup(keys, pods)
+            return await self.local.lookup(keys, pods)
+        found = await self._read("lookup", self.shared.lookup(keys, pods))
+        if found is _FAILED:
+            return await self.local.lookup(keys, pods)
+        if not (self._unsynced or self._rebuilding):
+            return found  # type: ignore[no-any-return]
+        unsynced = self.unsynced if pods is None else self.unsynced & set(pods)
+        if not unsynced:
+            return found  # type: ignore[no-any-return]
+        # The shared answer is stale for these pods until they are rebuilt: use the local one.
+        result = {pod: n for pod, n in found.items() if pod not in unsynced}
+        result.update(await self.local.lookup(keys, unsynced))
+        return result
 
-    async def _write(
-        self, operation: str, pod: str, local: Awaitable[T], shared: Awaitable[T]
-    ) -> T:
-        result = await local
-        if self.degraded:
-            self._dirty.add(pod)
-            close = getattr(shared, "close", None)
-            if close is not None:
-                close()
+    async def get_generation(self, pod: str) -> str | None:
+        self._maybe_resync()
+        if not self.degraded and pod not in self.unsynced:
+            found = await self._read("get_generation", self.shared.get_generation(pod))
+            if found is not _FAILED:
+                return found  # type: ignore[no-any-return]
+        return await self.local.get_generation(pod)
+
+    async def pods(self) -> set[str]:
+        self._maybe_resync()
+        if not self.degraded:
+            found = await self._read("pods", self.shared.pods())
+            if found is not _FAILED:
+                unsynced = self.unsynced
+                local: set[str] = await self.local.pods()
+                return (found - unsynced) | (local & unsynced)  # type: ignore[no-any-return]
+        return await self.local.pods()
+
+    async def stats(self) -> IndexStats:
+        self._maybe_resync()
+        if not self.degraded:
+            found = await self._read("stats", self.shared.stats())
+            if found is not _FAILED:
+                return found  # type: ignore[no-any-return]
+        return await self.local.stats()
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def _write(self, operation: str, pod: str, call: _Call) -> Any:
+        result = await call(self.local)
+        self._maybe_resync()
+        if pod in self._rebuilding:
+            queue = self._rebuilding[pod]
+            if queue is not None:
+                queue.append(call)
+                if len(queue) > self._max_queued:
+                    self._rebuilding[pod] = None
             return result
-        await self._shared(operation, shared, pod)
+        if self.degraded or pod in self._unsynced:
+            self._lost(pod, operation)
+            return result
+        self._inflight[pod] = self._inflight.get(pod, 0) + 1
+        try:
+            await call(self.shared)
+        except Exception as exc:
+            self._failed(operation, exc)
+            self._lost(pod, operation)
+        finally:
+            left = self._inflight.pop(pod) - 1
+            if left:
+                self._inflight[pod] = left
         return result
 
     async def add(
@@ -122,11 +286,8 @@ class FallbackIndex:
         medium: str = DEFAULT_MEDIUM,
         generation: str | None = None,
     ) -> bool:
-        return await self._write(
-            "add",
-            pod,
-            self.local.add(pod, keys, medium=medium, generation=generation),
-            self.shared.add(pod, keys, medium=medium, generation=generation),
+        return await self._write(  # type: ignore[no-any-return]
+            "add", pod, lambda i: i.add(pod, keys, medium=medium, generation=generation)
         )
 
     async def remove(
@@ -137,59 +298,32 @@ class FallbackIndex:
         medium: str = DEFAULT_MEDIUM,
         generation: str | None = None,
     ) -> bool:
-        return await self._write(
-            "remove",
-            pod,
-            self.local.remove(pod, keys, medium=medium, generation=generation),
-            self.shared.remove(pod, keys, medium=medium, generation=generation),
+        return await self._write(  # type: ignore[no-any-return]
+            "remove", pod, lambda i: i.remove(pod, keys, medium=medium, generation=generation)
         )
 
     async def add_approximate(self, pod: str, keys: Sequence[BlockKey], ttl_seconds: float) -> None:
         await self._write(
-            "add_approximate",
-            pod,
-            self.local.add_approximate(pod, keys, ttl_seconds),
-            self.shared.add_approximate(pod, keys, ttl_seconds),
+            "add_approximate", pod, lambda i: i.add_approximate(pod, keys, ttl_seconds)
         )
 
     async def clear_pod(self, pod: str) -> None:
-        await self._write("clear_pod", pod, self.local.clear_pod(pod), self.shared.clear_pod(pod))
+        await self._write("clear_pod", pod, lambda i: i.clear_pod(pod))
 
     async def forget_pod(self, pod: str) -> None:
-        await self._write(
-            "forget_pod", pod, self.local.forget_pod(pod), self.shared.forget_pod(pod)
-        )
+        await self._write("forget_pod", pod, lambda i: i.forget_pod(pod))
 
     async def set_generation(self, pod: str, generation: str) -> bool:
-        return await self._write(
-            "set_generation",
-            pod,
-            self.local.set_generation(pod, generation),
-            self.shared.set_generation(pod, generation),
+        return await self._write(  # type: ignore[no-any-return]
+            "set_generation", pod, lambda i: i.set_generation(pod, generation)
         )
 
-    async def get_generation(self, pod: str) -> str | None:
-        if not self.degraded:
-            found = await self._shared("get_generation", self.shared.get_generation(pod), None)
-            if found is not None or not self.degraded:
-                return found
-        return await self.local.get_generation(pod)
-
-    async def pods(self) -> set[str]:
-        if not self.degraded:
-            found = await self._shared("pods", self.shared.pods(), None)
-            if found is not None:
-                return found
-        return await self.local.pods()
-
-    async def stats(self) -> IndexStats:
-        if not self.degraded:
-            found = await self._shared("stats", self.shared.stats(), None)
-            if found is not None:
-                return found
-        return await self.local.stats()
-
     async def close(self) -> None:
+        task, self.resync_task = self.resync_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await self.local.close()
         try:
             await self.shared.close()

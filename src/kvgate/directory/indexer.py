@@ -18,6 +18,7 @@ from collections.abc import Iterable
 
 import zmq.asyncio
 
+from kvgate.api.router_config import KvEventsConfig
 from kvgate.directory.base import BlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.directory.subscriber import PodEndpoint, PodSubscriber
@@ -34,14 +35,14 @@ class SubscriptionManager:
         *,
         pool: str = "",
         metrics: DirectoryMetrics | None = None,
-        replay_timeout_seconds: float = 2.0,
+        limits: KvEventsConfig | None = None,
         kv_cache_group: int | None = 0,
         restart_backoff_seconds: float = 1.0,
     ) -> None:
         self._index = index
         self._pool = pool
         self._metrics = metrics
-        self._replay_timeout = replay_timeout_seconds
+        self._limits = limits
         self._group = kv_cache_group
         self._backoff = restart_backoff_seconds
         self._context = zmq.asyncio.Context()
@@ -90,7 +91,7 @@ class SubscriptionManager:
             self._context,
             pool=self._pool,
             metrics=self._metrics,
-            replay_timeout_seconds=self._replay_timeout,
+            limits=self._limits,
             kv_cache_group=self._group,
         )
         self._subscribers[endpoint.pod] = sub

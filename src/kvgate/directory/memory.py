@@ -16,6 +16,10 @@ reused only afterwards.
 Bounds. At most `max_blocks_per_pod` exact entries per pod (the oldest-inserted go first) and
 `max_approximate_per_pod` approximate ones (the soonest-expiring go first). Expired approximate
 entries are collected lazily on lookup and on writes to the pod.
+
+Export. `export_pod` copies one pod's entries at one instant (two dict copies, in C), so that
+`FallbackIndex` can rebuild the pod in the shared index after an outage; the snapshot turns
+them into write batches lazily, chunk by chunk.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import heapq
 import itertools
 import operator
 import time
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from kvgate.directory.base import (
@@ -42,6 +46,40 @@ from kvgate.directory.base import (
 from kvgate.prefix import BlockKey
 
 _CLEANUP_CHUNK = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class PodSnapshot:
+    """One pod's entries at one instant (`MemoryBlockIndex.export_pod`)."""
+
+    generation: str | None
+    exact: dict[BlockKey, int]  # key -> media bitmask, oldest first
+    media: dict[int, str]  # medium bit -> name
+    approximate: dict[BlockKey, float]  # key -> expiry (the index's clock)
+
+    def exact_batches(self, size: int) -> Iterator[tuple[str, list[BlockKey]]]:
+        """(medium, keys) batches of at most `size` keys covering every exact entry, in the
+        pod's insertion order within each medium (a key held in two media is in both)."""
+        pending: dict[str, list[BlockKey]] = {}
+        for key, mask in self.exact.items():
+            for bit, medium in self.media.items():
+                if mask & bit:
+                    batch = pending.setdefault(medium, [])
+                    batch.append(key)
+                    if len(batch) >= size:
+                        yield medium, pending.pop(medium)
+        yield from pending.items()
+
+    def approximate_batches(self, now: float, size: int) -> Iterator[tuple[float, list[BlockKey]]]:
+        """(remaining ttl, keys) batches of the entries unexpired at `now`: keys that expire
+        together stay together, so each keeps its own remaining time to live."""
+        by_expiry: dict[float, list[BlockKey]] = {}
+        for key, expiry in self.approximate.items():
+            if expiry > now:
+                by_expiry.setdefault(expiry, []).append(key)
+        for expiry, keys in sorted(by_expiry.items()):
+            for i in range(0, len(keys), size):
+                yield expiry - now, keys[i : i + size]
 
 
 @dataclass(eq=False, slots=True)
@@ -76,6 +114,11 @@ class MemoryBlockIndex:
         self._media: dict[str, int] = {}  # medium name -> bit
         self._free_slots: list[int] = []
         self._next_slot = 0
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock approximate expiries are measured on."""
+        return self._clock
 
     # -- lookup ------------------------------------------------------------------------------
 
@@ -253,6 +296,14 @@ class MemoryBlockIndex:
 
     async def pods(self) -> set[str]:
         return set(self._pods)
+
+    def export_pod(self, pod: str) -> PodSnapshot | None:
+        """A copy of `pod`'s generation and entries now (None if the pod is unknown)."""
+        state = self._pods.get(pod)
+        if state is None:
+            return None
+        media = {bit: name for name, bit in self._media.items()}
+        return PodSnapshot(state.generation, dict(state.exact), media, dict(state.approx))
 
     async def stats(self) -> IndexStats:
         return IndexStats(

@@ -1,24 +1,30 @@
 """Follow one vLLM pod's KV events (ZMQ) and apply them to the directory.
 
 Wire format (vLLM `ZmqEventPublisher`): PUB multipart `[topic, seq, payload]`, `seq` an 8-byte
-big-endian counter that starts at 0 when the engine process starts. The replay socket is a
-ROUTER: a DEALER sends `["", start_seq]` and receives `["", topic, seq, payload]` (vLLM >= 0.11;
-older releases omit the topic) for every buffered batch with seq >= start, then an end marker
-whose seq is -1.
+big-endian counter that starts at 0 when the engine process starts. Replays come from the pod's
+ROUTER replay socket (`kvgate.directory.replay`), which buffers the last `buffer_steps` batches.
 
 Algorithm, with `expected` = the next seq this subscriber needs (None before the first message):
 
 * On start: a fresh generation (`<pod generation>#<random token>.<restarts>`) is set, which
   drops whatever a previous indexer left for the pod: it cannot tell which of those are true.
-* seq == expected: apply. seq > expected, or a first message with seq > 0: a gap; replay
-  [expected or 0, seq) and apply it. If the replay is unavailable or incomplete, a mid-stream
-  gap clears the pod (a missed BlockRemoved would leave stale entries); a first-message gap just
-  applies what the buffer still has (older stores are unknown, which can only under-report).
+* Only messages of the pod's own topic count (exactly; a ZMQ subscription matches prefixes);
+  a seq with the top bit set (negative as a signed 64-bit int, e.g. 2^64-1) is no seq a vLLM
+  counter reaches: such messages are counted (`bad_seq`) and skipped.
+* seq == expected: apply. A first message with seq > 0: replay what the pod's buffer still
+  holds of [seq - buffer_steps, seq) and apply it (older stores are unknown, which can only
+  under-report).
+* seq > expected, a gap: if it is at most `replay_buffer_steps` (vLLM's `buffer_steps`), replay
+  [expected, seq) and apply it as it arrives; if the replay is incomplete (no socket, the buffer
+  moved on, the deadline or a bound hit) the pod is cleared, since a missed BlockRemoved would
+  leave stale entries. A larger jump, up to an absurd 2^63-1, cannot be in any replay buffer: it
+  is counted (`seq_jump`), the pod is cleared at once and followed from the new seq. Either way
+  the cost is O(1) in the size of the gap: nothing is allocated per missing seq.
 * seq < expected: the engine restarted (seq went back, normally to 0): new generation, which
-  clears the pod at once, then seq > 0 is handled as a first-message gap.
-* Payloads that do not decode, frames that are not `[topic, seq, payload]`, messages for
-  another topic (ZMQ subscriptions match prefixes), rejected events: counted, logged once,
-  skipped. Events of other KV cache groups than `kv_cache_group` are skipped (hybrid models).
+  clears the pod at once, then seq > 0 is handled as a first message.
+* Payloads that do not decode, frames that are not `[topic, seq, payload]`, rejected events:
+  counted, logged once, skipped. Events of other KV cache groups than `kv_cache_group` are
+  skipped (hybrid models).
 * If the directory fails (Redis down), the batch's seq becomes `expected` again after a short
   back-off, so the next message triggers a replay and the directory catches up.
 
@@ -30,6 +36,7 @@ one directory call covers many batches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -40,6 +47,7 @@ from dataclasses import dataclass
 import zmq
 import zmq.asyncio
 
+from kvgate.api.router_config import KvEventsConfig
 from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex
 from kvgate.directory.events import (
     AllBlocksCleared,
@@ -49,11 +57,10 @@ from kvgate.directory.events import (
     decode_batch,
 )
 from kvgate.directory.metrics import DirectoryMetrics, LogOnce
+from kvgate.directory.replay import ReplayRange
 from kvgate.prefix import BlockKey
 
 log = logging.getLogger(__name__)
-
-END_SEQ = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +70,7 @@ class PodEndpoint:
     pod: str  # the directory's pod id
     events: str  # ZMQ PUB endpoint, e.g. tcp://10.0.0.5:5557
     replay: str | None = None  # ZMQ ROUTER replay endpoint, e.g. tcp://10.0.0.5:5558
-    topic: str = ""  # e.g. kv@10.0.0.5@<model>; "" = every message of the socket
+    topic: str = ""  # exactly what the pod publishes, e.g. kv@10.0.0.5@<model> (vLLM's default "")
     generation: str = ""  # pod UID (+ restart count); "" = the pod id
 
 
@@ -85,7 +92,7 @@ class PodSubscriber:
         *,
         pool: str = "",
         metrics: DirectoryMetrics | None = None,
-        replay_timeout_seconds: float = 2.0,
+        limits: KvEventsConfig | None = None,
         kv_cache_group: int | None = 0,
         retry_seconds: float = 0.5,
         drain_messages: int = 256,
@@ -95,7 +102,7 @@ class PodSubscriber:
         self._context = context
         self._pool = pool
         self._metrics = metrics
-        self._replay_timeout = replay_timeout_seconds
+        self._limits = limits or KvEventsConfig()
         self._group = kv_cache_group
         self._retry = retry_seconds
         self._token = secrets.token_hex(4)
@@ -106,6 +113,7 @@ class PodSubscriber:
         self._ops: list[_Op] = []  # queued directory writes, coalesced
         self._ops_from: int | None = None  # seq of the first batch in _ops
         self._batches = 0
+        self._rewound = False  # a write failed: `expected` went back, later messages wait
         self.expected: int | None = None
         self.generation = self._next_generation()
 
@@ -121,7 +129,9 @@ class PodSubscriber:
     async def run(self) -> None:
         sock = self._context.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SUBSCRIBE, self.endpoint.topic.encode())
+        sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_message_bytes)
+        sock.setsockopt(zmq.RCVHWM, self._limits.receive_queue_messages)
+        sock.setsockopt(zmq.SUBSCRIBE, self._topic)
         sock.connect(self.endpoint.events)
         try:
             await self.open()
@@ -150,8 +160,11 @@ class PodSubscriber:
 
     async def handle_many(self, messages: Sequence[Sequence[bytes]]) -> None:
         """Process PUB messages in order; their directory writes are coalesced and flushed once."""
+        self._rewound = False
         for frames in messages:
             await self._handle_one(frames)
+            if self._rewound:  # the rest is replayed from `expected` with the next message
+                return
         await self._flush()
 
     async def _handle_one(self, frames: Sequence[bytes]) -> None:
@@ -159,75 +172,71 @@ class PodSubscriber:
             self._bad("malformed_frame", f"{len(frames)} frames")
             return
         topic, seq_bytes, payload = frames
-        if self._topic and topic != self._topic:  # a ZMQ subscription matches prefixes only
-            self._bad("unknown_pod", f"topic {topic[:80]!r}")
+        if topic != self._topic:  # a ZMQ subscription matches prefixes only
+            self._bad("wrong_topic", f"topic {topic[:80]!r}, expected {self._topic[:80]!r}")
             return
         seq = int.from_bytes(seq_bytes, "big", signed=True)
+        if seq < 0:
+            self._bad("bad_seq", f"seq {int.from_bytes(seq_bytes, 'big')} (top bit set)")
+            return
         expected = self.expected
         if expected is not None and seq < expected:
             log.info("pod %s: seq %d after %d: engine restarted", self.endpoint.pod, seq, expected)
             self._ops.clear()  # writes for the old engine are moot
             await self._restart("restart")
             expected = None
+        buffer = self._limits.replay_buffer_steps
         if expected is None and seq > 0:
-            await self._replay(0, seq, clear_if_incomplete=False)
+            await self._replay(max(0, seq - buffer), seq, late_start=True)
         elif expected is not None and seq > expected:
             if self._metrics:
                 self._metrics.seq_gaps.labels(self._pool).inc()
-            await self._replay(expected, seq, clear_if_incomplete=True)
+            if seq - expected > buffer:
+                self._bad("seq_jump", f"seq {seq} after {expected - 1}: beyond the replay buffer")
+                await self._clear_for_gap(expected, seq, "beyond the replay buffer")
+            else:
+                await self._replay(expected, seq, late_start=False)
+        if self._rewound:
+            return
         self._apply_payload(seq, payload)
 
-    async def _replay(self, start: int, stop: int, *, clear_if_incomplete: bool) -> None:
-        """Apply batches [start, stop) from the replay socket; on failure maybe clear the pod."""
+    async def _replay(self, start: int, stop: int, *, late_start: bool) -> None:
+        """Apply batches [start, stop) from the replay socket as they arrive. A mid-stream gap
+        (`late_start=False`) that is not replayed completely clears the pod."""
         await self._flush()
-        got = await self._fetch_replay(start, stop)
-        complete = [seq for seq, _ in got] == list(range(start, stop))
-        outcome = "ok" if complete else ("partial" if got else "failed")
-        if self._metrics:
-            self._metrics.replays.labels(self._pool, outcome).inc()
-        if not complete and clear_if_incomplete:
-            self._ops.clear()
-            self._log.warning(
-                ("gap", self.endpoint.pod),
-                "pod %s: seq gap [%d, %d) not replayable (%s): clearing the pod",
-                self.endpoint.pod, start, stop, outcome,
-            )  # fmt: skip
-            self._count_clear("gap")
-            await self._index.clear_pod(self.endpoint.pod)
+        if self._rewound:
             return
-        for seq, payload in got:
-            self._apply_payload(seq, payload)
+        replay = ReplayRange(
+            self._context,
+            self.endpoint.replay,
+            start,
+            stop,
+            self._limits,
+            from_first_buffered=late_start,
+        )
+        async with contextlib.aclosing(replay.frames()) as frames:
+            async for seq, payload in frames:
+                self._apply_payload(seq, payload)
+                if self._batches >= self._drain:
+                    await self._flush()
+                    if self._rewound:
+                        return
+        if self._metrics:
+            self._metrics.replays.labels(self._pool, replay.outcome).inc()
+        if replay.outcome != "ok" and not late_start:
+            await self._clear_for_gap(start, stop, f"replay {replay.outcome}: {replay.reason}")
 
-    async def _fetch_replay(self, start: int, stop: int) -> list[tuple[int, bytes]]:
-        """Batches with start <= seq < stop, in order, as the replay socket gives them."""
-        if not self.endpoint.replay:
-            return []
-        sock = self._context.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(self.endpoint.replay)
-        got: list[tuple[int, bytes]] = []
-        try:
-            await sock.send_multipart([b"", start.to_bytes(8, "big")])
-            while True:
-                if not await sock.poll(int(self._replay_timeout * 1000)):
-                    self._log.warning(("replay-timeout", self.endpoint.pod),
-                                      "pod %s: replay timed out", self.endpoint.pod)  # fmt: skip
-                    return got
-                frames = await sock.recv_multipart()
-                if frames and frames[0] == b"":
-                    frames = frames[1:]
-                if len(frames) == 3:  # vLLM >= 0.11 sends the topic too
-                    frames = frames[1:]
-                if len(frames) != 2 or len(frames[0]) != 8:
-                    self._bad("malformed_frame", "replay frame")
-                    return got
-                seq = int.from_bytes(frames[0], "big", signed=True)
-                if seq == END_SEQ:
-                    return got
-                if start <= seq < stop:
-                    got.append((seq, frames[1]))
-        finally:
-            sock.close(linger=0)
+    async def _clear_for_gap(self, start: int, stop: int, why: str) -> None:
+        """Clear the pod: events of [start, stop) are lost (a removal among them would leave a
+        stale entry). Queued writes are moot; the message at `stop` applies after the clear."""
+        self._ops, self._ops_from, self._batches = [], None, 0
+        self._log.warning(
+            ("gap", self.endpoint.pod),
+            "pod %s: seq gap [%d, %d) not replayed (%s): clearing the pod",
+            self.endpoint.pod, start, stop, why,
+        )  # fmt: skip
+        self._count_clear("gap")
+        await self._index.clear_pod(self.endpoint.pod)
 
     def _apply_payload(self, seq: int, payload: bytes) -> None:
         """Decode a batch and queue its writes (flushed by `_flush`)."""
@@ -287,6 +296,7 @@ class PodSubscriber:
                 self._metrics.bad_events.labels(self._pool, "directory_error").inc()
             if first is not None:
                 self.expected = first
+                self._rewound = True
             await asyncio.sleep(self._retry)
             return
         if self._metrics and batches:

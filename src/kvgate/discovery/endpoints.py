@@ -27,7 +27,14 @@ class EndpointSpec:
     url: str  # http base URL without trailing slash
     kv_events: str | None = None  # ZMQ PUB endpoint; None = approximate mode
     kv_replay: str | None = None
+    kv_topic: str = ""  # the topic the pod publishes KV events under (`kv_topic` below)
     generation: str = ""  # pod UID (+ engine epoch); a new one invalidates directory entries
+
+
+def kv_topic(host: str, model: str) -> str:
+    """The KV-event topic an engine at `host` serving `model` publishes: the operator renders
+    `kv@$(POD_IP)@<served model name>` (IPv6 addresses without brackets, as $(POD_IP) has them)."""
+    return f"kv@{host.removeprefix('[').removesuffix(']')}@{model}"
 
 
 @dataclass

@@ -10,6 +10,7 @@ or breaks is re-listed after a short backoff.
 Endpoint identity is `<namespace>/<pod>`; the generation is `<pod uid>:<engine restarts>` so that
 an engine container restart invalidates the pod's directory entries. Ports are looked up by name
 on the containers (`http`, `kv-events`, `kv-replay` by default), else the documented defaults.
+KV events are expected under the topic the operator renders, `kv@<pod IP>@<pool model>`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 from typing import Any
 
 from kvgate.api.router_config import KubernetesDiscovery, PoolConfig
-from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
+from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, kv_topic
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +61,7 @@ def pod_spec(pool: PoolConfig, disc: KubernetesDiscovery, pod: Any) -> EndpointS
         url=f"{disc.scheme}://{host}:{http}",
         kv_events=f"tcp://{host}:{events}" if use_events else None,
         kv_replay=f"tcp://{host}:{replay}" if use_events else None,
+        kv_topic=kv_topic(ip, pool.model),
         generation=f"{pod.metadata.uid}:{restarts}",
     )
 

@@ -53,7 +53,9 @@ class IndexerService:
             p.key: create_pool_index(config.directory, p.key, self.directory_metrics)
             for p in config.pools
         }
-        self.indexer = EventIndexer(self.endpoints, self.indexes, self.directory_metrics)
+        self.indexer = EventIndexer(
+            self.endpoints, self.indexes, self.directory_metrics, config.directory.kv_events
+        )
         self.endpoints.add_listener(self.indexer.endpoints_changed)
         self._discoveries: list[Any] = []
         self._stats_task: asyncio.Task[None] | None = None

@@ -2,7 +2,7 @@
 
 One `kvgate.directory.SubscriptionManager` per pool feeds that pool's index. Whenever the
 endpoint set changes, each touched pool's manager is reconciled with the pool's endpoints that
-publish KV events; the manager subscribes to new pods, resubscribes pods whose endpoints or
+publish KV events (with the topic each pod publishes under, exactly); the manager subscribes to new pods, resubscribes pods whose endpoints or
 generation changed, and stops and forgets pods that left. The same class runs embedded in the
 router and alone in `kvgate indexer` (writing to Redis for many routers).
 """
@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections.abc import Mapping
 
+from kvgate.api.router_config import KvEventsConfig
 from kvgate.directory.base import BlockIndex
 from kvgate.directory.indexer import SubscriptionManager
 from kvgate.directory.metrics import DirectoryMetrics
@@ -40,10 +41,12 @@ class EventIndexer:
         endpoints: EndpointSet,
         indexes: Mapping[str, BlockIndex],
         metrics: DirectoryMetrics | None = None,
+        limits: KvEventsConfig | None = None,
     ) -> None:
         self._endpoints = endpoints
         self._indexes = indexes
         self._metrics = metrics
+        self._limits = limits
         self._managers: dict[str, SubscriptionManager] = {}
 
     def subscribed(self, pool: str) -> set[str]:
@@ -65,13 +68,16 @@ class EventIndexer:
                 del self._managers[pool]
             return
         if manager is None:
-            manager = SubscriptionManager(index, pool=pool, metrics=self._metrics)
+            manager = SubscriptionManager(
+                index, pool=pool, metrics=self._metrics, limits=self._limits
+            )
             self._managers[pool] = manager
         await manager.reconcile(
             PodEndpoint(
                 pod=ep.id,
                 events=ep.spec.kv_events,
                 replay=ep.spec.kv_replay,
+                topic=ep.spec.kv_topic,
                 generation=ep.spec.generation,
             )
             for ep in eps

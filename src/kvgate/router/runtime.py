@@ -124,7 +124,9 @@ class RouterRuntime:
         self.discoveries: dict[str, Discovery] = {}
         self.endpoints.add_listener(self._endpoints_changed)
         self.indexer = (
-            EventIndexer(self.endpoints, self.indexes, self.directory_metrics)
+            EventIndexer(
+                self.endpoints, self.indexes, self.directory_metrics, config.directory.kv_events
+            )
             if config.directory.embedded_indexer
             else None
         )

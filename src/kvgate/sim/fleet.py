@@ -4,7 +4,8 @@ Pod ``i`` listens on ``--base-port + i`` on ``--host`` (default 127.0.0.1), or, 
 ``--hosts IP0,IP1,...`` (one address per pod, e.g. pod IPs of a test cluster's network
 namespace), on ``--base-port`` of its own address. KV events are enabled with
 ``--kv-events-base-port``: pod ``i`` publishes on that port (+ i when pods share an address), its
-replay socket on ``--kv-replay-base-port`` likewise, with topic ``kv@<host:port>@<model>``.
+replay socket on ``--kv-replay-base-port`` likewise, with topic ``kv@<host>@<model>`` (the
+operator's ``kv@$(POD_IP)@<model>``, which the router expects of a static endpoint).
 Every pod gets the same engine flags; ``--sim-seed`` is offset by the pod index.
 """
 
@@ -50,7 +51,7 @@ def fleet_configs(args: argparse.Namespace) -> list[ServerConfig]:
                 publisher="zmq",
                 endpoint=f"tcp://{cfg.host}:{args.kv_events_base_port + offset}",
                 replay_endpoint=replay,
-                topic=f"kv@{cfg.host}:{cfg.port}@{cfg.served_model_name}",
+                topic=f"kv@{cfg.host}@{cfg.served_model_name}",
             )
             cfg.kv_events_bind = True
         configs.append(cfg)

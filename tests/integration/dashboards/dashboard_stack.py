@@ -122,7 +122,7 @@ class Stack:
                 "publisher": "zmq",
                 "endpoint": f"tcp://*:{events}",
                 "replay_endpoint": f"tcp://*:{replay}",
-                "topic": f"kv@{HOST}:{http}@{MODEL}",
+                "topic": f"kv@{HOST}@{MODEL}",
             }
             fleet.append(self._start(f"pod-{i}", kvgate(
                 "sim", "serve", "--host", HOST, "--port", str(http), f"--seed={i}",

@@ -12,6 +12,7 @@ import zmq.asyncio
 from prometheus_client import CollectorRegistry
 from tests.integration.conftest import RedisServer
 
+from kvgate.api.router_config import KvEventsConfig
 from kvgate.directory.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -115,7 +116,10 @@ def registry() -> CollectorRegistry:
 async def manager(registry: CollectorRegistry) -> AsyncIterator[SubscriptionManager]:
     index = MemoryBlockIndex()
     mgr = SubscriptionManager(
-        index, pool="ns/pool", metrics=DirectoryMetrics(registry), replay_timeout_seconds=1.0
+        index,
+        pool="ns/pool",
+        metrics=DirectoryMetrics(registry),
+        limits=KvEventsConfig(replay_timeout_seconds=1.0),
     )
     mgr.index = index  # type: ignore[attr-defined]
     yield mgr
@@ -271,7 +275,7 @@ async def test_bad_input_is_counted_and_skipped(
     await engine.publish(stored(h(0)))
     await until(lambda: _eq(index.lookup([h(0)]), {"p1": 1}))
     assert await index.lookup([h(9)]) == {}
-    for reason in ("truncated", "malformed", "unknown_type", "unknown_pod", "malformed_frame"):
+    for reason in ("truncated", "malformed", "unknown_type", "wrong_topic", "malformed_frame"):
         assert bad(registry, reason) == 1, reason
     await engine.close()
 
@@ -306,15 +310,27 @@ async def _eq(got: Awaitable[dict[str, int]], want: dict[str, int]) -> bool:
     return await got == want
 
 
-async def test_empty_topic_follows_whatever_the_pod_publishes(
-    manager: SubscriptionManager, ctx: zmq.asyncio.Context
+async def test_a_subscription_applies_only_its_pods_topic(
+    manager: SubscriptionManager, ctx: zmq.asyncio.Context, registry: CollectorRegistry
 ) -> None:
     engine = FakeEngine(ctx, "kv@10.0.0.9@model")
     index: MemoryBlockIndex = manager.index  # type: ignore[attr-defined]
-    await manager.reconcile([PodEndpoint("p1", engine.events_endpoint, engine.replay_endpoint)])
+    await manager.reconcile([engine.endpoint("p1")])
     await connected(manager, engine, "p1")
     await engine.publish(stored(h(0)))
-    await until(lambda: _eq(index.lookup([h(0)]), {"p1": 1}))
+    # Another pod's stream on the same socket (a mis-wired endpoint): a longer topic with the
+    # same prefix passes ZMQ's prefix filter, and is still dropped.
+    await engine.pub.send_multipart(
+        [
+            b"kv@10.0.0.9@model-b",
+            (1).to_bytes(8, "big"),
+            encode_batch(EventBatch(1, [stored(h(1))])),
+        ]
+    )
+    await engine.publish(stored(h(2)))
+    await until(lambda: _eq(index.lookup([h(2)]), {"p1": 1}))
+    assert await index.lookup([h(0), h(1)]) == {"p1": 1}
+    assert bad(registry, "wrong_topic") == 1
     await engine.close()
 
 

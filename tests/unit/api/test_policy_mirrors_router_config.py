@@ -22,7 +22,7 @@ MIRRORS: list[tuple[type[BaseModel], type[BaseModel], set[str], set[str]]] = [
     (
         p.DirectorySpec,
         rc.DirectoryConfig,
-        {"departed_grace_seconds"},
+        {"departed_grace_seconds", "kv_events"},  # engines the operator runs use vLLM's defaults
         set(),
     ),
 ]

@@ -161,4 +161,98 @@ async def test_wrong_topic_and_frames(sub: PodSubscriber, registry: CollectorReg
     await sub.handle([b"t", b"\x00" * 7, b""])
     await sub.handle([b"t"])
     assert sub.expected is None
-    assert (bad(registry, "unknown_pod"), bad(registry, "malformed_frame")) == (1, 2)
+    assert (bad(registry, "wrong_topic"), bad(registry, "malformed_frame")) == (1, 2)
+
+
+def raw_msg(seq_bytes: bytes, *events: KVEvent, topic: bytes = b"t") -> list[bytes]:
+    return [topic, seq_bytes, encode_batch(EventBatch(1.0, list(events)))]
+
+
+async def test_seqs_no_vllm_counter_reaches_are_skipped(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
+    index = index_of(sub)
+    await sub.handle(msg(0, stored(h(0))))
+    for seq in ((1 << 64) - 1, 1 << 63, (1 << 63) + 5):  # -1 (the replay end marker), ...
+        await sub.handle(raw_msg(seq.to_bytes(8, "big"), stored(h(9))))
+    assert bad(registry, "bad_seq") == 3
+    assert bad(registry, "directory_error") == 0
+    assert sub.expected == 1  # nothing changed
+    await sub.handle(msg(1, stored(h(1))))
+    assert await index.lookup([h(0), h(1), h(9)]) == {"p": 2}
+
+
+async def test_a_jump_past_the_replay_buffer_clears_and_follows_the_new_seq(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
+    index = index_of(sub)
+    await sub.handle(msg(0, stored(h(0))))
+    absurd = 1 << 62
+    await sub.handle(msg(absurd, stored(h(1))))  # no replay attempted: nothing could hold it
+    assert sub.expected == absurd + 1
+    assert await index.lookup([h(0)]) == {}
+    assert await index.lookup([h(1)]) == {"p": 1}
+    assert bad(registry, "seq_jump") == 1 and bad(registry, "directory_error") == 0
+    replays = registry.get_sample_value(
+        "kvgate_directory_event_replays_total", {"pool": "pool", "outcome": "failed"}
+    )
+    assert replays is None
+    assert (
+        registry.get_sample_value(
+            "kvgate_directory_pod_clears_total", {"pool": "pool", "reason": "gap"}
+        )
+        == 1
+    )
+    # The real engine's next seq is far below: it reads as a restart, which heals the pod.
+    await sub.handle(msg(7, stored(h(2))))
+    assert sub.expected == 8
+    assert await index.lookup([h(1)]) == {}
+    assert await index.lookup([h(2)]) == {"p": 1}
+
+
+async def test_the_replay_buffer_bound_is_configurable(registry: CollectorRegistry) -> None:
+    from kvgate.api.router_config import KvEventsConfig
+
+    ctx = zmq.asyncio.Context()
+    index = MemoryBlockIndex()
+    small = PodSubscriber(
+        PodEndpoint("p", "tcp://127.0.0.1:1", topic="t"),
+        index,
+        ctx,
+        pool="pool",
+        metrics=DirectoryMetrics(registry),
+        limits=KvEventsConfig(replay_buffer_steps=3),
+    )
+    await small.handle(msg(0, stored(h(0))))
+    await small.handle(msg(4, stored(h(1))))  # 3 missing: within the buffer (no socket: clear)
+    assert bad(registry, "seq_jump") == 0
+    await small.handle(msg(9, stored(h(2))))  # 4 missing: beyond it
+    assert bad(registry, "seq_jump") == 1
+    ctx.destroy(linger=0)
+
+
+async def test_a_first_message_with_an_absurd_seq_costs_nothing(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
+    index = index_of(sub)
+    await sub.handle(msg((1 << 63) - 1, stored(h(0))))
+    assert sub.expected == 1 << 63
+    assert await index.lookup([h(0)]) == {"p": 1}
+
+
+async def test_an_empty_topic_is_a_topic_too(registry: CollectorRegistry) -> None:
+    ctx = zmq.asyncio.Context()
+    index = MemoryBlockIndex()
+    sub = PodSubscriber(
+        PodEndpoint("p", "tcp://127.0.0.1:1", topic=""),
+        index,
+        ctx,
+        pool="pool",
+        metrics=DirectoryMetrics(registry),
+    )
+    await sub.handle(msg(0, stored(h(0)), topic=b"kv@10.0.0.2@m"))  # another pod's stream
+    await sub.handle(msg(0, stored(h(1)), topic=b""))
+    assert await index.lookup([h(0)]) == {}
+    assert await index.lookup([h(1)]) == {"p": 1}
+    assert bad(registry, "wrong_topic") == 1
+    ctx.destroy(linger=0)

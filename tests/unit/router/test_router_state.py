@@ -2,12 +2,7 @@
 
 import asyncio
 
-from prometheus_client import CollectorRegistry
 from tests.unit.router.fakes import FakePods, make_config
-
-from kvgate.directory.fallback import FallbackIndex
-from kvgate.directory.memory import MemoryBlockIndex
-from kvgate.directory.metrics import DirectoryMetrics
 
 SYSTEM = {"role": "system", "content": "You are a careful assistant. " * 40}
 
@@ -64,46 +59,6 @@ async def test_departed_pod_is_forgotten_by_the_directory(router_app):
     assert await index.lookup([b"k" * 32]) == {"pod1:8000": 1}
     await runtime.reload(make_config(1))
     assert await index.lookup([b"k" * 32]) == {}
-
-
-class _BrokenIndex(MemoryBlockIndex):
-    broken = True
-
-    async def lookup(self, keys, pods=None):
-        if self.broken:
-            raise ConnectionError("redis down")
-        return await super().lookup(keys, pods)
-
-    async def add_approximate(self, pod, keys, ttl_seconds):
-        if self.broken:
-            raise ConnectionError("redis down")
-        await super().add_approximate(pod, keys, ttl_seconds)
-
-
-async def test_fallback_routes_on_local_view_and_resyncs():
-    now = [0.0]
-    shared = _BrokenIndex()
-    metrics = DirectoryMetrics(CollectorRegistry())
-    index = FallbackIndex(
-        shared,
-        MemoryBlockIndex(),
-        metrics.fallback_errors,
-        metrics.fallback_degraded,
-        resync_interval=1.0,
-        clock=lambda: now[0],
-    )
-    key = b"k" * 32
-    await shared.add("pod-a", [key])  # written while healthy (bypassing the wrapper)
-    await index.add_approximate("pod-b", [key], 60)  # shared write fails: degraded
-    assert index.degraded
-    assert await index.lookup([key]) == {"pod-b": 1}  # local view
-    shared.broken = False
-    assert await index.lookup([key]) == {"pod-b": 1}  # not yet time to probe
-    now[0] = 2.0
-    found = await index.lookup([key])
-    assert not index.degraded
-    assert found == {"pod-a": 1}  # pod-b was cleared in the shared index on resync
-    assert metrics.fallback_errors.labels("add_approximate")._value.get() == 1
 
 
 async def test_client_disconnect_cancels_upstream(router_app):

@@ -1,0 +1,121 @@
+"""FallbackIndex over a real redis-server: the conformance suite, a stall (SIGSTOP) that loses
+writes, and a restart that loses everything; afterwards Redis again says what the local view
+(fed by the engines' events) holds."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from prometheus_client import CollectorRegistry
+from tests.integration.conftest import RedisServer
+from tests.unit.directory.conformance import (
+    APPROX_CAP,
+    CAP,
+    BlockIndexConformance,
+    FakeClock,
+    chain,
+)
+
+from kvgate.directory.fallback import FallbackIndex
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.directory.redis import RedisBlockIndex
+
+TIMEOUT_SECONDS = 0.2
+
+
+def fallback_over(url: str, clock: Callable[[], float], **kwargs: float) -> FallbackIndex:
+    caps = {"max_blocks_per_pod": CAP, "max_approximate_per_pod": APPROX_CAP}
+    metrics = DirectoryMetrics(CollectorRegistry())
+    shared = RedisBlockIndex.from_url(
+        url, "ns/pool", key_prefix="fb", socket_timeout_seconds=TIMEOUT_SECONDS, clock=clock, **caps
+    )
+    return FallbackIndex(
+        shared,
+        MemoryBlockIndex(clock=clock, **caps),
+        metrics.fallback_errors,
+        metrics.fallback_degraded,
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
+
+
+@pytest.fixture
+async def index(redis_url: str, clock: FakeClock) -> AsyncIterator[FallbackIndex]:
+    fallback = fallback_over(redis_url, clock)
+    yield fallback
+    await fallback.close()
+
+
+class TestFallbackOverRedisConformance(BlockIndexConformance):
+    pass
+
+
+async def wait_synced(index: FallbackIndex, seconds: float = 10.0) -> None:
+    """Operate (as traffic would) until no pod is unsynced and the index is not degraded."""
+    deadline = time.monotonic() + seconds
+    while index.unsynced or index.degraded or index.resync_task is not None:
+        assert time.monotonic() < deadline, f"not resynced: {index.unsynced}"
+        await index.lookup(chain(1, "tick"))
+        await asyncio.sleep(0.05)
+
+
+async def test_a_stall_loses_writes_and_the_rebuild_restores_them(
+    redis_server_factory: Callable[[], RedisServer],
+) -> None:
+    server = redis_server_factory()
+    index = fallback_over(server.url, time.time, resync_interval=0.2)
+    reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+    keys = chain(40)
+    try:
+        await index.set_generation("a", "g")
+        await index.add("a", keys[:10], generation="g")
+        await index.add("b", keys[:5])
+        server.pause()
+        started = time.monotonic()
+        await index.add("a", keys[10:30], generation="g")  # times out: lost in Redis
+        await index.remove("b", keys[2:5])
+        await index.add_approximate("c", keys[:7], 60)
+        assert await index.lookup(keys) == {"a": 30, "b": 2, "c": 7}  # the local view
+        stalled = time.monotonic() - started
+        server.resume()
+        assert stalled < 6 * TIMEOUT_SECONDS  # each call waited one timeout at most
+        await wait_synced(index)
+        assert await reader.lookup(keys) == {"a": 30, "b": 2, "c": 7}
+        assert await reader.get_generation("a") == "g"
+    finally:
+        server.resume()
+        await index.close()
+        await reader.close()
+
+
+async def test_a_redis_restart_that_lost_everything_is_rebuilt(
+    redis_server_factory: Callable[[], RedisServer],
+) -> None:
+    server = redis_server_factory()
+    index = fallback_over(server.url, time.time, resync_interval=0.2, audit_interval=0.5)
+    reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+    keys = chain(20)
+    try:
+        await index.set_generation("a", "g")
+        await index.add("a", keys, generation="g")
+        await index.add_approximate("b", keys[:4], 60)
+        server.stop()
+        server.start()  # same port, empty: no persistence
+        assert await reader.lookup(keys) == {}
+        deadline = time.monotonic() + 10
+        while await reader.lookup(keys) != {"a": 20, "b": 4}:
+            assert time.monotonic() < deadline, "not rebuilt"
+            await index.lookup(keys)  # traffic lets the audit run
+            await asyncio.sleep(0.1)
+        assert await reader.get_generation("a") == "g"
+    finally:
+        await index.close()
+        await reader.close()
