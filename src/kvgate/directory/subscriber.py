@@ -8,7 +8,9 @@ Algorithm, with `expected` = the next seq this subscriber needs (None before the
 
 * On start: a fresh generation (`<pod generation>#<random token>.<restarts>`) is set, which
   drops whatever a previous indexer left for the pod: it cannot tell which of those are true.
-* Only messages of the pod's own topic count (exactly; a ZMQ subscription matches prefixes);
+* Only messages of the pod's own topic count (exactly; a ZMQ subscription matches prefixes),
+  and those with vLLM's default empty topic (an engine started without a topic publishes on
+  its own socket, so they are its own);
   a seq with the top bit set (negative as a signed 64-bit int, e.g. 2^64-1) is no seq a vLLM
   counter reaches: such messages are counted (`bad_seq`) and skipped.
 * seq == expected: apply. A first message with seq > 0: replay what the pod's buffer still
@@ -131,7 +133,7 @@ class PodSubscriber:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.max_message_bytes)
         sock.setsockopt(zmq.RCVHWM, self._limits.receive_queue_messages)
-        sock.setsockopt(zmq.SUBSCRIBE, self._topic)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")  # every topic: `_handle_one` keeps ours and ""
         sock.connect(self.endpoint.events)
         try:
             await self.open()
@@ -172,7 +174,7 @@ class PodSubscriber:
             self._bad("malformed_frame", f"{len(frames)} frames")
             return
         topic, seq_bytes, payload = frames
-        if topic != self._topic:  # a ZMQ subscription matches prefixes only
+        if topic != self._topic and topic:
             self._bad("wrong_topic", f"topic {topic[:80]!r}, expected {self._topic[:80]!r}")
             return
         seq = int.from_bytes(seq_bytes, "big", signed=True)

@@ -164,6 +164,16 @@ async def test_wrong_topic_and_frames(sub: PodSubscriber, registry: CollectorReg
     assert (bad(registry, "wrong_topic"), bad(registry, "malformed_frame")) == (1, 2)
 
 
+async def test_vllms_default_empty_topic_is_the_pods_own(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
+    """An engine started without a topic (vLLM's default "") publishes on its own socket: a
+    subscription that expects the operator's topic still applies those messages."""
+    await sub.handle(msg(0, stored(h(0)), topic=b""))
+    assert await index_of(sub).lookup([h(0)]) == {"p": 1}
+    assert bad(registry, "wrong_topic") == 0
+
+
 def raw_msg(seq_bytes: bytes, *events: KVEvent, topic: bytes = b"t") -> list[bytes]:
     return [topic, seq_bytes, encode_batch(EventBatch(1.0, list(events)))]
 
