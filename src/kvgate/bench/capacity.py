@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvgate.bench.workload import BenchRequest, Workload
-from kvgate.sim.engine import EngineConfig, SimEngine
+from kvgate.sim.engine import EngineConfig, RequestRejected, SimEngine
 from kvgate.sim.hashing import PrefixBlockHasher
 from kvgate.sim.profile import DEFAULT_PROFILE, load_profile
 
@@ -53,10 +53,16 @@ def fleet_capacity(
         SimEngine(config, perf, PrefixBlockHasher("sha256", config.block_size, None))
         for _ in range(pods)
     ]
-    for index, request in enumerate(requests):
-        engines[index % pods].add_request(
-            request.request_id, list(request.prefix_units), request.max_tokens, 0.0
-        )
+    accepted: list[BenchRequest] = []
+    for request in requests:
+        try:  # a prompt the engine refuses (over max_model_len) is no work for it
+            engines[len(accepted) % pods].add_request(
+                request.request_id, list(request.prefix_units), request.max_tokens, 0.0
+            )
+        except RequestRejected:
+            continue
+        accepted.append(request)
+    requests = accepted
     makespan = 0.0
     for sim in engines:
         steps = sim.run_until_idle(0.0)
