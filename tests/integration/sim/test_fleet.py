@@ -10,7 +10,7 @@ import zmq
 from tests.integration.conftest import free_port
 from tests.integration.sim.processes import SimFactory, SimProcess
 
-from kvgate.directory.events import BlockStored, decode_batch
+from kvgate.kvevents import BlockStored, decode_batch
 
 
 def test_fleet_pods_are_independent(start_sim: SimFactory) -> None:

@@ -11,7 +11,7 @@ import pytest
 import zmq
 from tests.integration.sim.processes import SimFactory, SimProcess
 
-from kvgate.directory.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+from kvgate.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from kvgate.prefix import BlockHasher
 
 TOPIC = "kv@10.1.2.3@m"
