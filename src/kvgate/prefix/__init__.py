@@ -5,6 +5,7 @@ Public names are listed here once; the modules behind them are implementation de
 
 from kvgate.prefix.approx import ApproxBlockHasher, request_text
 from kvgate.prefix.chat import ChatTemplate, ChatTemplateError, normalize_messages
+from kvgate.prefix.completion_prompt import PromptError, completion_prompts
 from kvgate.prefix.diff import (
     FieldDifference,
     PrefixDiff,
@@ -29,7 +30,7 @@ from kvgate.prefix.hashing import (
     max_cacheable_blocks,
     none_hash,
 )
-from kvgate.prefix.prompt import PromptError, RequestTokenizer
+from kvgate.prefix.prompt import RequestTokenizer
 from kvgate.prefix.tokenizer import Tokenizer, TokenizerError
 
 __all__ = [
@@ -51,6 +52,7 @@ __all__ = [
     "TokenizerError",
     "block_key",
     "common_prefix_length",
+    "completion_prompts",
     "diff_requests",
     "extra_keys_for_block",
     "first_difference",

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kvgate.prefix.completion_prompt import PromptError
 from kvgate.prefix.diff import PrefixDiff, diff_requests
-from kvgate.prefix.prompt import PromptError, RequestTokenizer
+from kvgate.prefix.prompt import RequestTokenizer
 from kvgate.prefix.tokenizer import Tokenizer, TokenizerError
 
 PROG = "kvgate prefix diff"
