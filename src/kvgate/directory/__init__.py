@@ -8,13 +8,20 @@ extra). Their names are imported on first use (PEP 562), so that the operator, w
 clears a deleted pool's entries through `kvgate.directory.redis`, does not need ZMQ or metrics.
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kvgate._lazy import lazy_names
 from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex, IndexStats
 
 if TYPE_CHECKING:
-    from kvgate.directory.events import (
+    from kvgate.directory.factory import create_index
+    from kvgate.directory.indexer import SubscriptionManager
+    from kvgate.directory.instrumented import InstrumentedBlockIndex
+    from kvgate.directory.memory import MemoryBlockIndex
+    from kvgate.directory.metrics import DirectoryMetrics
+    from kvgate.directory.redis import RedisBlockIndex
+    from kvgate.directory.subscriber import PodEndpoint, PodSubscriber
+    from kvgate.kvevents import (
         AllBlocksCleared,
         BlockRemoved,
         BlockStored,
@@ -24,13 +31,6 @@ if TYPE_CHECKING:
         decode_batch,
         encode_batch,
     )
-    from kvgate.directory.factory import create_index
-    from kvgate.directory.indexer import SubscriptionManager
-    from kvgate.directory.instrumented import InstrumentedBlockIndex
-    from kvgate.directory.memory import MemoryBlockIndex
-    from kvgate.directory.metrics import DirectoryMetrics
-    from kvgate.directory.redis import RedisBlockIndex
-    from kvgate.directory.subscriber import PodEndpoint, PodSubscriber
 
 _EVENTS = (
     "AllBlocksCleared",
@@ -43,7 +43,7 @@ _EVENTS = (
     "encode_batch",
 )
 _LAZY = {
-    **dict.fromkeys(_EVENTS, "kvgate.directory.events"),
+    **dict.fromkeys(_EVENTS, "kvgate.kvevents"),
     "create_index": "kvgate.directory.factory",
     "SubscriptionManager": "kvgate.directory.indexer",
     "InstrumentedBlockIndex": "kvgate.directory.instrumented",
@@ -55,13 +55,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [

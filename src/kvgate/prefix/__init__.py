@@ -7,9 +7,9 @@ runs from a bare `pip install kvgate`). Tokenizers and chat templates need `toke
 `jinja2` (the `router` and `sim` extras): their names are imported on first use (PEP 562).
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from kvgate._lazy import lazy_names
 from kvgate.prefix.approx import ApproxBlockHasher, request_text
 from kvgate.prefix.completion_prompt import PromptError, completion_prompts
 from kvgate.prefix.diff import (
@@ -53,13 +53,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 __all__ = [

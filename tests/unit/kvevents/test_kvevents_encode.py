@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import msgpack
 import pytest
+from tests.vllm_wheel import vllm_wheel
 
 from kvgate.kvevents import (
     MEDIUM_GPU,
@@ -81,18 +81,8 @@ def test_int_hashes_publish_the_low_64_bits_of_the_digest() -> None:
     assert external_hash(7, True) == 7 and external_hash(digest, False) == digest
 
 
-def _find_wheel() -> Path | None:
-    env = os.environ.get("KVGATE_VLLM_WHEEL")
-    if env:
-        return Path(env)
-    wheels = sorted(Path("/tmp/vllm").glob("vllm-0.33.0-*.whl"))
-    return wheels[0] if wheels else None
-
-
 def _vllm_kv_events() -> ModuleType:
-    wheel = _find_wheel()
-    if wheel is None or not wheel.exists():
-        pytest.skip("no vLLM 0.33 wheel (set KVGATE_VLLM_WHEEL or pip download it to /tmp/vllm)")
+    wheel = vllm_wheel()
     spec = importlib.util.spec_from_file_location(
         "kvgate_events_generate", ROOT / "hack" / "vectors" / "events_generate.py"
     )

@@ -8,13 +8,12 @@ reproduces is compared with the wheel's source.
 
 from __future__ import annotations
 
-import os
 import re
 import zipfile
-from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.vllm_wheel import vllm_wheel
 
 from kvgate.api.router_config import EngineConfig
 from kvgate.prefix import PromptError, completion_prompts
@@ -111,19 +110,8 @@ def test_exact_ints_take_the_fast_path_unchanged() -> None:
     assert out is ids  # not copied: the common case costs one pass in C
 
 
-def _wheel() -> Path | None:
-    env = os.environ.get("KVGATE_VLLM_WHEEL")
-    if env:
-        return Path(env)
-    wheels = sorted(Path("/tmp/vllm").glob("vllm-0.33.0-*.whl"))
-    return wheels[0] if wheels else None
-
-
 def test_rule_reads_the_annotation_vllm_declares() -> None:
-    wheel = _wheel()
-    if wheel is None or not wheel.exists():
-        pytest.skip("no vLLM 0.33 wheel (set KVGATE_VLLM_WHEEL or pip download it to /tmp/vllm)")
-    with zipfile.ZipFile(wheel) as zf:
+    with zipfile.ZipFile(vllm_wheel()) as zf:
         source = zf.read("vllm/entrypoints/openai/completion/protocol.py").decode()
         preprocess = zf.read("vllm/renderers/inputs/preprocess.py").decode()
     found = re.search(r"class CompletionRequest\(.*?\n    prompt: \((.*?)\) = None", source, re.S)
