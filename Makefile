@@ -9,7 +9,7 @@ KVGATE := $(VENV)/bin/kvgate
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,peers]'
+	$(PY) -m pip install --quiet -e '.[dev,peers]'  # dev includes every component's extra
 	touch $@
 
 install: $(VENV)/.installed

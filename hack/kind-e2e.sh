@@ -56,7 +56,8 @@ FROM python:3.11-slim
 RUN apt-get update && apt-get install -y --no-install-recommends redis-server && rm -rf /var/lib/apt/lists/*
 COPY src /src/kvgate/src
 COPY pyproject.toml README.md /src/kvgate/
-RUN pip install --no-cache-dir /src/kvgate
+# One image for every component of the e2e suite: operator, router, indexer and the vLLM shim.
+RUN pip install --no-cache-dir '/src/kvgate[router,operator,sim]'
 COPY vllm /usr/local/bin/vllm
 RUN chmod +x /usr/local/bin/vllm
 ENTRYPOINT ["kvgate"]

@@ -8,6 +8,11 @@ documented next to its field (docs/configuration.md is the prose version).
 Secrets (API keys, the admin token, the Redis password, tenant salts) can be given inline, read
 from a file (a mounted Kubernetes Secret) or from an environment variable: see `SecretRef`.
 
+The sections a RoutingPolicy also carries (classes, borrowing, policy, sessions, tenants,
+directory) are defined once in `kvgate.api.sections`; this module adds the router-only sections
+and names the shared ones with the router's `SecretRef`. Field names are snake_case; their
+camelCase spelling (the CRD's) is accepted too.
+
 The policy's `params` is a plain mapping here because `kvgate.api` imports nothing else of ours;
 the router validates it against `kvgate.scoring`'s registry when it loads the file.
 """
@@ -16,20 +21,60 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-RequestClass = Literal["online", "batch"]
+from kvgate.api.sections import (
+    BorrowingConfig,
+    ClassesConfig,
+    ClassRule,
+    ConfigModel,
+    DirectorySettings,
+    PolicyConfig,
+    RedisSettings,
+    RequestClass,
+    SessionsConfig,
+    TenantSettings,
+    TenantsSettings,
+)
+
+__all__ = [
+    "AdminConfig",
+    "BorrowingConfig",
+    "ClassRule",
+    "ClassesConfig",
+    "DirectoryConfig",
+    "EndpointsConfig",
+    "EngineConfig",
+    "HashAlgo",
+    "KubernetesDiscovery",
+    "KvEventsConfig",
+    "LimitsConfig",
+    "LoadMetricsConfig",
+    "LoraAdapter",
+    "PolicyConfig",
+    "PoolConfig",
+    "PortNames",
+    "RedisConfig",
+    "RequestClass",
+    "RouterConfig",
+    "SecretRef",
+    "ServerConfig",
+    "SessionsConfig",
+    "StaticEndpoint",
+    "TenantConfig",
+    "TenantsConfig",
+    "TokenizerConfig",
+    "load_router_config",
+    "parse_router_config",
+]
+
 HashAlgo = Literal["sha256", "sha256_cbor"]  # what kvgate can reproduce exactly
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SecretRef(_Model):
+class SecretRef(ConfigModel):
     """A secret value: exactly one of `value`, `file` (e.g. a mounted Secret key) or `env`."""
 
     value: str | None = None
@@ -63,7 +108,7 @@ class SecretRef(_Model):
 # Pools: engines, tokenizer, endpoints
 
 
-class TokenizerConfig(_Model):
+class TokenizerConfig(ConfigModel):
     """How the router turns a request into the token ids vLLM will see.
 
     With `path` (a directory holding tokenizer.json and, for chat, a chat template) the router
@@ -77,7 +122,7 @@ class TokenizerConfig(_Model):
     approximate_chars_per_block: int = Field(default=64, ge=1)
 
 
-class EngineConfig(_Model):
+class EngineConfig(ConfigModel):
     """What the router must know about the pool's vLLM engines to compute their block hashes."""
 
     block_size: int = Field(default=16, ge=1)  # --block-size
@@ -89,7 +134,7 @@ class EngineConfig(_Model):
     kv_events: bool = True
 
 
-class StaticEndpoint(_Model):
+class StaticEndpoint(ConfigModel):
     """One engine pod given by hand."""
 
     url: str  # base URL, e.g. http://10.0.0.5:8000
@@ -123,7 +168,7 @@ class StaticEndpoint(_Model):
         return rest.split("/", 1)[0]
 
 
-class PortNames(_Model):
+class PortNames(ConfigModel):
     """Container port names (or numbers, as strings) on engine pods; DESIGN.md §4 defaults."""
 
     http: str = "http"
@@ -135,7 +180,7 @@ class PortNames(_Model):
     kv_replay_default: int = 5558
 
 
-class KubernetesDiscovery(_Model):
+class KubernetesDiscovery(ConfigModel):
     """Discover the pool's ready pods from the Kubernetes API (watching Pods)."""
 
     namespace: str | None = None  # default: the pool's namespace
@@ -144,7 +189,7 @@ class KubernetesDiscovery(_Model):
     scheme: Literal["http", "https"] = "http"
 
 
-class EndpointsConfig(_Model):
+class EndpointsConfig(ConfigModel):
     """Exactly one of `static` or `kubernetes`."""
 
     static: list[StaticEndpoint] | None = None
@@ -157,14 +202,14 @@ class EndpointsConfig(_Model):
         return self
 
 
-class LoraAdapter(_Model):
+class LoraAdapter(ConfigModel):
     """A LoRA adapter the pool's engines serve (`vllm serve --lora-modules name=path`)."""
 
     name: str = Field(min_length=1)  # what clients send as `model`
     path: str = Field(min_length=1)  # the path the engines loaded: part of vLLM's block hash
 
 
-class PoolConfig(_Model):
+class PoolConfig(ConfigModel):
     """An InferencePool as the router sees it."""
 
     name: str = Field(min_length=1)
@@ -192,99 +237,16 @@ class PoolConfig(_Model):
 
 
 # ---------------------------------------------------------------------------------------------
-# Classes, tenants, sessions
+# Sections shared with the RoutingPolicy CRD (kvgate.api.sections), with the router's secrets
+
+TenantConfig = TenantSettings[SecretRef]
+TenantsConfig = TenantsSettings[SecretRef]
+RedisConfig = RedisSettings[SecretRef]
 
 
-class ClassRule(_Model):
-    """`request_class` applies when every given condition holds; the first matching rule wins."""
-
-    request_class: RequestClass
-    tenant: str | None = None
-    model: str | None = None
-    header: str | None = None  # header name (case-insensitive)
-    header_value: str | None = None  # None = the header being present is enough
-
-
-class ClassesConfig(_Model):
-    default: RequestClass = "online"
-    header: str | None = "x-kvgate-class"  # clients may ask for a class; None disables
-    rules: list[ClassRule] = []
-
-
-class BorrowingConfig(_Model):
-    """When batch requests may run on online pools (online traffic never waits behind batch)."""
-
-    enabled: bool = True
-    # An online pod is borrowable only while all of these hold:
-    max_waiting_requests: int = Field(default=0, ge=0)  # vllm:num_requests_waiting
-    max_kv_cache_usage: float = Field(default=0.7, ge=0.0, le=1.0)  # vllm:kv_cache_usage_perc
-    max_running_requests: int = Field(default=8, ge=0)  # running + router in-flight
-    # Online requests may also use batch pools when no online pod is ready.
-    online_may_use_batch_pools: bool = True
-
-
-class TenantConfig(_Model):
-    """A tenant: its API keys and the `cache_salt` the router injects into its requests."""
-
-    name: str = Field(min_length=1)
-    api_keys: list[SecretRef] = []
-    cache_salt: SecretRef | None = None  # default: derived from TenantsConfig.salt_secret + name
-    request_class: RequestClass | None = None  # default class for this tenant's requests
-
-
-class TenantsConfig(_Model):
-    tenants: list[TenantConfig] = []
-    # Requests whose key maps to no tenant: "reject" (401) or "anonymous" (shared anonymous tenant).
-    unknown_key: Literal["reject", "anonymous"] = "anonymous"
-    anonymous_tenant: str = "anonymous"
-    # Secret mixed into derived salts so salts cannot be guessed from tenant names.
-    salt_secret: SecretRef | None = None
-    # Let a client's own cache_salt through (only when no tenants are configured).
-    pass_client_salt: bool = True
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> TenantsConfig:
-        names = [t.name for t in self.tenants]
-        if len(set(names)) != len(names):
-            raise ValueError("tenant names must be unique")
-        return self
-
-
-class SessionsConfig(_Model):
-    header: str | None = "x-session-id"  # None: only OpenAI `user` identifies a session
-    use_openai_user: bool = True
-    max_sessions: int = Field(default=10_000, ge=0)  # LRU for prefix-break detection
-    ttl_seconds: float = Field(default=3600.0, gt=0)
-
-
-# ---------------------------------------------------------------------------------------------
-# Policy, directory, admin, limits, load metrics
-
-
-class PolicyConfig(_Model):
-    """The scoring policy: a name from kvgate.scoring's registry and its typed parameters."""
-
-    name: str = "kvgate"
-    params: dict[str, Any] = {}  # validated against the policy's Params at load
-    # Hard cap on the extra queue delay the router accepts to reach a pod holding the prefix.
-    max_affinity_wait_seconds: float = Field(default=2.0, ge=0)
-    seed: int | None = None  # seed for randomised tie-breaking; None = from the OS
-
-
-class RedisConfig(_Model):
-    url: str = "redis://127.0.0.1:6379/0"
-    key_prefix: str = "kvgate"
-    password: SecretRef | None = None
-    # Per call. A call that times out is answered from the router's local view, so this is the
-    # most a Redis stall adds to a request; too short and a healthy Redis on a loaded machine
-    # counts as down (50 ms did, under load: docs/directory.md, "Trust and limits").
-    socket_timeout_seconds: float = Field(default=0.5, gt=0)
-    # How often an index that lost shared writes (or lookups) retries Redis and rebuilds them.
-    resync_interval_seconds: float = Field(default=1.0, gt=0)
-
-
-class KvEventsConfig(_Model):
-    """Bounds on what a pod's KV-event stream can cost the indexer (docs/directory.md)."""
+class KvEventsConfig(ConfigModel):
+    """Bounds on what a pod's KV-event stream can cost the indexer (docs/directory.md). Router
+    config only: pods the operator runs use vLLM's defaults, so the CRD does not carry them."""
 
     # vLLM's `buffer_steps` (its replay buffer holds that many batches): a seq gap larger than
     # this cannot be replayed, so the pod is cleared and followed from the new seq at once.
@@ -300,21 +262,21 @@ class KvEventsConfig(_Model):
     receive_queue_messages: int = Field(default=1000, ge=1)
 
 
-class DirectoryConfig(_Model):
-    backend: Literal["memory", "redis"] = "memory"
-    redis: RedisConfig = RedisConfig()
-    # Run KV-event subscribers in the router process. Turn off when `kvgate indexer` feeds Redis.
-    embedded_indexer: bool = True
-    # Routing-history entries for pods without KV events expire after this long.
-    approximate_ttl_seconds: float = Field(default=300.0, gt=0)
+class DirectoryConfig(DirectorySettings[SecretRef]):
+    """The directory section of the router config: the RoutingPolicy's, plus KV-event bounds."""
+
     kv_events: KvEventsConfig = KvEventsConfig()
 
 
-class AdminConfig(_Model):
+# ---------------------------------------------------------------------------------------------
+# Admin, limits, load metrics, server
+
+
+class AdminConfig(ConfigModel):
     token: SecretRef | None = None  # bearer token for /admin/*; None disables the admin API
 
 
-class LimitsConfig(_Model):
+class LimitsConfig(ConfigModel):
     max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
     connect_timeout_seconds: float = Field(default=2.0, gt=0)
     first_byte_timeout_seconds: float = Field(default=600.0, gt=0)  # includes queue + prefill
@@ -326,7 +288,7 @@ class LimitsConfig(_Model):
     eject_seconds: float = Field(default=5.0, gt=0)
 
 
-class LoadMetricsConfig(_Model):
+class LoadMetricsConfig(ConfigModel):
     """Scraping vLLM /metrics for load and active health."""
 
     scrape_interval_seconds: float = Field(default=0.1, gt=0)
@@ -335,13 +297,13 @@ class LoadMetricsConfig(_Model):
     path: str = "/metrics"
 
 
-class ServerConfig(_Model):
+class ServerConfig(ConfigModel):
     host: str = "0.0.0.0"
     port: int = Field(default=8000, ge=0, le=65535)
     access_log: bool = False  # one key=value log line per request (logger kvgate.router.requests)
 
 
-class RouterConfig(_Model):
+class RouterConfig(ConfigModel):
     """The whole router configuration."""
 
     server: ServerConfig = ServerConfig()

@@ -44,6 +44,7 @@ from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.directory.subscriber import PodEndpoint, PodSubscriber
 from kvgate.discovery.endpoints import Endpoint, EndpointSet, EndpointSpec
 from kvgate.discovery.endpoints import LoadSample as ScrapedLoad
+from kvgate.kvevents import EventBatch, KVEvent, encode_batch
 from kvgate.router.core.accounting import Attempt
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.learn import Usage
@@ -54,7 +55,6 @@ from kvgate.router.runtime import build_state
 from kvgate.router.setup import quickstart_config
 from kvgate.sim.des import DESFleet, FleetDriver, TraceRequest
 from kvgate.sim.engine import EngineConfig
-from kvgate.sim.events import KVEvent, encode_batch
 from kvgate.sim.profile import DEFAULT_PROFILE, load_profile
 from kvgate.sim.request import SimRequest
 
@@ -284,7 +284,7 @@ class RouterDriver(FleetDriver):
         self.now = now
         seq = self._seq[pod]
         self._seq[pod] = seq + 1
-        frames = [b"", seq.to_bytes(8, "big"), encode_batch(now, list(events))]
+        frames = [b"", seq.to_bytes(8, "big"), encode_batch(EventBatch(now, list(events), 0))]
         self._complete(self._subscribers[pod].handle(frames))
 
     def tick(self, fleet: DESFleet, now: float) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -32,11 +31,7 @@ import httpx
 from kvgate.bench.processes import ManagedProcess, StartError, free_port, free_ports
 from kvgate.bench.records import LoadSample
 from kvgate.bench.targets import HOST, kvgate_command
-
-_GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)\{[^}]*\}\s+([0-9.eE+-]+)", re.M)
-
-
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)\s*$", re.M)
+from kvgate.promtext import sum_samples
 
 ENGINE_COUNTERS = (
     "vllm:time_to_first_token_seconds_sum",
@@ -49,13 +44,8 @@ ENGINE_COUNTERS = (
 
 
 def sum_metrics(metrics_text: str, names: tuple[str, ...]) -> dict[str, float]:
-    """Each named series of a Prometheus text page, summed over its label sets."""
-    wanted = set(names)
-    out = dict.fromkeys(names, 0.0)
-    for name, value in _SAMPLE.findall(metrics_text):
-        if name in wanted and value != "NaN":
-            out[name] += float(value)
-    return out
+    """Each named series of a Prometheus text page, summed over its label sets (0 if absent)."""
+    return {**dict.fromkeys(names, 0.0), **sum_samples(metrics_text, names)}
 
 
 async def scrape_sums(
@@ -89,13 +79,8 @@ def mean_from_delta(
 
 def parse_load(metrics_text: str) -> tuple[float, float]:
     """(running, waiting) from a vLLM /metrics page (summed over label sets)."""
-    running = waiting = 0.0
-    for kind, value in _GAUGE.findall(metrics_text):
-        if kind == "running":
-            running += float(value)
-        else:
-            waiting += float(value)
-    return running, waiting
+    sums = sum_metrics(metrics_text, ("vllm:num_requests_running", "vllm:num_requests_waiting"))
+    return sums["vllm:num_requests_running"], sums["vllm:num_requests_waiting"]
 
 
 class SimFleet:

@@ -52,6 +52,3 @@ class PoolKeys:
 
     def approximate(self, pod: str) -> str:
         return self.base + "a:" + pod
-
-    def mask(self, word: int) -> str:
-        return f"{self.base}m:{word}"

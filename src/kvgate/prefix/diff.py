@@ -20,10 +20,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from kvgate.prefix.approx import request_text
-from kvgate.prefix.prompt import RequestTokenizer
+
+if TYPE_CHECKING:  # only called through: diffs without a tokenizer need no `tokenizers`
+    from kvgate.prefix.prompt import RequestTokenizer
 
 DiffKind = Literal["identical", "extends", "diverges"]
 _CHUNK = 256

@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.prefix.diff import PrefixDiff, diff_requests
-from kvgate.prefix.prompt import PromptError, RequestTokenizer
-from kvgate.prefix.tokenizer import Tokenizer, TokenizerError
 
 PROG = "kvgate prefix diff"
 
@@ -74,7 +72,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         a, b = _load(args.a), _load(args.b)
-        requests = RequestTokenizer(Tokenizer.from_dir(args.tokenizer)) if args.tokenizer else None
+        requests = None
+        if args.tokenizer:  # needs `tokenizers` and `jinja2` (kvgate[router])
+            from kvgate.prefix.prompt import RequestTokenizer
+            from kvgate.prefix.tokenizer import Tokenizer
+
+            requests = RequestTokenizer(Tokenizer.from_dir(args.tokenizer))
         result = diff_requests(
             a,
             b,
@@ -82,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
             block_size=args.block_size,
             approx_block_chars=args.approx_block_chars,
         )
-    except (ValueError, PromptError, TokenizerError) as exc:
+    except ValueError as exc:  # PromptError, TokenizerError, ChatTemplateError too
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 1
     if args.json:

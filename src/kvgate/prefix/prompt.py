@@ -1,7 +1,8 @@
 """OpenAI request bodies → the token ids vLLM will compute for them.
 
 - ``/v1/completions``: ``prompt`` is a string (tokenized with ``add_special_tokens``, default
-  true), a list of token ids (taken as given), or a batch of either (one prompt each).
+  true), a list of token ids (taken as given), or a batch of either (one prompt each), read
+  with vLLM's rule (``kvgate.prefix.completion_prompt``).
 - ``/v1/chat/completions``: ``messages`` (+ ``tools``, ``documents``, ``chat_template_kwargs``,
   ``add_generation_prompt`` default true, ``continue_final_message``, ``reasoning_effort``)
   rendered with the model's chat template (``kvgate.prefix.chat``), then tokenized with
@@ -18,12 +19,9 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from kvgate.prefix.chat import ChatTemplate, ChatTemplateError
+from kvgate.prefix.completion_prompt import PromptError, completion_prompts
 from kvgate.prefix.content_format import ContentFormat
 from kvgate.prefix.tokenizer import Tokenizer
-
-
-class PromptError(ValueError):
-    """The request body cannot be turned into token ids."""
 
 
 def _truncate(ids: list[int], body: Mapping[str, Any]) -> list[int]:
@@ -31,12 +29,6 @@ def _truncate(ids: list[int], body: Mapping[str, Any]) -> list[int]:
     if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 0:
         return ids[-keep:] if keep else []
     return ids
-
-
-def _is_token_list(value: Any) -> bool:
-    return isinstance(value, list) and all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in value
-    )
 
 
 class RequestTokenizer:
@@ -62,28 +54,23 @@ class RequestTokenizer:
         )
         self._request_templates: dict[str, ChatTemplate] = {}
 
-    def completion_token_ids(self, body: Mapping[str, Any]) -> list[list[int]]:
-        """One token-id list per prompt of a ``/v1/completions`` body."""
-        prompt = body.get("prompt")
+    def completion_token_ids(
+        self, body: Mapping[str, Any], *, vocab_size: int | None = None
+    ) -> list[list[int]]:
+        """One token-id list per prompt of a ``/v1/completions`` body (`completion_prompts`'s
+        rule; `vocab_size` bounds given ids where the engine's vocabulary is known)."""
         add_special = body.get("add_special_tokens", True)
         if not isinstance(add_special, bool):
             raise PromptError("add_special_tokens must be a boolean")
-        if isinstance(prompt, str):
-            prompts: list[Any] = [prompt]
-        elif _is_token_list(prompt) and prompt:
-            prompts = [prompt]
-        elif isinstance(prompt, list) and prompt:
-            prompts = prompt
-        else:
-            raise PromptError("prompt must be a string, a list of token ids, or a batch of them")
+        prompts = completion_prompts(body.get("prompt"), vocab_size=vocab_size)
+        if not prompts:
+            raise PromptError("prompt is an empty batch")
         out: list[list[int]] = []
         for item in prompts:
             if isinstance(item, str):
                 ids = self.tokenizer.encode(item, add_special_tokens=add_special)
-            elif _is_token_list(item):
-                ids = list(item)
             else:
-                raise PromptError("each prompt must be a string or a list of token ids")
+                ids = list(item)
             out.append(_truncate(ids, body))
         return out
 

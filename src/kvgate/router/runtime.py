@@ -38,7 +38,8 @@ from kvgate.router.http.proxy import Proxy
 from kvgate.router.http.scrape import LoadScraper
 from kvgate.router.http.upstream import HttpxUpstream, RawUpstream, RoutingUpstream, Upstream
 from kvgate.router.metrics import RouterMetrics
-from kvgate.router.setup import build_keyer, build_policy
+from kvgate.router.setup import build_keyer
+from kvgate.scoring.registry import build_policy
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +60,10 @@ def build_state(
             found = cache[ident] = build_keyer(pool)
         return found
 
-    state = RouterState(config, build_policy(config), keyer)
+    policy = config.policy
+    cap = policy.max_affinity_wait_seconds
+    built = build_policy(policy.name, policy.params, max_affinity_wait_seconds=cap)
+    state = RouterState(config, built, keyer)
     live = {keyer_identity(p.engine) for p in config.pools}
     for ident in list(cache):
         if ident not in live:

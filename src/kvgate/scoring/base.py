@@ -29,8 +29,7 @@ shared by every plugin):
   set, e.g. ``affinity-cap``) never does: if it would leave none it returns its input unchanged,
   and when it moves the request off the pod holding the longest prefix, the decision's reason is
   the guard's ``reason``;
-- a :class:`Scorer` gives every candidate a score in [0, 1], 1 is best; its ``category`` says
-  whether it concentrates load (``affinity``), spreads it (``balance``) or does both (``hybrid``);
+- a :class:`Scorer` gives every candidate a score in [0, 1], 1 is best;
 - a :class:`Picker` chooses one candidate from the weighted sum of the scores.
 
 Scorers and filters never mutate their inputs. Plugins are built by name (kebab-case) with typed
@@ -46,7 +45,6 @@ from typing import Any, Literal, NamedTuple, Protocol
 
 PoolClass = Literal["online", "batch"]
 RequestClass = Literal["online", "batch"]
-ScorerCategory = Literal["affinity", "balance", "hybrid"]
 
 #: The directory's answer: pod id -> number of leading request blocks the pod holds.
 MatchedBlocks = Mapping[str, int]
@@ -59,7 +57,6 @@ REASON_LOAD_BOUND = "load-bound"  # the best pod was above the load bound (c x m
 REASON_NO_HIT_SPREAD = "no-hit-spread"  # no pod held any of the prefix: spread by load/recency
 REASON_LEAST_LOAD = "least-load"
 REASON_ROUND_ROBIN = "round-robin"
-REASON_ONLY_CANDIDATE = "only-candidate"
 
 
 class NoEligibleEndpointError(LookupError):
@@ -136,30 +133,16 @@ class ChoiceHistory:
     and no-hit spreading use it; it survives endpoints joining and leaving.
     """
 
-    __slots__ = ("_last", "_seq", "_undo")
+    __slots__ = ("_last", "_seq")
 
     def __init__(self) -> None:
         self._seq = 0
         self._last: dict[str, int] = {}
-        self._undo: tuple[str, int] | None = None
 
     def record(self, endpoint_id: str) -> None:
         """Note that the latest decision chose ``endpoint_id``."""
-        self._undo = (endpoint_id, self._last.get(endpoint_id, -1))
         self._last[endpoint_id] = self._seq
         self._seq += 1
-
-    def undo_last(self) -> None:
-        """Revert the most recent :meth:`record` (e.g. a decision that was only explained, as in
-        ``/debug/route``). A second call without a new record does nothing."""
-        if self._undo is None:
-            return
-        endpoint_id, previous = self._undo
-        self._undo = None
-        if previous < 0:
-            self._last.pop(endpoint_id, None)
-        else:
-            self._last[endpoint_id] = previous
 
     def last_chosen(self, endpoint_id: str) -> int:
         return self._last.get(endpoint_id, -1)
@@ -211,9 +194,6 @@ class Scorer(Protocol):
 
     @property
     def name(self) -> str: ...
-
-    @property
-    def category(self) -> ScorerCategory: ...
 
     def score(self, state: CycleState, candidates: Sequence[EndpointSnapshot]) -> list[float]: ...
 

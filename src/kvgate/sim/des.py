@@ -27,9 +27,9 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from kvgate.kvevents import KVEvent
 from kvgate.prefix import HashAlgo
 from kvgate.sim.engine import EngineConfig, SimEngine, StepResult
-from kvgate.sim.events import KVEvent
 from kvgate.sim.hashing import PrefixBlockHasher
 from kvgate.sim.profile import PerformanceProfile
 from kvgate.sim.request import SimRequest

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kvgate.sim.events import KVEvent
+from kvgate.kvevents import KVEvent
 from kvgate.sim.kv_cache import KVCacheManager
 from kvgate.sim.profile import PerformanceProfile
 from kvgate.sim.request import BlockHasher, SimRequest, Status

@@ -21,11 +21,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from kvgate.sim.events import (
+from kvgate.kvevents import (
+    MEDIUM_GPU,
     AllBlocksCleared,
+    BlockHash,
     BlockRemoved,
     BlockStored,
-    ExternalHash,
     KVEvent,
 )
 from kvgate.sim.request import SimRequest
@@ -167,7 +168,8 @@ class KVCacheManager:
                 if not holders:
                     del self._cached[h]
                 self._hash[b] = None
-                self._events.append(BlockRemoved(block_hashes=[h]))
+                # vLLM's GPU block pool states the medium and the (single) KV cache group
+                self._events.append(BlockRemoved([h], medium=MEDIUM_GPU, group_idx=0))
             self._ref_cnt[b] = 1
             out.append(b)
         return out
@@ -186,11 +188,13 @@ class KVCacheManager:
             self._cached.setdefault(h, {})[b] = None
         self._events.append(
             BlockStored(
-                block_hashes=list[ExternalHash](new_hashes),
+                block_hashes=list[BlockHash](new_hashes),
                 parent_block_hash=hashes[start - 1] if start else None,
                 token_ids=request.all_token_ids[start * bs : full * bs],
                 block_size=bs,
+                medium=MEDIUM_GPU,
                 extra_keys=[request.event_extra_keys(i) for i in range(start, full)],
+                group_idx=0,
             )
         )
         request.num_cached_blocks = full

@@ -22,8 +22,8 @@ from collections import deque
 import zmq
 import zmq.asyncio
 
+from kvgate.kvevents import EventBatch, KVEvent, encode_batch
 from kvgate.sim.config import KVEventsConfig
-from kvgate.sim.events import KVEvent, encode_batch
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,9 @@ class KVEventPublisher:
     def publish(self, events: list[KVEvent]) -> None:
         if not events:
             return
-        payload = encode_batch(time.time(), events, self._dp_rank, self._int_hashes)
+        payload = encode_batch(
+            EventBatch(time.time(), events, self._dp_rank), int_hashes=self._int_hashes
+        )
         seq = self._seq
         self._seq += 1
         try:

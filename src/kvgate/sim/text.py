@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from kvgate.prefix import PromptError, RequestTokenizer, Tokenizer
+from kvgate.prefix import PromptError, RequestTokenizer, Tokenizer, completion_prompts
 
 CHUNK_CHARS = 4
 _FIRST_ID = 100
@@ -58,19 +58,8 @@ class ChunkCodec:
         ]
 
     def completion_token_ids(self, body: Mapping[str, Any]) -> list[list[int]]:
-        prompt: Any = body.get("prompt")
-        prompts: list[Any] = (
-            prompt if isinstance(prompt, list) and prompt and not _is_ids(prompt) else [prompt]
-        )
-        out: list[list[int]] = []
-        for item in prompts:
-            if isinstance(item, str):
-                out.append(self.encode(item))
-            elif _is_ids(item):
-                out.append(list(item))
-            else:
-                raise ValueError("prompt must be a string, a list of token ids, or a batch of them")
-        return out
+        prompts = completion_prompts(body.get("prompt"), vocab_size=self.vocab_size)
+        return [self.encode(p) if isinstance(p, str) else p for p in prompts]
 
     def chat_token_ids(self, body: Mapping[str, Any]) -> list[int]:
         messages = body.get("messages")
@@ -96,7 +85,7 @@ class PrefixCodec:
         self.vocab_size = int(self.tokenizer.backend.get_vocab_size())
 
     def completion_token_ids(self, body: Mapping[str, Any]) -> list[list[int]]:
-        return self.requests.completion_token_ids(body)
+        return self.requests.completion_token_ids(body, vocab_size=self.vocab_size)
 
     def chat_token_ids(self, body: Mapping[str, Any]) -> list[int]:
         if self.requests.template is None:
@@ -114,14 +103,6 @@ def load_codec(tokenizer: str | None, model: str, vocab_size: int) -> TextCodec:
     if (Path(model) / "tokenizer.json").is_file():
         return PrefixCodec(model)
     return ChunkCodec(vocab_size)
-
-
-def _is_ids(value: Any) -> bool:
-    return (
-        isinstance(value, list)
-        and bool(value)
-        and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-    )
 
 
 def _content_text(content: Any) -> str:

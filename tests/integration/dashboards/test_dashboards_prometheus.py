@@ -37,7 +37,7 @@ WINDOW = "60s"  # covers the whole load: rate() over it is the run's average
 def session_prompts(session: int, rng: random.Random) -> list[list[int]]:
     """Token ids of each turn: a shared system prefix, then this session's growing history."""
     system = list(range(100, 100 + 160))
-    history = [1000 + session * 10_000 + i for i in range(48)]
+    history = [1000 + session * 2_000 + i for i in range(48)]
     turns = []
     for turn in range(TURNS):
         turns.append(system + history)

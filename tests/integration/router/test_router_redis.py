@@ -7,14 +7,13 @@ import asyncio
 
 from tests.integration.router.conftest import pool_config, serve_router
 
+from kvgate.promtext import sum_samples
+
 SYSTEM = {"role": "system", "content": "Shared instructions for every agent. " * 80}
 
 
 def _gauge(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " ") or line.startswith(name + "{"):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return sum_samples(text, [name]).get(name, 0.0)
 
 
 async def test_two_routers_share_routing_history_through_redis(sim_pods, redis_url, client):

@@ -10,7 +10,10 @@ import zmq
 from tests.integration.conftest import free_port
 from tests.integration.sim.processes import SimFactory, SimProcess
 
-from kvgate.directory.events import BlockStored, decode_batch
+from kvgate.kvevents import BlockStored, decode_batch
+from kvgate.promtext import sum_samples
+
+HITS = "vllm:prefix_cache_hits_total"
 
 
 def test_fleet_pods_are_independent(start_sim: SimFactory) -> None:
@@ -52,12 +55,7 @@ def test_fleet_pods_are_independent(start_sim: SimFactory) -> None:
         assert second["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
         assert other["usage"]["prompt_tokens_details"]["cached_tokens"] == 0  # another pod
         hits = [
-            next(
-                float(line.split()[-1])
-                for line in client.get(url + "/metrics").text.splitlines()
-                if line.startswith("vllm:prefix_cache_hits_total")
-            )
-            for url in fleet.urls()
+            sum_samples(client.get(url + "/metrics").text, [HITS])[HITS] for url in fleet.urls()
         ]
         assert hits == [0.0, 96.0, 0.0]
 

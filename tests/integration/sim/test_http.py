@@ -13,6 +13,9 @@ import httpx
 import pytest
 from tests.integration.sim.processes import SimFactory, SimProcess
 
+from kvgate.promtext import sum_samples
+
+RUNNING = "vllm:num_requests_running"
 LONG_TEXT = "The quick brown fox jumps over the lazy dog. " * 60  # ~675 fallback tokens
 
 
@@ -204,11 +207,7 @@ def test_client_going_away_aborts_its_request(pod: SimProcess) -> None:
     deadline = time.monotonic() + 10
     while True:
         metrics = pod.client.get("/metrics").text
-        running = next(
-            float(line.split()[-1])
-            for line in metrics.splitlines()
-            if line.startswith("vllm:num_requests_running{")
-        )
+        running = sum_samples(metrics, [RUNNING])[RUNNING]
         if running == 0:
             break
         assert time.monotonic() < deadline, "the aborted request kept running"

@@ -17,7 +17,7 @@ def test_http_ttfts_equal_des_ttfts_for_the_same_arrivals(start_sim: SimFactory)
              "--max-num-batched-tokens", "2048", "--max-num-seqs", "8",
              "--gpu-memory-utilization", "0.9", "--seed", "3"]  # fmt: skip
     pod = start_sim(*flags)
-    prompts = [[50_000 * (i % 3 + 1) + t for t in range(1500 + 97 * i)] for i in range(12)]
+    prompts = [[5_000 * (i % 3 + 1) + t for t in range(1500 + 97 * i)] for i in range(12)]
     results: dict[int, tuple[float, float]] = {}
 
     def send(i: int) -> None:

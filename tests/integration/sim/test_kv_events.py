@@ -11,7 +11,7 @@ import pytest
 import zmq
 from tests.integration.sim.processes import SimFactory, SimProcess
 
-from kvgate.directory.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
+from kvgate.kvevents import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from kvgate.prefix import BlockHasher
 
 TOPIC = "kv@10.1.2.3@m"
@@ -85,7 +85,7 @@ def test_stored_events_carry_hashes_recomputable_from_tokens(
     sub = subscribe(pub)
     prompt = list(range(5000, 5000 + 100))  # 6 full blocks
     for attempt in range(50):  # a SUB socket misses what is published before it connects
-        _complete(pod, [900_000 + attempt] * 17)
+        _complete(pod, [30_000 + attempt] * 17)
         if sub.sock.poll(200):
             break
     sub.drain()
@@ -114,12 +114,12 @@ def test_memory_pressure_evicts_least_recently_used_prefixes(
     )  # fmt: skip
     sub = subscribe(pub)
     for attempt in range(50):
-        _complete(pod, [900_000 + attempt] * 17)
+        _complete(pod, [30_000 + attempt] * 17)
         if sub.sock.poll(200):
             break
     # Blocks cached while the subscriber joined are the oldest: they go first.
     joined = [h for _s, e in sub.drain() if isinstance(e, BlockStored) for h in e.block_hashes]
-    prompts = [[10_000 * (k + 1) + t for t in range(200)] for k in range(4)]
+    prompts = [[6_000 * (k + 1) + t for t in range(200)] for k in range(4)]
     hasher = BlockHasher("sha256", 16, "0")
     hashes = [hasher.hash_blocks(p) for p in prompts]
     _complete(pod, prompts[0])
@@ -148,7 +148,7 @@ def test_replay_restart_and_reset(
     pod, pub, replay = _serve(start_sim, tmp_path)
     sub = subscribe(pub)
     for attempt in range(50):
-        _complete(pod, [900_000 + attempt] * 17)
+        _complete(pod, [30_000 + attempt] * 17)
         if sub.sock.poll(200):
             break
     _complete(pod, list(range(700, 760)))

@@ -46,8 +46,11 @@ def test_completion_prompts(requests, hf_tokenizer):
     no_bos = requests.completion_token_ids({"prompt": text, "add_special_tokens": False})
     assert no_bos == [hf_tokenizer(text, add_special_tokens=False)["input_ids"]]
     assert requests.completion_token_ids({"prompt": [5, 6, 7]}) == [[5, 6, 7]]
-    batch = requests.completion_token_ids({"prompt": ["a", [1, 2]]})
-    assert batch == [hf_tokenizer("a")["input_ids"], [1, 2]]
+    batch = requests.completion_token_ids({"prompt": ["a", "b"]})
+    assert batch == [hf_tokenizer("a")["input_ids"], hf_tokenizer("b")["input_ids"]]
+    assert requests.completion_token_ids({"prompt": [[1, 2], [3]]}) == [[1, 2], [3]]
+    with pytest.raises(PromptError):  # vLLM refuses a batch mixing texts and token ids
+        requests.completion_token_ids({"prompt": ["a", [1, 2]]})
     assert requests.completion_token_ids({"prompt": [1, 2, 3], "truncate_prompt_tokens": 2}) == [
         [2, 3]
     ]

@@ -94,11 +94,12 @@ def test_documented_examples_are_valid_configs():
     import re
     from pathlib import Path
 
-    from kvgate.router.setup import build_policy
+    from kvgate.scoring.registry import build_policy
 
     doc = (Path(__file__).parents[3] / "docs" / "configuration.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", doc, flags=re.S)
     assert len(blocks) >= 2
     for block in blocks:
         cfg = parse_router_config(block)
-        build_policy(cfg)  # policy params are checked against kvgate.scoring's registry
+        policy = cfg.policy  # its params are checked against kvgate.scoring's registry
+        build_policy(policy.name, policy.params, max_affinity_wait_seconds=1.0)

@@ -28,7 +28,6 @@ CASES = 300
 @pytest.mark.parametrize("name", REGISTRY.names("scorer"))
 def test_scores_are_in_unit_interval_and_inputs_unchanged(name: str) -> None:
     scorer = REGISTRY.scorer(name)
-    assert scorer.category in ("affinity", "balance", "hybrid")
     rng = random.Random(name)
     for _ in range(CASES):
         req, eps, matched, now = random_case(rng)
@@ -199,18 +198,9 @@ def test_round_robin_cycles_and_takes_newcomers_first() -> None:
     assert chosen.id == "pod-9"
 
 
-def test_history_undo_last_restores_the_previous_order() -> None:
+def test_history_forgets_a_departed_pod() -> None:
     history = ChoiceHistory()
     for eid in ["pod-0", "pod-1", "pod-2"]:
         history.record(eid)
-    before = [history.last_chosen(f"pod-{i}") for i in range(3)]
-    history.record("pod-0")  # an explained-only decision...
-    history.undo_last()  # ...undone: pod-0 is again the least recently chosen
-    assert [history.last_chosen(f"pod-{i}") for i in range(3)] == before
-    history.undo_last()  # nothing more to undo
-    assert [history.last_chosen(f"pod-{i}") for i in range(3)] == before
-    history.record("pod-9")
-    history.undo_last()
-    assert history.last_chosen("pod-9") == -1
     history.forget("pod-1")
     assert history.last_chosen("pod-1") == -1 and len(history) == 2

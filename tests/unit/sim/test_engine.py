@@ -4,8 +4,8 @@ from collections.abc import Callable
 
 import pytest
 
+from kvgate.kvevents import AllBlocksCleared, BlockStored
 from kvgate.sim.engine import RequestRejected, SimEngine
-from kvgate.sim.events import AllBlocksCleared, BlockStored
 from kvgate.sim.profile import H100_LLAMA3_8B
 
 EngineFactory = Callable[..., SimEngine]

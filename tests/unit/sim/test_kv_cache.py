@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kvgate.sim.events import AllBlocksCleared, BlockRemoved, BlockStored
+from kvgate.kvevents import AllBlocksCleared, BlockRemoved, BlockStored
 from kvgate.sim.hashing import PrefixBlockHasher
 from kvgate.sim.kv_cache import KVCacheManager
 from kvgate.sim.request import SimRequest

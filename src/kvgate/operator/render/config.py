@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
 from kvgate.api import router_config as rc
 from kvgate.api.base import JsonDict, SecretKeyRef
-from kvgate.api.policy import RoutingPolicySpec, TenantSpec
+from kvgate.api.policy import RoutingPolicySpec
 from kvgate.api.pool import InferencePoolSpec
 from kvgate.operator.render.engine import engine_selector_string
 
@@ -84,59 +85,32 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
     )
 
 
-def _tenant(tenant: TenantSpec) -> rc.TenantConfig:
-    return rc.TenantConfig(
-        name=tenant.name,
-        api_keys=[_secret(k) for k in tenant.api_keys],
-        cache_salt=_secret(tenant.cache_salt) if tenant.cache_salt else None,
-        request_class=tenant.request_class,  # type: ignore[arg-type]
-    )
+def _router_secrets(value: Any) -> Any:
+    """A spec section as router-config input: every Secret key becomes the `SecretRef` of the
+    environment variable the router container gets it in; everything else is kept as is."""
+    if isinstance(value, SecretKeyRef):
+        return _secret(value)
+    if isinstance(value, BaseModel):
+        return {name: _router_secrets(getattr(value, name)) for name in type(value).model_fields}
+    if isinstance(value, list):
+        return [_router_secrets(v) for v in value]
+    return value
 
 
 def router_config(spec: RoutingPolicySpec, pools: list[SelectedPool]) -> rc.RouterConfig:
-    """The router configuration; raises ValueError (pydantic) if it would be invalid."""
-    redis = spec.directory.redis
-    tenants = spec.tenants
+    """The router configuration; raises ValueError (pydantic) if it would be invalid.
+
+    The policy's sections are the router's own models (`kvgate.api.sections`): they pass
+    through unchanged, except that Secrets become environment variables.
+    """
     return rc.RouterConfig(
         pools=[pool_config(p) for p in pools],
-        classes=rc.ClassesConfig(
-            default=str(spec.classes.default),  # type: ignore[arg-type]
-            header=spec.classes.header or None,
-            rules=[
-                rc.ClassRule.model_validate(r.model_dump(mode="json")) for r in spec.classes.rules
-            ],
-        ),
-        borrowing=rc.BorrowingConfig.model_validate(spec.borrowing.model_dump()),
-        policy=rc.PolicyConfig(
-            name=spec.scoring.name,
-            params=dict(spec.scoring.params),
-            max_affinity_wait_seconds=spec.scoring.max_affinity_wait_seconds,
-            seed=spec.scoring.seed,
-        ),
-        sessions=rc.SessionsConfig(
-            header=spec.sessions.header or None,
-            use_openai_user=spec.sessions.use_openai_user,
-            max_sessions=spec.sessions.max_sessions,
-            ttl_seconds=spec.sessions.ttl_seconds,
-        ),
-        tenants=rc.TenantsConfig(
-            tenants=[_tenant(t) for t in tenants.items],
-            unknown_key=tenants.unknown_key,  # type: ignore[arg-type]
-            anonymous_tenant=tenants.anonymous_tenant,
-            salt_secret=_secret(tenants.salt_secret) if tenants.salt_secret else None,
-            pass_client_salt=tenants.pass_client_salt,
-        ),
-        directory=rc.DirectoryConfig(
-            backend=spec.directory.backend,  # type: ignore[arg-type]
-            redis=rc.RedisConfig(
-                url=redis.url,
-                key_prefix=redis.key_prefix,
-                password=_secret(redis.password) if redis.password else None,
-                socket_timeout_seconds=redis.socket_timeout_seconds,
-            ),
-            embedded_indexer=spec.directory.embedded_indexer,
-            approximate_ttl_seconds=spec.directory.approximate_ttl_seconds,
-        ),
+        classes=spec.classes,
+        borrowing=spec.borrowing,
+        policy=spec.scoring,
+        sessions=spec.sessions,
+        tenants=rc.TenantsConfig.model_validate(_router_secrets(spec.tenants)),
+        directory=rc.DirectoryConfig.model_validate(_router_secrets(spec.directory)),
         admin=rc.AdminConfig(
             token=_secret(spec.router.admin_token) if spec.router.admin_token else None
         ),
@@ -159,8 +133,8 @@ def secret_env(spec: RoutingPolicySpec) -> list[JsonDict]:
 
 
 def secret_refs(spec: RoutingPolicySpec) -> list[SecretKeyRef]:
-    refs = [k for t in spec.tenants.items for k in t.api_keys]
-    refs += [t.cache_salt for t in spec.tenants.items if t.cache_salt]
+    refs = [k for t in spec.tenants.tenants for k in t.api_keys]
+    refs += [t.cache_salt for t in spec.tenants.tenants if t.cache_salt]
     for ref in (spec.tenants.salt_secret, spec.directory.redis.password, spec.router.admin_token):
         if ref is not None:
             refs.append(ref)

@@ -72,12 +72,6 @@ class Classifier:
     def models(self) -> list[str]:
         return list(self._pools_by_model)
 
-    def pools_for_model(self, model: str) -> list[PoolConfig]:
-        return list(self._pools_by_model.get(model, ()))
-
-    def tenant_salt(self, tenant: str) -> str | None:
-        return self._salt_by_tenant.get(tenant)
-
     def classify(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> Classification:
         """`headers` must have lower-case names. Raises RouterError for client mistakes."""
         model = body.get("model")

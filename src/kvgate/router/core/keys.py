@@ -29,6 +29,7 @@ from kvgate.prefix import (
     LoraKey,
     PromptError,
     RequestTokenizer,
+    completion_prompts,
     request_text,
 )
 from kvgate.prefix.approx import CHARS_PER_TOKEN
@@ -58,18 +59,6 @@ def keyer_identity(engine: EngineConfig) -> tuple[Any, ...]:
         tok.chat_template,
         tok.approximate_chars_per_block,
     )
-
-
-def _token_list(prompt: Any) -> list[int] | None:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
-        prompt = prompt[0]
-    if (
-        isinstance(prompt, list)
-        and prompt
-        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
-    ):
-        return prompt
-    return None
 
 
 def _plain_chat(body: Mapping[str, Any]) -> bool:
@@ -110,14 +99,14 @@ class Keyer:
             if not all(isinstance(m, dict) for m in messages):
                 raise RouterError(400, "each message must be an object", param="messages")
         else:
-            prompt = body.get("prompt")
-            if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt)):
-                raise RouterError(
-                    400, "`prompt` must be a string or a list of token ids", param="prompt"
-                )
-            tokens = _token_list(prompt)
-            if tokens is not None and self.requests is None:
-                return self._exact(tokens, cache_salt, lora)
+            try:  # vLLM's reading of `prompt`; a batch is routed by its first prompt
+                prompts = completion_prompts(body.get("prompt"))
+            except PromptError as exc:
+                raise RouterError(400, str(exc), param="prompt") from exc
+            if not prompts:
+                raise RouterError(400, "`prompt` is an empty batch", param="prompt")
+            if isinstance(prompts[0], list) and self.requests is None:
+                return self._exact(prompts[0], cache_salt, lora)
         if self.requests is None:
             salt = cache_salt if lora is None else f"{cache_salt or ''}\0lora:{lora.name}"
             return self._approximate(body, salt)

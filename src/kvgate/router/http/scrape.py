@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 
 from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
+from kvgate.promtext import sum_samples
 from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
 
@@ -38,23 +39,9 @@ _WANTED = {
 def parse_load(text: str, now: float) -> LoadSample:
     """Extract the load gauges from Prometheus text exposition; missing ones read as 0."""
     values: dict[str, float] = {"waiting": 0.0, "running": 0.0, "kv_cache_usage": 0.0}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
-            continue
-        cuts = [i for i in (line.find("{"), line.find(" ")) if i >= 0]
-        if not cuts:
-            continue
-        field = _WANTED.get(line[: min(cuts)])
-        if field is None:
-            continue
-        # The value follows the label set (if any); a timestamp may follow the value.
-        parts = line[line.rfind("}") + 1 :].split() if "}" in line else line.split()[1:]
-        if not parts:
-            continue
-        try:
-            values[field] = values.get(field, 0.0) + float(parts[0])
-        except ValueError:
-            continue
+    for name, total in sum_samples(text, _WANTED).items():
+        field = _WANTED[name]
+        values[field] = values.get(field, 0.0) + total
     return LoadSample(
         waiting=values["waiting"],
         running=values["running"],

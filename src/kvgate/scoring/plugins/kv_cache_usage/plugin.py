@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from kvgate.scoring.base import CycleState, EndpointSnapshot, ScorerCategory
+from kvgate.scoring.base import CycleState, EndpointSnapshot
 from kvgate.scoring.params import StrictParams
 
 
@@ -21,7 +21,6 @@ class KvCacheUsageParams(StrictParams):
 
 class KvCacheUsageScorer:
     name = "kv-cache-usage"
-    category: ScorerCategory = "balance"
 
     def __init__(self, params: KvCacheUsageParams | None = None) -> None:
         self.params = params or KvCacheUsageParams()

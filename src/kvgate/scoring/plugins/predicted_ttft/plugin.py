@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from kvgate.scoring.base import CycleState, EndpointSnapshot, ScorerCategory
+from kvgate.scoring.base import CycleState, EndpointSnapshot
 from kvgate.scoring.params import StrictParams
 
 
@@ -27,7 +27,6 @@ class PredictedTtftParams(StrictParams):
 
 class PredictedTtftScorer:
     name = "predicted-ttft"
-    category: ScorerCategory = "hybrid"
 
     def __init__(self, params: PredictedTtftParams | None = None) -> None:
         self.params = params or PredictedTtftParams()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvgate.scoring.base import CycleState, EndpointSnapshot, ScorerCategory
+from kvgate.scoring.base import CycleState, EndpointSnapshot
 from kvgate.scoring.params import NoParams
 
 
@@ -19,7 +19,6 @@ class PrefixCacheParams(NoParams):
 
 class PrefixCacheScorer:
     name = "prefix-cache"
-    category: ScorerCategory = "affinity"
 
     def __init__(self, params: PrefixCacheParams | None = None) -> None:
         self.params = params or PrefixCacheParams()

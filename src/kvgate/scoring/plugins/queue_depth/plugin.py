@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvgate.scoring.base import CycleState, EndpointSnapshot, ScorerCategory
+from kvgate.scoring.base import CycleState, EndpointSnapshot
 from kvgate.scoring.params import NoParams
 
 
@@ -18,7 +18,6 @@ class QueueDepthParams(NoParams):
 
 class QueueDepthScorer:
     name = "queue-depth"
-    category: ScorerCategory = "balance"
 
     def __init__(self, params: QueueDepthParams | None = None) -> None:
         self.params = params or QueueDepthParams()

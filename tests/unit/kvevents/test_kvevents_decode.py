@@ -9,7 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from kvgate.directory.events import (
+from kvgate.kvevents import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

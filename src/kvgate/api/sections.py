@@ -1,0 +1,296 @@
+"""Configuration sections shared by the router's config file and the RoutingPolicy CRD.
+
+Each section is one pydantic model, used twice: in the router's YAML (snake_case field names,
+`kvgate.api.router_config.RouterConfig`) and in the RoutingPolicy's spec (camelCase aliases,
+`kvgate.api.policy.RoutingPolicySpec`, whose CRD schema `kvgate crds` generates from these
+models). Both spellings are accepted on input. A field added here therefore appears in the
+router's configuration, in the CRD's schema with its description, default and constraints,
+and in docs/crds.md at once.
+
+Sections holding secrets are generic in how a secret is named: the router reads
+`SecretRef` (an inline value, a file or an environment variable), a RoutingPolicy names a key
+of a Secret (`SecretKeyRef`) that the operator hands to the router as an environment variable.
+
+Every default lives here, documented in the field's description (docs/configuration.md is the
+prose version). Cross-field rules are written twice, side by side: as a Python validator (the
+router's file) and as a CEL rule (`kubectl apply` rejects a bad RoutingPolicy).
+"""
+
+from __future__ import annotations
+
+from typing import Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from kvgate.api.base import FreeForm, cel, section
+
+RequestClass = Literal["online", "batch"]
+
+#: How a section names a secret: `router_config.SecretRef` or `base.SecretKeyRef`.
+SecretT = TypeVar("SecretT", bound=BaseModel)
+
+
+class ConfigModel(BaseModel):
+    """Base of the router's configuration models: unknown keys are an error (a typo fails at
+    load), values are immutable, field names are snake_case with camelCase aliases (the CRD's
+    spelling), and both are accepted; errors name fields in snake_case."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        loc_by_alias=False,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Request classes and batch borrowing
+
+
+class ClassRule(ConfigModel):
+    """A request-class rule: applies when every given condition holds; the first match wins."""
+
+    request_class: RequestClass = Field(description="Class given to matching requests.")
+    tenant: str | None = Field(default=None, description="Tenant name the request must have.")
+    model: str | None = Field(default=None, description="Model the request must ask for.")
+    header: str | None = Field(
+        default=None, description="Header the request must carry (case-insensitive)."
+    )
+    header_value: str | None = Field(
+        default=None, description="Required header value; unset means any value."
+    )
+
+
+class ClassesConfig(ConfigModel):
+    """How requests are classified as online or batch."""
+
+    default: RequestClass = Field(
+        default="online", description="Class of requests no rule matches."
+    )
+    header: str | None = Field(
+        default="x-kvgate-class",
+        description="Header through which clients may ask for a class; empty disables it.",
+    )
+    rules: list[ClassRule] = Field(
+        default_factory=list, description="Rules tried in order; the first match wins."
+    )
+
+    @field_validator("header")
+    @classmethod
+    def _empty_header_disables(cls, header: str | None) -> str | None:
+        return header or None
+
+
+class BorrowingConfig(ConfigModel):
+    """Batch borrowing limits: when batch requests may run on online pods (online traffic never
+    waits behind batch). An online pod is borrowable only while all the limits hold."""
+
+    enabled: bool = Field(default=True, description="Let batch requests borrow idle online pods.")
+    max_waiting_requests: int = Field(
+        default=0,
+        ge=0,
+        description="An online pod is borrowable while at most this many requests wait there "
+        "(vllm:num_requests_waiting).",
+    )
+    max_kv_cache_usage: float = Field(
+        default=0.7,
+        ge=0.0,
+        le=1.0,
+        description="...and while its KV cache usage (vllm:kv_cache_usage_perc) is at most this "
+        "fraction, in [0, 1].",
+    )
+    max_running_requests: int = Field(
+        default=8,
+        ge=0,
+        description="...and while it runs at most this many requests (running + router in-flight).",
+    )
+    online_may_use_batch_pools: bool = Field(
+        default=True, description="Online requests may use batch pools when no online pod is ready."
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring policy and sessions
+
+
+class PolicyConfig(ConfigModel):
+    """The scoring policy (`scoring` in a RoutingPolicy): a name from kvgate.scoring's registry
+    and its typed parameters (scorer weights, cost model)."""
+
+    name: str = Field(
+        default="kvgate", min_length=1, description="Policy name in kvgate's registry."
+    )
+    params: FreeForm = Field(
+        default_factory=dict,
+        description="Policy parameters (scorer weights, cost-model constants); validated against "
+        "the policy's parameters when the router loads its configuration.",
+    )
+    max_affinity_wait_seconds: float = Field(
+        default=2.0,
+        ge=0.0,
+        description="Hard cap on the extra queue delay accepted to reach a pod holding the prefix.",
+    )
+    seed: int | None = Field(
+        default=None, description="Seed of randomised tie-breaking; unset: from the OS."
+    )
+
+
+class SessionsConfig(ConfigModel):
+    """How a conversation is recognised across requests (for prefix-break detection)."""
+
+    header: str | None = Field(
+        default="x-session-id",
+        description="Header carrying a session id; empty: only the OpenAI `user` field.",
+    )
+    use_openai_user: bool = Field(
+        default=True, description="Use the OpenAI `user` field as a session id."
+    )
+    max_sessions: int = Field(default=10_000, ge=0, description="Sessions remembered (LRU).")
+    ttl_seconds: float = Field(
+        default=3600.0, gt=0.0, description="Idle time after which a session is forgotten."
+    )
+
+    @field_validator("header")
+    @classmethod
+    def _empty_header_disables(cls, header: str | None) -> str | None:
+        return header or None
+
+
+# ---------------------------------------------------------------------------------------------
+# Tenants
+
+
+class TenantSettings(ConfigModel, Generic[SecretT]):
+    """A tenant: its API keys and the `cache_salt` the router injects into its requests."""
+
+    # A parametrised generic has no docstring of its own: the schema's description goes here.
+    model_config = ConfigDict(
+        json_schema_extra={"description": "A tenant: API keys, and its own cache salt."}
+    )
+
+    name: str = Field(min_length=1, max_length=63, description="Tenant name.")
+    api_keys: list[SecretT] = Field(
+        default_factory=list, description="This tenant's API keys (secrets)."
+    )
+    cache_salt: SecretT | None = Field(
+        default=None,
+        description="The tenant's cache_salt (a secret); default: derived from the salt secret "
+        "and the tenant's name.",
+    )
+    request_class: RequestClass | None = Field(
+        default=None, description="Default request class of this tenant's requests."
+    )
+
+
+class TenantsSettings(ConfigModel, Generic[SecretT]):
+    """Tenants and their isolation: requests of different tenants never share KV blocks."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.items) || "
+                    "self.items.all(a, self.items.exists_one(b, b.name == a.name))",
+                    "tenant names must be unique",
+                )
+            ]
+        }
+    )
+
+    # `items` in a RoutingPolicy (its name since v1alpha1), `tenants` in the router's file.
+    tenants: list[TenantSettings[SecretT]] = Field(
+        default_factory=list, max_length=128, alias="items", description="The tenants."
+    )
+    unknown_key: Literal["reject", "anonymous"] = Field(
+        default="anonymous",
+        description="Requests whose key maps to no tenant: reject (401) or anonymous (the "
+        "shared anonymous tenant).",
+    )
+    anonymous_tenant: str = Field(default="anonymous", description="Tenant of anonymous requests.")
+    salt_secret: SecretT | None = Field(
+        default=None, description="Secret mixed into derived salts so they cannot be guessed."
+    )
+    pass_client_salt: bool = Field(
+        default=True,
+        description="Let a client's own cache_salt through (only when no tenants are configured).",
+    )
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> TenantsSettings[SecretT]:
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError("tenant names must be unique")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Directory
+
+
+class RedisSettings(ConfigModel, Generic[SecretT]):
+    """Connection to the Redis directory."""
+
+    url: str = Field(
+        default="redis://127.0.0.1:6379/0",
+        min_length=1,
+        description="redis:// URL without password, e.g. redis://kvgate-redis:6379/0.",
+    )
+    key_prefix: str = Field(default="kvgate", min_length=1, description="Prefix of every key.")
+    password: SecretT | None = Field(default=None, description="The Redis password (a secret).")
+    socket_timeout_seconds: float = Field(
+        default=0.5,
+        gt=0.0,
+        description="Per-call timeout (default 0.5): a call that times out is answered from the "
+        "router's local view, so this is the most a Redis stall adds to a request; too short and "
+        "a healthy Redis on a loaded machine counts as down (50 ms did).",
+    )
+    resync_interval_seconds: float = Field(
+        default=1.0,
+        gt=0.0,
+        description="How often an index that lost shared writes (or lookups) retries Redis and "
+        "rebuilds them (default 1).",
+    )
+
+
+class DirectorySettings(ConfigModel, Generic[SecretT]):
+    """Where the router keeps which pod holds which blocks."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.embeddedIndexer) || self.embeddedIndexer || "
+                    "(has(self.backend) && self.backend == 'redis')",
+                    "embeddedIndexer: false needs backend: redis (a separate `kvgate indexer` "
+                    "can only feed a shared directory)",
+                )
+            ]
+        }
+    )
+
+    backend: Literal["memory", "redis"] = Field(
+        default="memory",
+        description="memory (per router replica) or redis (shared by replicas and indexers).",
+    )
+    redis: RedisSettings[SecretT] = section(RedisSettings, "Redis connection (backend redis).")
+    embedded_indexer: bool = Field(
+        default=True,
+        description="Subscribe to KV events inside the router; false when a `kvgate indexer` "
+        "feeds the Redis directory instead (a RoutingPolicy then runs one).",
+    )
+    approximate_ttl_seconds: float = Field(
+        default=300.0,
+        gt=0.0,
+        description="Lifetime of routing-history entries of pods without KV events.",
+    )
+
+    @model_validator(mode="after")
+    def _indexer_needs_redis(self) -> DirectorySettings[SecretT]:
+        if not self.embedded_indexer and self.backend != "redis":
+            raise ValueError(
+                "embedded_indexer: false needs backend: redis (a separate `kvgate indexer` "
+                "can only feed a shared directory)"
+            )
+        return self

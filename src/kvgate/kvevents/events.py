@@ -1,0 +1,103 @@
+"""The KV cache event types vLLM publishes (``vllm/distributed/kv_events.py``), defined once.
+
+The simulator builds these and encodes them (`kvgate.kvevents.encode`); the directory decodes
+payloads into them (`kvgate.kvevents.decode`). Field names and order are vLLM 0.33's.
+
+Defaults are what an absent field decodes to: vLLM's own default where it declares one (every
+optional field defaults to None), and None for the three fields vLLM requires but older
+releases did not send (`lora_id`, `medium`, `lora_name`). A publisher therefore states what it
+publishes: the simulator sets `medium="GPU"` and `group_idx=0` as vLLM's GPU block pool does.
+
+vLLM 0.33's `BlockStored` also carries `locality`, `ownership`, `session_id` and
+`lookahead_token_ids`; kvgate neither sets nor reads them, so they are not modelled here
+(the decoder ignores them, the encoder never writes them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvgate.prefix import BlockKey, block_key
+
+#: A block hash as published: a digest (32 bytes for SHA-256, 16 for xxh3-128) or, with
+#: ``VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES``, the low 64 bits of its big-endian integer.
+BlockHash = bytes | int
+
+MEDIUM_GPU = "GPU"
+
+#: Wire order of each event's fields (vLLM declaration order; the array form uses it too).
+STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                 "medium", "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind",
+                 "kv_cache_spec_sliding_window")  # fmt: skip
+REMOVED_FIELDS = ("block_hashes", "medium", "group_idx")
+
+
+@dataclass(frozen=True, slots=True)
+class BlockStored:
+    """Blocks newly cached by a pod, chained on `parent_block_hash` (None: from block 0)."""
+
+    block_hashes: list[BlockHash]
+    parent_block_hash: BlockHash | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+    # One entry per block: the untagged extra keys (e.g. ``(cache_salt,)`` on block 0) or None.
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+    @property
+    def keys(self) -> list[BlockKey]:
+        """The directory's key of each block hash."""
+        return _keys(self.block_hashes)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRemoved:
+    """Blocks a pod evicted from `medium`."""
+
+    block_hashes: list[BlockHash]
+    medium: str | None = None
+    group_idx: int | None = None
+
+    @property
+    def keys(self) -> list[BlockKey]:
+        """The directory's key of each block hash."""
+        return _keys(self.block_hashes)
+
+
+@dataclass(frozen=True, slots=True)
+class AllBlocksCleared:
+    """The pod dropped its whole prefix cache (``/reset_prefix_cache``)."""
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedEvent:
+    """An event the decoder left out of a batch: `reason` is a short metric label."""
+
+    reason: str  # unknown_type | bad_hash | bad_field | malformed_event
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class EventBatch:
+    """One ZMQ payload: vLLM's ``KVEventBatch`` (`rejected` is filled by the decoder only)."""
+
+    ts: float
+    events: list[KVEvent]
+    data_parallel_rank: int | None = None
+    rejected: list[RejectedEvent] = field(default_factory=list)
+
+
+def _keys(hashes: list[BlockHash]) -> list[BlockKey]:
+    """Directory keys of hashes (bytes stay as they are; ints become 8 bytes)."""
+    if set(map(type, hashes)) <= {bytes}:  # the common case, checked in C
+        return hashes  # type: ignore[return-value]  # all bytes: already block keys
+    return [block_key(h) for h in hashes]
