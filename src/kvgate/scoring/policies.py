@@ -59,6 +59,9 @@ class KvgateParams(StrictParams):
     """Cost = predicted TTFT + work_weight x prefill seconds. Recomputing a prefix elsewhere also
     delays whoever queues behind that work; 0 = greedy per-request TTFT, which under load moves
     sessions off their holders too eagerly (see tests/unit/scoring/test_scoring_dynamics.py)."""
+    interference_weight: float = Field(default=0.0, ge=0)
+    """Cost += interference_weight x requests already on the pod x prefill seconds: the decode
+    stall a prefill causes to the requests running beside it."""
     ttft_floor_seconds: float = Field(default=0.02, gt=0)
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
     tie_break: TieBreak = "random"
@@ -132,7 +135,9 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
             WeightedScorer(
                 PredictedTtftScorer(
                     PredictedTtftParams(
-                        floor_seconds=params.ttft_floor_seconds, work_weight=params.work_weight
+                        floor_seconds=params.ttft_floor_seconds,
+                        work_weight=params.work_weight,
+                        interference_weight=params.interference_weight,
                     )
                 ),
                 1.0,

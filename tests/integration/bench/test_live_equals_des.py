@@ -32,9 +32,9 @@ def _trace() -> Workload:
     turns = []
     for i, group in enumerate(order):
         if group is None:
-            prompt = [50_000 + 97 * i + t for t in range(200)]
+            prompt = [20_000 + 97 * i + t for t in range(200)]
         else:
-            prompt = [1_000 * (group + 1) + t for t in range(320)] + [40_000 + i] * 24
+            prompt = [1_000 * (group + 1) + t for t in range(320)] + [30_000 + i] * 24
         turns.append(
             BenchRequest(
                 request_id=f"t{i}",

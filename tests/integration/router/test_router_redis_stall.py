@@ -28,8 +28,10 @@ BLOCK = 16
 
 
 def prompt(i: int) -> list[int]:
-    """21 full blocks plus 5 tokens (the engine caches the full blocks), distinct per `i`."""
-    return [100_000 + 1000 * i + t for t in range(21 * BLOCK + 5)]
+    """21 full blocks plus 5 tokens (the engine caches the full blocks), distinct per `i` from
+    the first block on, every id inside the simulator's 32,000-token vocabulary."""
+    head = [1 + i % 31_000, 1 + i // 31_000]
+    return head + [1 + (31 * i + t) % 31_000 for t in range(21 * BLOCK + 3)]
 
 
 def config(

@@ -23,6 +23,9 @@ class PredictedTtftParams(StrictParams):
     floor_seconds: float = Field(default=0.02, gt=0)
     work_weight: float = Field(default=0.0, ge=0)
     """Extra weight on the prefill work itself (see the module docstring); 0 = pure TTFT."""
+    interference_weight: float = Field(default=0.0, ge=0)
+    """Weight of the decode stall the prefill causes: prefill seconds x requests already on the
+    pod (they decode in the same steps while it runs); 0 = ignored."""
 
 
 class PredictedTtftScorer:
@@ -34,9 +37,12 @@ class PredictedTtftScorer:
     def score(self, state: CycleState, candidates: Sequence[EndpointSnapshot]) -> list[float]:
         est = state.estimates
         w = self.params.work_weight
-        costs = [
-            max(0.0, est[e.id].ttft_seconds + w * est[e.id].prefill_seconds) for e in candidates
-        ]
+        a = self.params.interference_weight
+        costs = []
+        for e in candidates:
+            x = est[e.id]
+            cost = x.ttft_seconds + (w + a * x.load) * x.prefill_seconds
+            costs.append(cost if cost > 0.0 else 0.0)
         if not costs:
             return []
         floor = self.params.floor_seconds
