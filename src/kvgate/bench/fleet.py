@@ -36,6 +36,9 @@ from kvgate.bench.targets import HOST, kvgate_command
 _GAUGE = re.compile(r"^vllm:num_requests_(running|waiting)\{[^}]*\}\s+([0-9.eE+-]+)", re.M)
 
 
+_NUM_GPU_BLOCKS = re.compile(r'^vllm:cache_config_info\{[^}]*\bnum_gpu_blocks="(\d+)"', re.M)
+
+
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})?\s+([0-9.eE+-]+|NaN)\s*$", re.M)
 
 ENGINE_COUNTERS = (
@@ -96,6 +99,29 @@ def parse_load(metrics_text: str) -> tuple[float, float]:
         else:
             waiting += float(value)
     return running, waiting
+
+
+def parse_num_gpu_blocks(metrics_text: str) -> int | None:
+    """``num_gpu_blocks`` from a vLLM /metrics page (the ``vllm:cache_config_info`` labels)."""
+    match = _NUM_GPU_BLOCKS.search(metrics_text)
+    return int(match.group(1)) if match else None
+
+
+async def scrape_kv_capacity_blocks(client: httpx.AsyncClient, urls: list[str]) -> int | None:
+    """Blocks the whole fleet can cache: the sum over pods of ``num_gpu_blocks - 1`` (block 0
+    is vLLM's null block). None when a pod does not answer or does not say."""
+
+    async def one(url: str) -> int | None:
+        try:
+            response = await client.get(url + "/metrics", timeout=5.0)
+        except httpx.HTTPError:
+            return None
+        return parse_num_gpu_blocks(response.text)
+
+    blocks = await asyncio.gather(*(one(u) for u in urls))
+    if not blocks or any(b is None for b in blocks):
+        return None
+    return sum(max(0, b - 1) for b in blocks if b is not None)
 
 
 class SimFleet:
