@@ -34,9 +34,10 @@ from typing import Any, TypeVar
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
+from kvgate.bench.hit_bounds import fleet_kv_blocks, hit_rate_bounds
 from kvgate.bench.loadgen import CLASS_HEADER, SESSION_HEADER
 from kvgate.bench.records import GeneratorHealth, LoadSample, RequestRecord
-from kvgate.bench.report import BenchReport, arrival_order, ideal_hit_rate, summarize
+from kvgate.bench.report import BenchReport, arrival_order, summarize
 from kvgate.bench.targets import kvgate_policies
 from kvgate.bench.workload import BenchRequest, Workload
 from kvgate.directory.memory import MemoryBlockIndex
@@ -54,7 +55,7 @@ from kvgate.router.metrics import RouterMetrics
 from kvgate.router.runtime import build_state
 from kvgate.router.setup import quickstart_config
 from kvgate.sim.des import DESFleet, FleetDriver, TraceRequest
-from kvgate.sim.engine import EngineConfig
+from kvgate.sim.engine import EngineConfig, kv_cache_blocks
 from kvgate.sim.profile import DEFAULT_PROFILE, load_profile
 from kvgate.sim.request import SimRequest
 
@@ -377,11 +378,17 @@ def des_report(
         summaries[name] = summary
     first = next(iter(records.values()), [])
     order = arrival_order(workload.all_requests(), first)
+    blocks_per_pod = kv_cache_blocks(
+        EngineConfig(block_size=block_size), load_profile(DEFAULT_PROFILE)
+    )
+    bounds = hit_rate_bounds(order, block_size, fleet_kv_blocks(pods, blocks_per_pod))
     report = BenchReport(
         workload=workload.name,
         description=workload.description,
         pods=pods,
-        ideal_hit_rate=ideal_hit_rate(order, block_size),
+        ideal_hit_rate=bounds.ideal,
+        finite_hit_rate=bounds.finite,
+        kv_capacity_blocks=bounds.capacity_blocks,
         targets=summaries,
         settings={
             "mode": "des",

@@ -31,7 +31,7 @@ import httpx
 from kvgate.bench.processes import ManagedProcess, StartError, free_port, free_ports
 from kvgate.bench.records import LoadSample
 from kvgate.bench.targets import HOST, kvgate_command
-from kvgate.promtext import sum_samples
+from kvgate.promtext import parse_samples, sum_samples
 
 ENGINE_COUNTERS = (
     "vllm:time_to_first_token_seconds_sum",
@@ -81,6 +81,32 @@ def parse_load(metrics_text: str) -> tuple[float, float]:
     """(running, waiting) from a vLLM /metrics page (summed over label sets)."""
     sums = sum_metrics(metrics_text, ("vllm:num_requests_running", "vllm:num_requests_waiting"))
     return sums["vllm:num_requests_running"], sums["vllm:num_requests_waiting"]
+
+
+def parse_num_gpu_blocks(metrics_text: str) -> int | None:
+    """``num_gpu_blocks`` from a vLLM /metrics page (the ``vllm:cache_config_info`` labels)."""
+    for sample in parse_samples(metrics_text):
+        blocks = sample.labels.get("num_gpu_blocks")
+        if sample.name == "vllm:cache_config_info" and blocks is not None and blocks.isdigit():
+            return int(blocks)
+    return None
+
+
+async def scrape_kv_capacity_blocks(client: httpx.AsyncClient, urls: list[str]) -> int | None:
+    """Blocks the whole fleet can cache: the sum over pods of ``num_gpu_blocks - 1`` (block 0
+    is vLLM's null block). None when a pod does not answer or does not say."""
+
+    async def one(url: str) -> int | None:
+        try:
+            response = await client.get(url + "/metrics", timeout=5.0)
+        except httpx.HTTPError:
+            return None
+        return parse_num_gpu_blocks(response.text)
+
+    blocks = await asyncio.gather(*(one(u) for u in urls))
+    if not blocks or any(b is None for b in blocks):
+        return None
+    return sum(max(0, b - 1) for b in blocks if b is not None)
 
 
 class SimFleet:

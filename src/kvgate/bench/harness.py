@@ -8,8 +8,9 @@ For each target in order:
    with the load generator, stop the sampler;
 4. stop the target.
 
-Then (:func:`write_outputs`, outside the event loop): the ideal hit-rate bound over the workload in the order the first target sent it, the
-per-target summaries, ``report.json``, ``report.md``, ``records-<target>.jsonl`` and the plots.
+Then (:func:`write_outputs`, outside the event loop): the hit-rate bounds over the workload in the
+order the first target sent it (ideal, and finite with the pods' KV capacity read from their
+``vllm:cache_config_info``), the per-target summaries, ``report.json``, ``report.md``, ``records-<target>.jsonl`` and the plots.
 A target that cannot start is reported with its error (``start_error``) and the others still run.
 """
 
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,8 +29,10 @@ from kvgate.bench.fleet import (
     PodLoadSampler,
     SimFleet,
     mean_from_delta,
+    scrape_kv_capacity_blocks,
     scrape_sums,
 )
+from kvgate.bench.hit_bounds import hit_rate_bounds
 from kvgate.bench.loadgen import LoadGenerator, ProgressCallback
 from kvgate.bench.plots import write_plots
 from kvgate.bench.processes import StartError
@@ -39,7 +41,6 @@ from kvgate.bench.report import (
     BenchReport,
     TargetSummary,
     arrival_order,
-    ideal_hit_rate,
     rescaled,
     summarize,
 )
@@ -78,6 +79,7 @@ class LiveRun:
     summaries: dict[str, TargetSummary] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     pod_urls: list[str] = field(default_factory=list)  # in the order every target was given them
+    kv_capacity_blocks: int | None = None  # the pods' usable KV blocks, summed (None: unknown)
 
 
 @dataclass
@@ -130,6 +132,7 @@ async def run_live(
     run.pod_urls = list(fleet.urls)
     try:
         async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+            run.kv_capacity_blocks = await scrape_kv_capacity_blocks(client, fleet.urls)
             for index, name in enumerate(settings.targets):
                 if on_target is not None:
                     on_target(name, index, len(settings.targets))
@@ -212,12 +215,14 @@ def write_outputs(
     order = (
         arrival_order(workload.all_requests(), first) if first else list(workload.all_requests())
     )
-    ideal = ideal_hit_rate(order, settings.block_size) if order else math.nan
+    bounds = hit_rate_bounds(order, settings.block_size, run.kv_capacity_blocks)
     report = BenchReport(
         workload=workload.name,
         description=workload.description,
         pods=settings.pods,
-        ideal_hit_rate=ideal,
+        ideal_hit_rate=bounds.ideal,
+        finite_hit_rate=bounds.finite,
+        kv_capacity_blocks=bounds.capacity_blocks,
         targets=run.summaries,
         settings={
             "mode": "live",

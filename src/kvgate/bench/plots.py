@@ -51,7 +51,15 @@ def plot_hit_rate(report: BenchReport, path: Path) -> None:
         ax.axhline(
             report.ideal_hit_rate, color="black", linestyle="--", label="ideal (one infinite cache)"
         )
-        ax.legend(loc="lower right", fontsize="small")
+    if math.isfinite(report.finite_hit_rate):
+        ax.axhline(
+            report.finite_hit_rate,
+            color="tab:red",
+            linestyle=":",
+            label="finite (one LRU cache, the fleet's KV size)",
+        )
+    if math.isfinite(report.ideal_hit_rate) or math.isfinite(report.finite_hit_rate):
+        ax.legend(loc="best", fontsize="small")
     ax.set_ylim(0, 1)
     ax.set_ylabel("cached prompt tokens / prompt tokens")
     ax.set_title("prefix-cache hit rate (from the pods' usage)")

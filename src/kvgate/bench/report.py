@@ -1,4 +1,4 @@
-"""Report math: per-target summaries, the ideal hit-rate bound, report.json and a Markdown table.
+"""Report math: per-target summaries, the hit-rate bounds, report.json and a Markdown table.
 
 Per target, over the requests that completed (``errors`` counts the others):
 
@@ -9,10 +9,10 @@ Per target, over the requests that completed (``errors`` counts the others):
   makespan, where makespan runs from the first send to the last byte received;
 - ``hit_rate`` = sum of ``cached_tokens`` / sum of ``prompt_tokens``, from the pods' ``usage``.
 
-Ideal bound: one infinite prefix cache shared by all pods that sees every request in arrival
-order. A request hits every leading full block (``block_size`` tokens) that any earlier request
-had, except that, like vLLM, it always recomputes at least its last token. No router on any number
-of finite pods can beat it.
+Bounds (:mod:`kvgate.bench.hit_bounds`), over the requests in the order the run sent them:
+``ideal_hit_rate``, one infinite prefix cache shared by all pods (no router on any number of
+finite pods can beat it), and ``finite_hit_rate``, one LRU cache the size of the whole fleet's KV
+capacity (``kv_capacity_blocks``): what a router reaches when it wastes no capacity on copies.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kvgate.bench.hit_bounds import hit_rate_bounds
 from kvgate.bench.records import GeneratorHealth, RequestRecord
 from kvgate.bench.workload import BenchRequest
-from kvgate.prefix import max_cacheable_blocks
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -138,25 +138,14 @@ def rescaled(record: RequestRecord, time_scale: float) -> RequestRecord:
 
 def ideal_hit_rate(requests: Iterable[BenchRequest], block_size: int = 16) -> float:
     """Hit rate of one infinite prefix cache over ``requests`` in the given order."""
-    seen: set[int] = set()
-    hit_tokens = 0
-    total_tokens = 0
-    for request in requests:
-        units = request.prefix_units
-        total_tokens += len(units)
-        cacheable_blocks = max_cacheable_blocks(len(units), block_size)
-        parent = 0
-        hits = 0
-        matching = True
-        for index in range(len(units) // block_size):
-            parent = hash((parent, units[index * block_size : (index + 1) * block_size]))
-            if matching and parent in seen and index < cacheable_blocks:
-                hits += 1
-            else:
-                matching = False
-            seen.add(parent)
-        hit_tokens += hits * block_size
-    return hit_tokens / total_tokens if total_tokens else math.nan
+    return hit_rate_bounds(requests, block_size).ideal
+
+
+def finite_hit_rate(
+    requests: Iterable[BenchRequest], capacity_blocks: int, block_size: int = 16
+) -> float:
+    """Hit rate of one LRU cache of ``capacity_blocks`` blocks over ``requests`` in order."""
+    return hit_rate_bounds(requests, block_size, capacity_blocks).finite
 
 
 def arrival_order(
@@ -177,6 +166,8 @@ class BenchReport:
     targets: dict[str, TargetSummary]
     settings: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    finite_hit_rate: float = math.nan  # one LRU cache of kv_capacity_blocks (NaN: unknown)
+    kv_capacity_blocks: int | None = None  # pods x usable KV blocks per pod
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -184,6 +175,8 @@ class BenchReport:
             "description": self.description,
             "pods": self.pods,
             "ideal_hit_rate": _finite(self.ideal_hit_rate),
+            "finite_hit_rate": _finite(self.finite_hit_rate),
+            "kv_capacity_blocks": self.kv_capacity_blocks,
             "settings": self.settings,
             "notes": self.notes,
             "targets": {name: s.to_json() for name, s in self.targets.items()},
@@ -211,7 +204,8 @@ def markdown_table(report: BenchReport) -> str:
         f"Workload `{report.workload}` on {report.pods} pods: {report.description}",
         "",
         "| target | TTFT mean s | TTFT p50 s | TTFT p99 s | pods' TTFT mean s | e2e mean s "
-        f"| req/s | out tok/s | hit rate (ideal {_fmt(report.ideal_hit_rate, 2)}) | errors |",
+        f"| req/s | out tok/s | hit rate (ideal {_fmt(report.ideal_hit_rate, 2)}, "
+        f"finite {_fmt(report.finite_hit_rate, 2)}) | errors |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, s in report.targets.items():

@@ -42,6 +42,14 @@ class EngineConfig:
     vocab_size: int = 32000
 
 
+def kv_cache_blocks(config: EngineConfig, profile: PerformanceProfile) -> int:
+    """``num_gpu_blocks`` of an engine with ``config`` on ``profile``: the override, else what fits
+    in the memory vLLM may use (block 0 of them is vLLM's null block)."""
+    return config.num_gpu_blocks or profile.num_gpu_blocks(
+        config.block_size, config.gpu_memory_utilization
+    )
+
+
 @dataclass
 class EngineStats:
     """Monotonic counters behind the ``vllm:*_total`` metrics."""
@@ -72,9 +80,7 @@ class SimEngine:
         self.config = config
         self.profile = profile
         self.hasher = hasher
-        self.num_gpu_blocks = config.num_gpu_blocks or profile.num_gpu_blocks(
-            config.block_size, config.gpu_memory_utilization
-        )
+        self.num_gpu_blocks = kv_cache_blocks(config, profile)
         capacity = (self.num_gpu_blocks - 1) * config.block_size
         if config.max_model_len > capacity:
             raise ValueError(

@@ -59,6 +59,9 @@ def test_bench_run_replays_a_trace_through_two_routers(tmp_path: Path):
     report = _bench(tmp_path, "round-robin,kvgate")
     assert report["workload"] == "mooncake_sample" and report["pods"] == 2
     assert 0 < report["ideal_hit_rate"] < 1
+    # the finite bound: one LRU cache as large as both pods' KV (read from their /metrics)
+    assert report["kv_capacity_blocks"] == 2 * (24_626 - 1)
+    assert 0 < report["finite_hit_rate"] <= report["ideal_hit_rate"]
     assert set(report["targets"]) == {"round-robin", "kvgate"}
     for name, target in report["targets"].items():
         for field in FIELDS:
@@ -76,6 +79,19 @@ def test_bench_run_replays_a_trace_through_two_routers(tmp_path: Path):
         assert (tmp_path / name).stat().st_size > 0
     lines = (tmp_path / "records-kvgate.jsonl").read_text().splitlines()
     assert len(lines) == 24
+
+
+PEERS = "llm-d-sticky,gie-weighted,dynamo-kv,load-aware,aibrix-prefix"
+
+
+def test_bench_run_serves_the_peer_policies_through_real_routers(tmp_path: Path):
+    # each re-implemented peer is a `kvgate router --policy NAME` process like any policy
+    report = _bench(tmp_path, PEERS)
+    assert set(report["targets"]) == set(PEERS.split(","))
+    for name, target in report["targets"].items():
+        assert target["errors"] == 0 and target["completed"] == 24, name
+        assert len(target["pods_used"]) == 2, name  # the router answered with its choice
+        assert 0 < target["hit_rate"] <= report["ideal_hit_rate"] + 1e-9, name
 
 
 @pytest.mark.skipif(

@@ -17,15 +17,39 @@ from kvgate.scoring.registry import PluginRegistry, RegistryError, build_policy,
 
 def test_builtins_are_registered_by_kebab_name() -> None:
     reg = default_registry()
-    assert reg.names("filter") == ["affinity-cap", "healthy", "load-bound"]
+    assert reg.names("filter") == [
+        "affinity-cap",
+        "healthy",
+        "load-bound",
+        "load-imbalance",
+        "load-stddev",
+        "prefix-cache-affinity",
+    ]
     assert reg.names("scorer") == [
+        "gie-prefix-cache",
+        "kv-block-cost",
         "kv-cache-usage",
+        "match-minus-load",
+        "match-percent",
         "predicted-ttft",
         "prefix-cache",
         "queue-depth",
+        "token-load",
+        "waiting-queue",
     ]
-    assert reg.names("picker") == ["near-equal", "round-robin"]
-    assert reg.names("policy") == ["kvgate", "least-load", "pipeline", "prefix", "round-robin"]
+    assert reg.names("picker") == ["near-equal", "round-robin", "softmax"]
+    assert reg.names("policy") == [
+        "aibrix-prefix",
+        "dynamo-kv",
+        "gie-weighted",
+        "kvgate",
+        "least-load",
+        "llm-d-sticky",
+        "load-aware",
+        "pipeline",
+        "prefix",
+        "round-robin",
+    ]
     assert all(reg.summaries("policy").values())
 
 
