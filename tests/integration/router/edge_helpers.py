@@ -153,8 +153,8 @@ class RawConnection:
             return False
         return True
 
-    async def response(self, timeout: float = 10.0) -> RawResponse:
-        async with asyncio.timeout(timeout):
+    async def response(self, within_seconds: float = 10.0) -> RawResponse:
+        async with asyncio.timeout(within_seconds):
             try:
                 line = await self.reader.readline()
             except (ConnectionError, OSError):
@@ -176,10 +176,10 @@ class RawConnection:
                 body = await _read_chunked(self.reader)
             return RawResponse(status, headers, body)
 
-    async def closed_by_peer(self, timeout: float) -> bool:
-        """True once the peer closes (EOF or reset) within `timeout` seconds."""
+    async def closed_by_peer(self, within_seconds: float) -> bool:
+        """True once the peer closes (EOF or reset) within `within_seconds`."""
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(within_seconds):
                 while await self.reader.read(65536):
                     pass
         except TimeoutError:

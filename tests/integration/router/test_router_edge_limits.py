@@ -61,7 +61,7 @@ async def test_a_64_mb_header_is_refused_with_431_without_buffering_it(router):
     started = time.monotonic()
     while sent < 64 * (1 << 20) and await conn.send(chunk):
         sent += len(chunk)
-    response = await conn.response(timeout=10)
+    response = await conn.response(within_seconds=10)
     conn.close()
     assert response.status == 431, response
     assert response.json()["error"]["code"] == "header_too_large"
@@ -90,7 +90,7 @@ async def test_slowloris_connections_are_closed_while_requests_keep_working(rout
 
         dribbler = asyncio.create_task(trickle())
         try:
-            response = await conn.response(timeout=8)
+            response = await conn.response(within_seconds=8)
         finally:
             dribbler.cancel()
             conn.close()
@@ -114,16 +114,16 @@ async def test_slowloris_connections_are_closed_while_requests_keep_working(rout
 async def test_idle_and_body_deadlines(router):
     proc = router(TIMEOUTS)
     fresh = await RawConnection.open(proc.port)
-    assert await fresh.closed_by_peer(timeout=1.0 + 2.0)
+    assert await fresh.closed_by_peer(within_seconds=1.0 + 2.0)
     kept = await RawConnection.open(proc.port)
     await kept.send(request_bytes("GET", "/health", headers={"content-type": None}))
     assert (await kept.response()).status == 200
-    assert await kept.closed_by_peer(timeout=1.0 + 2.0)  # keep-alive, then idle: closed
+    assert await kept.closed_by_peer(within_seconds=1.0 + 2.0)  # keep-alive, then idle: closed
     slow_body = await RawConnection.open(proc.port)
     head = request_bytes("POST", "/v1/completions", COMPLETION)
     await slow_body.send(head[: -len(COMPLETION)] + COMPLETION[:10])
     started = time.monotonic()
-    response = await slow_body.response(timeout=5)
+    response = await slow_body.response(within_seconds=5)
     assert response.status == 408 and response.json()["error"]["code"] == "body_timeout"
     assert 1.0 < time.monotonic() - started < 1.5 + 2.0
     # A body sent in pieces within the deadline is fine.
@@ -149,7 +149,7 @@ async def test_over_the_connection_cap_a_new_client_gets_a_clean_503(router):
     await asyncio.sleep(0.2)
     extra = await RawConnection.open(proc.port)
     await extra.send(request_bytes("POST", "/v1/completions", COMPLETION))
-    response = await extra.response(timeout=5)
+    response = await extra.response(within_seconds=5)
     extra.close()
     assert response.status == 503, response
     assert response.headers["retry-after"] == "1" and response.headers["connection"] == "close"
@@ -172,7 +172,7 @@ async def test_with_256_open_files_300_idle_connections_do_not_block_new_request
         conn = await RawConnection.open(proc.port)
         if i % 2:
             await conn.send(request_bytes("GET", "/health", headers={"content-type": None}))
-            response = await conn.response(timeout=5)
+            response = await conn.response(within_seconds=5)
             assert response.status in (200, None), response  # None: evicted meanwhile
         idle.append(conn)
     statuses = []
