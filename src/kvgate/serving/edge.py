@@ -166,6 +166,12 @@ class EdgeProtocol(HttpToolsProtocol):
         if self._reading_head and self._head_bytes > self.edge.limits.max_header_bytes:
             self._refuse(431, "header_too_large", "request headers are too large")
 
+    def send_400_response(self, msg: str) -> None:
+        # A request pipelined behind a refused one can fail to parse in the same `feed_data`:
+        # the refusal already answered, and the write side is shut.
+        if not self._refused:
+            super().send_400_response(msg)
+
     # Parser callbacks (called from inside `feed_data`). Once a connection is refused, the rest
     # of what its client sent must not reach uvicorn's request machinery.
 

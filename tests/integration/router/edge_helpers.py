@@ -153,28 +153,38 @@ class RawConnection:
             return False
         return True
 
-    async def response(self, within_seconds: float = 10.0) -> RawResponse:
+    async def response(self, within_seconds: float = 10.0, *, head: bool = False) -> RawResponse:
+        """The next final response (interim 1xx answers are skipped); `head`: the request was
+        a HEAD, so the response has no body whatever its content-length says."""
         async with asyncio.timeout(within_seconds):
-            try:
-                line = await self.reader.readline()
-            except (ConnectionError, OSError):
-                return RawResponse(None)
-            if not line:
-                return RawResponse(None)
-            status = int(line.split()[1])
-            headers: dict[str, str] = {}
             while True:
-                line = await self.reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = line.decode("latin-1").partition(":")
-                headers[name.strip().lower()] = value.strip()
-            body = b""
-            if "content-length" in headers:
-                body = await self.reader.readexactly(int(headers["content-length"]))
-            elif headers.get("transfer-encoding") == "chunked":
-                body = await _read_chunked(self.reader)
-            return RawResponse(status, headers, body)
+                response = await self._one_response(head)
+                if response.status is None or response.status >= 200:
+                    return response
+
+    async def _one_response(self, head: bool) -> RawResponse:
+        try:
+            line = await self.reader.readline()
+        except (ConnectionError, OSError):
+            return RawResponse(None)
+        if not line:
+            return RawResponse(None)
+        status = int(line.split()[1])
+        headers: dict[str, str] = {}
+        while True:
+            line = await self.reader.readline()
+            if line in (b"\r\n", b"\n", b""):
+                break
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        body = b""
+        if head or status < 200 or status in (204, 304):
+            pass
+        elif "content-length" in headers:
+            body = await self.reader.readexactly(int(headers["content-length"]))
+        elif headers.get("transfer-encoding") == "chunked":
+            body = await _read_chunked(self.reader)
+        return RawResponse(status, headers, body)
 
     async def closed_by_peer(self, within_seconds: float) -> bool:
         """True once the peer closes (EOF or reset) within `within_seconds`."""
