@@ -123,6 +123,10 @@ def _headers(rng: random.Random) -> list[tuple[str, bytes]]:
     if rng.random() < 0.3:
         size = rng.choice([1, 40, 4000, 40_000])
         headers.append(("x-session-id", rng.randbytes(size).translate(_PRINTABLE_OR_HIGH)))
+    if rng.random() < 0.2:  # echoed in the response and sent to the pod
+        headers.append(
+            ("x-request-id", rng.randbytes(rng.randint(0, 300)).translate(_PRINTABLE_OR_HIGH))
+        )
     if rng.random() < 0.1:
         headers.append(("api-key", rng.choice([b"k-beta", b"", b"\x80" * 10])))
     if rng.random() < 0.05:  # one huge header, or a great many small ones: 431
