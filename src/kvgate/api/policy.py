@@ -64,7 +64,14 @@ class ClassesSpec(ApiModel):
     )
     header: str = Field(
         default=_CLASSES.header or "",
-        description="Header through which clients may ask for a class; empty disables it.",
+        description=(
+            "Header through which clients may ask for a class; empty disables it. It may always "
+            "lower a request to batch; raise one to online only where allowed."
+        ),
+    )
+    header_may_raise: bool = Field(
+        default=_CLASSES.header_may_raise,
+        description="Requests of no configured tenant may use the header to ask for online.",
     )
     rules: list[ClassRuleSpec] = Field(
         default_factory=list, description="Rules tried in order; the first match wins."
@@ -153,6 +160,10 @@ class TenantSpec(ApiModel):
     )
     request_class: PoolClass | None = Field(
         default=None, description="Default request class of this tenant."
+    )
+    may_choose_class: bool = Field(
+        default=False,
+        description="The class header may also raise this tenant's requests to online.",
     )
 
 

@@ -90,6 +90,7 @@ def _tenant(tenant: TenantSpec) -> rc.TenantConfig:
         api_keys=[_secret(k) for k in tenant.api_keys],
         cache_salt=_secret(tenant.cache_salt) if tenant.cache_salt else None,
         request_class=tenant.request_class,  # type: ignore[arg-type]
+        may_choose_class=tenant.may_choose_class,
     )
 
 
@@ -102,6 +103,7 @@ def router_config(spec: RoutingPolicySpec, pools: list[SelectedPool]) -> rc.Rout
         classes=rc.ClassesConfig(
             default=str(spec.classes.default),  # type: ignore[arg-type]
             header=spec.classes.header or None,
+            header_may_raise=spec.classes.header_may_raise,
             rules=[
                 rc.ClassRule.model_validate(r.model_dump(mode="json")) for r in spec.classes.rules
             ],
