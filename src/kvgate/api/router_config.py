@@ -273,11 +273,18 @@ class DirectoryConfig(DirectorySettings[SecretRef]):
 
 
 class AdminConfig(ConfigModel):
-    token: SecretRef | None = None  # bearer token for /admin/*; None disables the admin API
+    # Bearer token for /admin/*; None disables the admin API. Read at load and on every reload:
+    # a token that is empty, unreadable or also a tenant API key is a config error (the router
+    # refuses to start; a reload keeps the previous config), never an open or broken API.
+    token: SecretRef | None = None
 
 
 class LimitsConfig(ConfigModel):
-    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)
+    max_body_bytes: int = Field(default=16 * 1024 * 1024, ge=1024)  # over: 413
+    # Arrays/objects nested deeper than this are a 400, checked on the raw bytes before any
+    # recursive code (json, templates, digests) sees the body. Real requests nest < 20 levels;
+    # Python's own parsers fail near 1,000.
+    max_json_depth: int = Field(default=64, ge=2, le=256)
     connect_timeout_seconds: float = Field(default=2.0, gt=0)
     first_byte_timeout_seconds: float = Field(default=600.0, gt=0)  # includes queue + prefill
     read_timeout_seconds: float = Field(default=120.0, gt=0)  # between chunks once streaming
@@ -298,9 +305,34 @@ class LoadMetricsConfig(ConfigModel):
 
 
 class ServerConfig(ConfigModel):
+    """The listening socket and the limits every client connection lives under.
+
+    Read once at start (a reload does not change them). Over-limit clients get a clean HTTP
+    answer (431, 408, 503) and the connection is closed; see docs/security.md.
+    """
+
     host: str = "0.0.0.0"
     port: int = Field(default=8000, ge=0, le=65535)
     access_log: bool = False  # one key=value log line per request (logger kvgate.router.requests)
+    # Request line + headers, in bytes, counted as they arrive; over: 431.
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    # From a request's first byte to the end of its headers; over: 408 (slowloris).
+    header_timeout_seconds: float = Field(default=10.0, gt=0)
+    # From the end of the headers to the end of the body; over: 408.
+    body_timeout_seconds: float = Field(default=60.0, gt=0)
+    # A connection (new, or kept alive after a response) with no request for this long is closed.
+    idle_timeout_seconds: float = Field(default=15.0, gt=0)
+    # Concurrent client connections. The router also keeps it below the open-files limit:
+    # at most (RLIMIT_NOFILE - reserved_file_descriptors) / 2, since each active client
+    # connection may hold one pod connection. At the cap the oldest idle keep-alive connection
+    # is closed to admit a new one; with none idle, new connections get a 503.
+    max_connections: int = Field(default=2048, ge=1)
+    # File descriptors kept out of the connection budget: listener, Redis, ZMQ, scrapes, files.
+    reserved_file_descriptors: int = Field(default=64, ge=0)
+    # SIGTERM: stop accepting, let requests finish for this long, then end each stream still
+    # open with an OpenAI error event (and answer 503 where no response has started). The pod's
+    # terminationGracePeriodSeconds must be larger (the operator renders grace + 15 s).
+    shutdown_grace_seconds: float = Field(default=30.0, ge=0)
 
 
 class RouterConfig(ConfigModel):

@@ -64,14 +64,23 @@ class ClassRule(ConfigModel):
 
 
 class ClassesConfig(ConfigModel):
-    """How requests are classified as online or batch."""
+    """How requests are classified as online or batch: the first matching rule, else the
+    tenant's class, else `default`. The class header may always lower a request to batch; it may
+    raise one to online only for a tenant with `may_choose_class`, or (`header_may_raise`) for
+    requests of no configured tenant, so a client cannot lift itself into the online pools."""
 
     default: RequestClass = Field(
         default="online", description="Class of requests no rule matches."
     )
     header: str | None = Field(
         default="x-kvgate-class",
-        description="Header through which clients may ask for a class; empty disables it.",
+        description="Header through which clients may ask for a class; empty disables it. It may "
+        "always lower a request to batch; raise one to online only where allowed.",
+    )
+    header_may_raise: bool = Field(
+        default=False,
+        description="Requests of no configured tenant may use the header to ask for online "
+        "(default false: the header only lowers priority).",
     )
     rules: list[ClassRule] = Field(
         default_factory=list, description="Rules tried in order; the first match wins."
@@ -181,6 +190,11 @@ class TenantSettings(ConfigModel, Generic[SecretT]):
     )
     request_class: RequestClass | None = Field(
         default=None, description="Default request class of this tenant's requests."
+    )
+    may_choose_class: bool = Field(
+        default=False,
+        description="The class header may also raise this tenant's requests to online, over the "
+        "rules and its class (default false: the header can only lower them to batch).",
     )
 
 

@@ -121,7 +121,7 @@ class IndexerService:
 
 
 def run(args: argparse.Namespace) -> int:
-    from kvgate.serving import listen, serve
+    from kvgate.serving import EdgeLimits, EdgeState, connection_budget, listen, serve
 
     try:
         config = load_router_config(args.config)
@@ -138,9 +138,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     service = IndexerService(config)
     print(f"kvgate indexer: {len(config.pools)} pool(s); metrics on :{args.port}", flush=True)
+    # Only /metrics and /health: the router's connection limits, with a small cap.
+    edge = EdgeState(EdgeLimits(max_connections=connection_budget(256, 64)))
     serve(
         service,
         sock,
+        edge=edge,
         lifespan="on",
         log_level="warning",
         access_log=False,

@@ -151,6 +151,33 @@ class RouterMetrics:
             ["result"],
             registry=r,
         )
+        # The HTTP edge (docs/security.md): clients that leave, connections refused or closed
+        # by a limit, requests cut at the end of the shutdown grace.
+        self.client_disconnects = Counter(
+            "kvgate_router_client_disconnects_total",
+            "Clients that closed the connection before their request was answered, by stage",
+            ["stage"],
+            registry=r,
+        )
+        self.connections_closed = Counter(
+            "kvgate_router_connections_closed_total",
+            "Client connections refused or closed by a limit (header_too_large, header_timeout, "
+            "body_timeout, over_capacity, evicted_idle)",
+            ["reason"],
+            registry=r,
+        )
+        self.open_connections = Gauge(
+            "kvgate_router_open_connections",
+            "Client connections open now",
+            registry=r,
+        )
+        self.shutdown_cut_requests = Counter(
+            "kvgate_router_shutdown_cut_requests_total",
+            "Requests still running when the shutdown grace ran out, by how they were ended "
+            "(stream: error event, unavailable: 503, closed)",
+            ["response"],
+            registry=r,
+        )
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: `labels()` costs more than the update on the hot path."""

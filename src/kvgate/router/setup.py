@@ -34,6 +34,7 @@ def quickstart_config(
     redis: str | None = None,
     host: str = "0.0.0.0",
     port: int = 8000,
+    shutdown_grace_seconds: float | None = None,
 ) -> RouterConfig:
     """One online pool `default/default` of static endpoints (base URLs). `kv_events` maps an
     endpoint URL to its ZMQ PUB socket; `endpoint_ids` to its directory id. Raises ValueError."""
@@ -42,8 +43,11 @@ def quickstart_config(
     unknown = (set(events) | set(ids)) - {e.rstrip("/") for e in endpoints}
     if unknown:
         raise ValueError(f"endpoints named but not given: {sorted(unknown)}")
+    server: dict[str, Any] = {"host": host, "port": port}
+    if shutdown_grace_seconds is not None:
+        server["shutdown_grace_seconds"] = shutdown_grace_seconds
     data: dict[str, Any] = {
-        "server": {"host": host, "port": port},
+        "server": server,
         "pools": [
             {
                 "name": "default",

@@ -36,6 +36,7 @@ FULL_POLICY: dict[str, Any] = {
     "classes": {
         "default": "batch",
         "header": "x-class",
+        "headerMayRaise": True,
         "rules": [
             {
                 "requestClass": "online",
@@ -62,6 +63,7 @@ FULL_POLICY: dict[str, Any] = {
                 "apiKeys": [{"name": "keys", "key": "t"}],
                 "cacheSalt": {"name": "salts", "key": "t"},
                 "requestClass": "batch",
+                "mayChooseClass": True,
             }
         ],
         "unknownKey": "reject",

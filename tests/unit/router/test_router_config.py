@@ -103,3 +103,21 @@ def test_documented_examples_are_valid_configs():
         cfg = parse_router_config(block)
         policy = cfg.policy  # its params are checked against kvgate.scoring's registry
         build_policy(policy.name, policy.params, max_affinity_wait_seconds=1.0)
+
+
+def test_edge_limits_have_documented_defaults_and_the_pod_outlives_the_grace():
+    from kvgate.operator.render.router import ROUTER_TERMINATION_GRACE_SECONDS
+    from kvgate.serving import _BACKSTOP_SECONDS
+
+    cfg = parse_router_config(MINIMAL)
+    server, limits = cfg.server, cfg.limits
+    assert (server.max_header_bytes, server.max_connections) == (65536, 2048)
+    assert (server.header_timeout_seconds, server.body_timeout_seconds) == (10.0, 60.0)
+    assert (server.idle_timeout_seconds, server.shutdown_grace_seconds) == (15.0, 30.0)
+    assert limits.max_json_depth == 64
+    # The kubelet's SIGKILL must come after the drain, its backstop and the exit.
+    assert server.shutdown_grace_seconds + _BACKSTOP_SECONDS + 5 <= ROUTER_TERMINATION_GRACE_SECONDS
+    with pytest.raises(ValidationError):
+        parse_router_config(MINIMAL + "limits: {max_json_depth: 1000}\n")
+    with pytest.raises(ValidationError):
+        parse_router_config(MINIMAL + "server: {max_header_bytes: 10}\n")

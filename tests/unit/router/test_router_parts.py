@@ -159,12 +159,15 @@ def test_quick_start_flags_build_a_config():
             "9000",
             "--kv-events",
             "http://127.0.0.1:8001=tcp://127.0.0.1:5557",
+            "--shutdown-grace",
+            "4.5",
         ]
     )
     cfg = config_from_args(args)
     eps = cfg.pools[0].endpoints.static
     assert [e.kv_events for e in eps] == ["tcp://127.0.0.1:5557", None]
     assert cfg.policy.name == "least-load" and cfg.server.port == 9000
+    assert cfg.server.shutdown_grace_seconds == 4.5
     bad = parser.parse_args(
         ["--endpoint", "http://x:1", "--model", "m", "--kv-events", "http://y:1=tcp://z:1"]
     )
@@ -375,3 +378,18 @@ async def test_lora_adapter_requests_are_hashed_with_the_adapter_key():
         prompt, lora=LoraKey("sql-lora", "/adapters/sql")
     )
     assert set(base.keys.block_keys).isdisjoint(lora.keys.block_keys)
+
+
+def test_flags_override_a_config_files_server_section(tmp_path):
+    path = tmp_path / "router.yaml"
+    path.write_text(
+        "server: {port: 7000, max_connections: 10}\n"
+        "pools: [{name: p, model: m, endpoints: {static: [{url: 'http://a:1'}]}}]\n"
+    )
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cfg = config_from_args(parser.parse_args(["--config", str(path), "--shutdown-grace", "0"]))
+    assert (cfg.server.port, cfg.server.max_connections) == (7000, 10)
+    assert cfg.server.shutdown_grace_seconds == 0
+    with pytest.raises(ValueError):
+        config_from_args(parser.parse_args(["--config", str(path), "--shutdown-grace", "-1"]))

@@ -13,8 +13,11 @@ directory from the engines' KV events instead of the routers.
 
 from __future__ import annotations
 
+import math
+
 from kvgate.api.base import JsonDict
 from kvgate.api.policy import RoutingPolicySpec
+from kvgate.api.router_config import ServerConfig
 from kvgate.operator.render.common import (
     COMPONENT_LABEL,
     INSTANCE_LABEL,
@@ -38,6 +41,8 @@ from kvgate.operator.render.config import (
     secret_env,
 )
 
+_SHUTDOWN_GRACE_SECONDS: float = ServerConfig.model_fields["shutdown_grace_seconds"].default
+
 ROUTER_COMPONENT = "router"
 INDEXER_COMPONENT = "indexer"
 INDEXER_PORT = 8001
@@ -46,6 +51,9 @@ CONFIG_FILE = "router.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 CONFIG_HASH_ANNOTATION = "kvgate.io/config-hash"
 ROUTER_PORT = 8000
+# The router drains for `server.shutdown_grace_seconds` after SIGTERM, then ends what is still
+# open; the kubelet must not SIGKILL it before that is done (plus time to exit).
+ROUTER_TERMINATION_GRACE_SECONDS = math.ceil(_SHUTDOWN_GRACE_SECONDS) + 15
 
 
 def router_name(policy: str) -> str:
@@ -116,6 +124,7 @@ def _kvgate_deployment(
     port: tuple[str, int],
     replicas: int,
     resources: JsonDict,
+    termination_grace_seconds: int | None = None,
 ) -> JsonDict:
     """A Deployment of `kvgate <command>` reading the policy's config (router or indexer)."""
     router = spec.router
@@ -146,6 +155,8 @@ def _kvgate_deployment(
         "volumes": volumes,
         **pod_scheduling(pod),
     }
+    if termination_grace_seconds is not None:
+        pod_spec["terminationGracePeriodSeconds"] = termination_grace_seconds
     labels = {**recommended_labels(component, owner.name), POLICY_LABEL: owner.name}
     template_meta: JsonDict = {"labels": {**pod.labels, **labels}}
     if pod.annotations:
@@ -175,6 +186,7 @@ def router_deployment(
         port=("http", ROUTER_PORT),
         replicas=spec.router.replicas,
         resources={k: v for k, v in spec.router.resources.to_wire().items() if v},
+        termination_grace_seconds=ROUTER_TERMINATION_GRACE_SECONDS,
     )
 
 

@@ -6,8 +6,14 @@
   any salt the client sent, so a client cannot read another tenant's cache by guessing its salt.
   A tenant's salt is configured, or derived as HMAC-SHA256(salt_secret, tenant name).
   Without tenants, a client's own `cache_salt` passes through (and is hashed with).
-- **Class**: the class header (if enabled and valid) wins, then the first matching rule, then
-  the tenant's default class, then the configured default.
+- **Class**: the first matching rule, then the tenant's default class, then the configured
+  default. The class header (if enabled; `online` or `batch`, else a 400) may always lower a
+  request to `batch`, but raise one to `online` only for a tenant with `may_choose_class` (or,
+  with `classes.header_may_raise`, a request of no configured tenant): a client cannot lift
+  itself into the online pools.
+- **Admin**: the admin token is read with the other secrets; empty, unreadable or equal to a
+  tenant API key, it is a config error. The admin API warms *as* an explicit tenant
+  (`classify_as`), never as whoever its bearer token would map to.
 - **Session**: the session header, else (if enabled) the OpenAI `user` field; scoped by tenant.
 - **Pools for a class**: online → online pools (batch pools only if no online pool has a ready
   endpoint and that is allowed); batch → batch pools plus online pools as borrowable (the caller
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.api.router_config import PoolConfig, RequestClass, RouterConfig
-from kvgate.router.core.errors import RouterError
+from kvgate.router.core.errors import RouterError, bad_request
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class Classifier:
         self._tenant_by_key: dict[str, str] = {}
         self._salt_by_tenant: dict[str, str] = {}
         self._class_by_tenant: dict[str, RequestClass] = {}
+        self._may_choose_class: set[str] = set()
         for tenant in tenants.tenants:
             for ref in tenant.api_keys:
                 key = ref.read()
@@ -62,7 +69,10 @@ class Classifier:
             )
             if tenant.request_class:
                 self._class_by_tenant[tenant.name] = tenant.request_class
+            if tenant.may_choose_class:
+                self._may_choose_class.add(tenant.name)
         self._tenants_enabled = bool(tenants.tenants)
+        self.admin_token = _admin_token(config, self._tenant_by_key)
         self._anonymous_salt = derive_salt(secret, tenants.anonymous_tenant)
         self._pools_by_model: dict[str, list[PoolConfig]] = {}
         for pool in config.pools:
@@ -74,6 +84,24 @@ class Classifier:
 
     def classify(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> Classification:
         """`headers` must have lower-case names. Raises RouterError for client mistakes."""
+        return self._classify(body, headers, as_tenant=None, by_key=True)
+
+    def classify_as(
+        self, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None
+    ) -> Classification:
+        """Classify for `tenant` (the admin API), ignoring any API key in `headers`. `None`
+        with tenants configured is the anonymous tenant (a 400 with `unknown_key: reject`,
+        where no anonymous request exists to warm for)."""
+        return self._classify(body, headers, as_tenant=tenant, by_key=False)
+
+    def _classify(
+        self,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        *,
+        as_tenant: str | None,
+        by_key: bool,
+    ) -> Classification:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise RouterError(400, "`model` is required", code="missing_model", param="model")
@@ -85,7 +113,13 @@ class Classifier:
                 code="model_not_found",
                 param="model",
             )
-        tenant, salt = self._tenant(body, headers)
+        client_salt = body.get("cache_salt")
+        if client_salt is not None and not isinstance(client_salt, str):
+            raise RouterError(400, "`cache_salt` must be a string", param="cache_salt")
+        if by_key:
+            tenant, salt = self._tenant(client_salt, headers)
+        else:
+            tenant, salt = self._named_tenant(as_tenant, client_salt)
         request_class = self._request_class(model, tenant, headers)
         session = self._session(body, headers, tenant)
         if request_class == "online":
@@ -105,11 +139,8 @@ class Classifier:
         return Classification(model, request_class, tenant, salt, session, home, borrow)
 
     def _tenant(
-        self, body: Mapping[str, Any], headers: Mapping[str, str]
+        self, client_salt: str | None, headers: Mapping[str, str]
     ) -> tuple[str | None, str | None]:
-        client_salt = body.get("cache_salt")
-        if client_salt is not None and not isinstance(client_salt, str):
-            raise RouterError(400, "`cache_salt` must be a string", param="cache_salt")
         if not self._tenants_enabled:
             return None, client_salt if self._config.tenants.pass_client_salt else None
         key = _bearer(headers)
@@ -125,21 +156,49 @@ class Classifier:
             )
         return self._config.tenants.anonymous_tenant, self._anonymous_salt
 
+    def _named_tenant(
+        self, name: str | None, client_salt: str | None
+    ) -> tuple[str | None, str | None]:
+        tenants = self._config.tenants
+        if not self._tenants_enabled:
+            if name is not None:
+                raise bad_request("no tenants are configured", param="tenant")
+            return None, client_salt if tenants.pass_client_salt else None
+        anonymous_allowed = tenants.unknown_key == "anonymous"
+        if name is None:
+            if not anonymous_allowed:
+                raise bad_request(
+                    "`tenant` is required (unknown_key is reject: no anonymous requests)",
+                    param="tenant",
+                )
+            name = tenants.anonymous_tenant
+        if name in self._salt_by_tenant:
+            return name, self._salt_by_tenant[name]
+        if name == tenants.anonymous_tenant and anonymous_allowed:
+            return name, self._anonymous_salt
+        raise bad_request(f"unknown tenant `{name}`", param="tenant")
+
     def _request_class(
         self, model: str, tenant: str | None, headers: Mapping[str, str]
     ) -> RequestClass:
         classes = self._config.classes
-        if classes.header:
-            asked = headers.get(classes.header.lower())
-            if asked is not None:
-                if asked not in ("online", "batch"):
-                    raise RouterError(
-                        400,
-                        f"header {classes.header} must be `online` or `batch`",
-                        code="bad_class",
-                    )
-                return "online" if asked == "online" else "batch"
-        for rule in classes.rules:
+        assigned = self._assigned_class(model, tenant, headers)
+        asked = headers.get(classes.header.lower()) if classes.header else None
+        if asked is None:
+            return assigned
+        if asked not in ("online", "batch"):
+            raise RouterError(
+                400, f"header {classes.header} must be `online` or `batch`", code="bad_class"
+            )
+        if asked == "batch" or self._may_raise(tenant):
+            return "online" if asked == "online" else "batch"
+        return assigned  # `online` asked for a batch request: only lowering is the client's
+
+    def _assigned_class(
+        self, model: str, tenant: str | None, headers: Mapping[str, str]
+    ) -> RequestClass:
+        """The class the configuration gives: first matching rule, tenant, default."""
+        for rule in self._config.classes.rules:
             if rule.tenant is not None and rule.tenant != tenant:
                 continue
             if rule.model is not None and rule.model != model:
@@ -151,7 +210,12 @@ class Classifier:
             return rule.request_class
         if tenant is not None and tenant in self._class_by_tenant:
             return self._class_by_tenant[tenant]
-        return classes.default
+        return self._config.classes.default
+
+    def _may_raise(self, tenant: str | None) -> bool:
+        if tenant is not None and tenant in self._salt_by_tenant:
+            return tenant in self._may_choose_class
+        return self._config.classes.header_may_raise  # no tenants, or the anonymous tenant
 
     def _session(
         self, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None
@@ -164,6 +228,21 @@ class Classifier:
         if session is None:
             return None
         return f"{tenant}/{session}" if tenant else session
+
+
+def _admin_token(config: RouterConfig, tenant_keys: Mapping[str, str]) -> str | None:
+    """The admin bearer token, or None (admin API off). Raises ValueError when it is set but
+    unusable: an empty token would open the API to `Authorization: Bearer `, and a token that
+    is also an API key would make the admin a tenant."""
+    ref = config.admin.token
+    if ref is None:
+        return None
+    token = ref.read().strip()
+    if not token:
+        raise ValueError("admin.token is empty: refusing to enable the admin API")
+    if token in tenant_keys:
+        raise ValueError("admin.token is also a tenant API key: give the admin its own token")
+    return token
 
 
 def _bearer(headers: Mapping[str, str]) -> str | None:

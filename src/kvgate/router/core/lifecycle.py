@@ -54,7 +54,8 @@ log = logging.getLogger(__name__)
 @dataclass(slots=True)
 class ClientRequest:
     """One client request as the core sees it. Classification and keys are computed by the first
-    `plan` and reused by retries."""
+    `plan` (unless the caller classified it already, as the admin API does for a tenant) and
+    reused by retries."""
 
     body: Mapping[str, Any]
     headers: Mapping[str, str]  # lower-case names
@@ -124,7 +125,7 @@ class RoutingCore:
     async def plan(self, request: ClientRequest, *, exclude: tuple[str, ...] = ()) -> RoutePlan:
         """The decision the caller will act on. Raises RouterError (client mistakes: 4xx; no
         endpoint: 503)."""
-        first_try = request.classification is None
+        first_try = not request.tried
         plan = await self.router.plan(
             request.body,
             request.headers,

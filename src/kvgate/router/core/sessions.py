@@ -51,7 +51,8 @@ class _Turn:
 
 def _digest(value: Any) -> str:
     raw = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    return hashlib.blake2b(raw.encode(), digest_size=8).hexdigest()
+    # surrogatepass: a digest must never fail on text the parser let through.
+    return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 def digest_body(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -25,11 +25,13 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvgate.router.core.errors import RouterError, bad_request, error_bytes
+from kvgate.router.core.errors import RouterError, error_bytes
 from kvgate.router.core.lifecycle import ClientRequest
 from kvgate.router.http.proxy import plan_headers
 from kvgate.router.runtime import RouterRuntime
-from kvgate.router.server.admin import warm
+from kvgate.router.server.admin import authorize, warm
+from kvgate.router.server.body import ClientDisconnected, parse_json_object, read_body
+from kvgate.router.server.drain import Drain
 
 log = logging.getLogger(__name__)
 
@@ -47,11 +49,13 @@ class RouterApp:
 
     def __init__(self, runtime: RouterRuntime) -> None:
         self.runtime = runtime
+        cut = runtime.metrics.shutdown_cut_requests
+        self.drain = Drain(on_cut=lambda kind: cut.labels(kind).inc())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(scope, receive, send)
+            await self.drain.run(self._http, scope, receive, send)
         elif kind == "lifespan":
             await self._lifespan(receive, send)
 
@@ -97,6 +101,10 @@ class RouterApp:
                 raise RouterError(404, f"no route {method} {path}", code="not_found")
         except RouterError as err:
             await _raw(send, err.status, json.dumps(err.body()).encode(), _JSON)
+        except ClientDisconnected:
+            # The client's doing, and frequent under load: a counter and a DEBUG line.
+            self.runtime.metrics.client_disconnects.labels("body").inc()
+            log.debug("client disconnected while sending %s %s", method, path)
         except Exception:
             # A bug, never the client's doing: log it, and answer in the OpenAI shape if the
             # response has not started (otherwise the server closes the connection).
@@ -119,33 +127,10 @@ class RouterApp:
         return (await self._read_body(scope, receive))[1]
 
     async def _read_body(self, scope: Scope, receive: Receive) -> tuple[bytes, dict[str, Any]]:
-        limit = self.runtime.config.limits.max_body_bytes
+        limits = self.runtime.config.limits
         declared = _header(scope, b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise RouterError(413, f"request body over {limit} bytes", code="body_too_large")
-        parts: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise asyncio.CancelledError
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise RouterError(413, f"request body over {limit} bytes", code="body_too_large")
-            parts.append(chunk)
-            if not message.get("more_body", False):
-                break
-        raw = b"".join(parts)
-        if not raw:
-            raise bad_request("request body is empty")
-        try:
-            body = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise bad_request(f"request body is not valid JSON: {exc}") from exc
-        if not isinstance(body, dict):
-            raise bad_request("request body must be a JSON object")
-        return raw, body
+        raw = await read_body(receive, declared, limits.max_body_bytes)
+        return raw, parse_json_object(raw, limits.max_json_depth)
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send, kind: str) -> None:
         raw, body = await self._read_body(scope, receive)
@@ -200,14 +185,10 @@ class RouterApp:
         await _json(send, 200, result, plan_headers(plan, uuid.uuid4().hex))
 
     async def _admin_warm(self, scope: Scope, receive: Receive, send: Send) -> None:
-        token_ref = self.runtime.config.admin.token
-        if token_ref is None:
-            raise RouterError(404, "the admin API is disabled", code="not_found")
-        given = _headers(scope).get("authorization", "")
-        if not _constant_time_equal(given, "Bearer " + token_ref.read()):
-            raise RouterError(401, "admin token required", type="authentication_error")
+        headers = _headers(scope)
+        authorize(self.runtime.core.state.classifier.admin_token, headers.get("authorization"))
         body = await self._read_json(scope, receive)
-        result = await warm(self.runtime, body, _headers(scope))
+        result = await warm(self.runtime, body, headers)
         await _json(send, 200, result)
 
 
@@ -255,12 +236,6 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if k.lower() == name:
             return str(v.decode("latin-1"))
     return None
-
-
-def _constant_time_equal(a: str, b: str) -> bool:
-    import hmac
-
-    return hmac.compare_digest(a.encode(), b.encode())
 
 
 async def _json(

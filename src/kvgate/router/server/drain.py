@@ -1,0 +1,130 @@
+"""End the requests still open when the shutdown grace runs out, each in a way its client
+understands, instead of a cut connection.
+
+`Drain.run` wraps every HTTP request: it remembers the task serving it and watches what the
+app sends (has the response started? is it an event stream? is it complete?). The server calls
+`Drain.expire()` when the grace is over (`kvgate.serving.serve(on_grace_expired=...)`); every
+request still running is cancelled (which closes its pod connection, so the engine aborts the
+work) and then finished here:
+
+- a stream that started (SSE): an OpenAI error event, `data: {"error": {..., "type":
+  "service_unavailable", "code": "shutting_down"}}`, then the end of the body (no `[DONE]`);
+- no response started yet: a 503 in the OpenAI error shape (`connection: close`);
+- another response half sent (rare: non-streaming answers go out in one piece): nothing can
+  be added; the connection closes.
+
+A cancellation that is not the drain's (a client disconnect) passes through untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from kvgate.router.core.errors import error_bytes
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+Handler = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_MESSAGE = "the router is shutting down; retry the request"
+# Writing the last words must not hold the shutdown up (a client that does not read).
+_FINAL_WRITE_SECONDS = 1.0
+
+
+class _Response:
+    __slots__ = ("complete", "event_stream", "started")
+
+    def __init__(self) -> None:
+        self.started = False
+        self.event_stream = False
+        self.complete = False
+
+    def observe(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+            for name, value in message.get("headers", ()):
+                if name.lower() == b"content-type":
+                    self.event_stream = value.startswith(b"text/event-stream")
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.complete = True
+
+
+class Drain:
+    """In-flight HTTP requests of one app. `on_cut(kind)` counts each request ended by
+    `expire()`: `stream` (error event), `unavailable` (503) or `closed`."""
+
+    def __init__(self, on_cut: Callable[[str], None] | None = None) -> None:
+        self._on_cut = on_cut or (lambda kind: None)
+        self._requests: dict[asyncio.Task[Any], _Response] = {}
+        self.expired = False
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    async def run(self, handler: Handler, scope: Scope, receive: Receive, send: Send) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        response = _Response()
+
+        async def tracked_send(message: Message) -> None:
+            response.observe(message)
+            await send(message)
+
+        self._requests[task] = response
+        try:
+            await handler(scope, receive, tracked_send)
+        except asyncio.CancelledError:
+            if not self.expired:
+                raise
+            task.uncancel()
+            await self._finish(response, send)
+        finally:
+            self._requests.pop(task, None)
+
+    def expire(self) -> None:
+        """The grace is over: cancel every request still running (each is then finished)."""
+        self.expired = True
+        running = [t for t, r in self._requests.items() if not r.complete and not t.done()]
+        if running:
+            log.warning("shutdown grace over: ending %d request(s) still in flight", len(running))
+        for task in running:
+            task.cancel()
+
+    async def _finish(self, response: _Response, send: Send) -> None:
+        if response.complete:
+            return
+        if not response.started:
+            kind = "unavailable"
+            payload = error_bytes(_MESSAGE, "service_unavailable", "shutting_down")
+            messages: list[Message] = [
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(payload)).encode()),
+                        (b"connection", b"close"),
+                    ],
+                },
+                {"type": "http.response.body", "body": payload},
+            ]
+        elif response.event_stream:
+            kind = "stream"
+            event = b"data: " + error_bytes(_MESSAGE, "service_unavailable", "shutting_down")
+            messages = [{"type": "http.response.body", "body": event + b"\n\n"}]
+        else:
+            self._on_cut("closed")
+            return
+        self._on_cut(kind)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(_FINAL_WRITE_SECONDS):
+                for message in messages:
+                    await send(message)
