@@ -30,7 +30,7 @@ from kvgate.prefix.hashing import (
     none_hash,
 )
 from kvgate.prefix.prompt import PromptError, RequestTokenizer
-from kvgate.prefix.tokenizer import Tokenizer, TokenizerError
+from kvgate.prefix.tokenizer import PromptTooLong, Tokenizer, TokenizerError
 
 __all__ = [
     "DEFAULT_SEED",
@@ -46,6 +46,7 @@ __all__ = [
     "LoraKey",
     "PrefixDiff",
     "PromptError",
+    "PromptTooLong",
     "RequestTokenizer",
     "Tokenizer",
     "TokenizerError",

@@ -114,7 +114,10 @@ class RouterRuntime:
         )
         self.proxy = Proxy(self.upstream, self.metrics, limits)
         self.sessions = SessionTracker(
-            self.metrics, config.sessions.max_sessions, config.sessions.ttl_seconds
+            self.metrics,
+            config.sessions.max_sessions,
+            config.sessions.ttl_seconds,
+            max_bytes=config.sessions.max_state_bytes,
         )
         self.scraper = LoadScraper(
             self.endpoints,
@@ -172,6 +175,7 @@ class RouterRuntime:
         for index in self.indexes.values():
             await index.close()
         await self.upstream.aclose()
+        self.router.keying.close()
         self.started = False
 
     def ready(self) -> bool:
@@ -187,7 +191,11 @@ class RouterRuntime:
         self.router.state = state
         self.learner.ttl = config.directory.approximate_ttl_seconds
         self.learner.access_log = config.server.access_log
-        self.sessions.configure(config.sessions.max_sessions, config.sessions.ttl_seconds)
+        self.sessions.configure(
+            config.sessions.max_sessions,
+            config.sessions.ttl_seconds,
+            max_bytes=config.sessions.max_state_bytes,
+        )
         self.proxy.limits = config.limits
         await self._sync_pools(config)
         log.info("configuration reloaded: %d pools", len(config.pools))

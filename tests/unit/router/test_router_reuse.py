@@ -20,7 +20,7 @@ WORDS = ["alpha", "beta", "gamma", "delta", "x", "y", "z", "é", "\n", "  "]
 
 def _fresh(tokenizer: Tokenizer, text: str, salt: str | None, lora: LoraKey | None, size: int):
     ids = tokenizer.encode_uncached(text, add_special_tokens=False)
-    digests = BlockHasher("sha256", size, cache_tokens=0).hash_blocks(
+    digests = BlockHasher("sha256", size, cache_bytes=0).hash_blocks(
         ids, cache_salt=salt, lora=lora
     )
     return tuple(ids), digests
@@ -41,7 +41,7 @@ def test_common_prefix_matches_a_character_scan():
 
 def test_interleaved_sessions_salts_and_loras_are_exact_and_reused():
     tokenizer = Tokenizer.from_dir(TOKENIZER)
-    reuse = PromptReuse(tokenizer, BlockHasher("sha256", 4), max_tokens=20_000)
+    reuse = PromptReuse(tokenizer, BlockHasher("sha256", 4), max_bytes=1 << 20)
     rng = random.Random(1)
     system = "<|im_start|>system\n" + " ".join(rng.choice(WORDS) for _ in range(200))
     sessions = [system for _ in range(5)]
@@ -77,7 +77,7 @@ def test_a_longer_added_token_past_the_common_prefix_is_not_cut():
 def test_known_digests_continue_the_chain():
     hasher = BlockHasher("sha256", 4, span_blocks=2)
     tokens = list(range(50))
-    full = BlockHasher("sha256", 4, cache_tokens=0).hash_blocks(tokens, cache_salt="s")
+    full = BlockHasher("sha256", 4, cache_bytes=0).hash_blocks(tokens, cache_salt="s")
     for known in range(len(full) + 1):
         hasher.cache.clear()
         assert hasher.hash_blocks(tokens, cache_salt="s", known=full[:known]) == full

@@ -9,6 +9,9 @@
 - **Class**: the class header (if enabled and valid) wins, then the first matching rule, then
   the tenant's default class, then the configured default.
 - **Session**: the session header, else (if enabled) the OpenAI `user` field; scoped by tenant.
+  An id longer than `sessions.max_id_chars` is replaced by `h:` + the hex BLAKE2b-128 digest
+  of it, so the router keeps (session state, reuse buckets, logs) a few bytes per session
+  whatever a client sends, and the same long id still names the same session.
 - **Pools for a class**: online → online pools (batch pools only if no online pool has a ready
   endpoint and that is allowed); batch → batch pools plus online pools as borrowable (the caller
   admits an online endpoint for batch only while its load is under the borrowing limits).
@@ -169,6 +172,9 @@ class Classifier:
             session = user if isinstance(user, str) and user else None
         if session is None:
             return None
+        if len(session) > sessions.max_id_chars:
+            digest = hashlib.blake2b(session.encode("utf-8", "surrogatepass"), digest_size=16)
+            session = "h:" + digest.hexdigest()
         return f"{tenant}/{session}" if tenant else session
 
 
