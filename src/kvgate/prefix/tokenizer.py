@@ -250,20 +250,21 @@ class Tokenizer:
         return ids
 
     def encode_tail(
-        self, text: str, *, max_tokens: int | None = None
+        self, text: str, *, max_tokens: int | None = None, known: int = 0
     ) -> tuple[list[int], list[tuple[int, int]]]:
         """``encode(text, add_special_tokens=False)`` plus, after each added token, the
         (character offset, number of ids so far). For a ``segmented`` tokenizer only.
+        ``known``: ids of a prefix the caller has, counted towards ``max_tokens``.
 
         Since every piece is encoded alone, the ids of ``prefix + text`` are the ids of
         ``prefix`` followed by these whenever ``prefix`` ends where the split of the whole
         text ends an added token (``kvgate.router.core.reuse`` relies on this)."""
         if not self.segmented:
             raise TokenizerError("encode_tail needs a tokenizer that splits on added tokens")
-        self.check_length(len(text), max_tokens)
+        self.check_length(len(text), max_tokens, known)
         ids: list[int] = []
         ends: list[tuple[int, int]] = []
-        self._encode_pieces(ids, text, ends, max_tokens)
+        self._encode_pieces(ids, text, ends, max_tokens, known)
         return ids, ends
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:

@@ -147,8 +147,9 @@ class PromptReuse:
                 if at >= 0 and prompt.cut_ids[at] > keep:
                     base, cut, keep = prompt, prompt.cut_chars[at], prompt.cut_ids[at]
                     shared = shared_here
-        limit = None if max_tokens is None else max_tokens - keep
-        tail, ends = self.tokenizer.encode_tail(text[cut:] if cut else text, max_tokens=limit)
+        tail, ends = self.tokenizer.encode_tail(
+            text[cut:] if cut else text, max_tokens=max_tokens, known=keep
+        )
         cut_chars = [cut + c for c, _ in ends]
         cut_ids = [keep + n for _, n in ends]
         if base is not None:
