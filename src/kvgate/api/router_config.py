@@ -281,6 +281,10 @@ class KeyingConfig(_Model):
     inline_max_chars: int = Field(default=64 * 1024, ge=0)
     workers: int = Field(default=2, ge=1)
     max_waiting: int = Field(default=64, ge=0)
+    # The router refuses (400 `prompt_too_long`) prompts of more tokens, whatever the pools'
+    # `max_model_len`: what one prompt may cost it (tokenizing takes ~300 bytes a token for a
+    # moment). None: only the pools' limits (a 16 MB prompt then needs gigabytes briefly).
+    max_prompt_tokens: int | None = Field(default=1 << 20, ge=1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,9 +22,12 @@ the post-processor adds a fixed prefix/suffix; otherwise ``encode`` encodes the 
 
 Length limit: with ``max_tokens``, ``encode`` raises ``PromptTooLong`` as soon as the text is
 known to have more tokens: first from its length alone (``token_bound.max_chars_per_token``),
-then before each batch of new pieces (tokens so far plus the bound on the rest), and from the
-token count of each batch before its ids are turned into Python objects. So a prompt far over
-the limit costs no tokenization, and none costs more than what could still fit.
+then before each batch of new pieces (tokens so far plus the bound on the rest), from the
+token count of each batch before its ids are turned into Python objects, and, for a text (or
+piece) longer than ``max(token_count.CHUNK_CHARS, 2 * max_tokens)`` characters, from a count
+chunk by chunk (``token_count.at_least``) before it is tokenized whole. So a prompt far over
+the limit costs no tokenization, none costs more than what could still fit, and the library's
+transient memory (170-300 bytes per character tokenized at once) stays bounded.
 
 Ids are canonical: every id is the one shared ``int`` object of its value (``_ints``), so the
 caches hold 8 bytes per token instead of 36 (a fresh ``int`` is 28 bytes). The caches are safe
@@ -35,15 +38,14 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import tokenizers
 
+from kvgate.prefix import token_count
+from kvgate.prefix.segment_cache import SegmentCache
 from kvgate.prefix.token_bound import max_chars_per_token
 
 SPECIAL_TOKEN_ATTRIBUTES = (
@@ -57,9 +59,8 @@ SPECIAL_TOKEN_ATTRIBUTES = (
 )
 
 DEFAULT_SEGMENT_CACHE_BYTES = 64 << 20
-_BATCH_CHARS = 1 << 20  # new pieces are encoded in batches of about this many characters
+_BATCH_CHARS = 1 << 18  # new pieces are encoded in batches of about this many characters
 _CANON_CHUNK = 1 << 16  # ids made canonical per C call (each call holds the GIL)
-_ENTRY_OVERHEAD = 120  # an OrderedDict entry: hash slot, key/value references, list links
 
 
 class TokenizerError(ValueError):
@@ -84,55 +85,6 @@ def _token_text(value: Any) -> str | None:
     if isinstance(value, dict) and isinstance(value.get("content"), str):
         return str(value["content"])
     return None
-
-
-class SegmentCache:
-    """Piece text → its (canonical) ids; an LRU bounded in bytes, safe across threads.
-
-    An entry costs ``sys.getsizeof`` of the text and of the ids tuple plus a fixed overhead;
-    entries over an eighth of the budget are not kept, so that one huge piece cannot flush
-    everything else."""
-
-    def __init__(self, max_bytes: int) -> None:
-        if max_bytes < 0:
-            raise ValueError("segment cache budget must be >= 0 bytes")
-        self.max_bytes = max_bytes
-        self.bytes = 0
-        self.hits = 0
-        self.misses = 0
-        self._entries: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    @staticmethod
-    def entry_bytes(piece: str, ids: tuple[int, ...]) -> int:
-        return sys.getsizeof(piece) + sys.getsizeof(ids) + _ENTRY_OVERHEAD
-
-    def get(self, piece: str) -> tuple[int, ...] | None:
-        with self._lock:
-            ids = self._entries.get(piece)
-            if ids is None:
-                self.misses += 1
-                return None
-            self._entries.move_to_end(piece)
-            self.hits += 1
-            return ids
-
-    def put(self, piece: str, ids: tuple[int, ...]) -> None:
-        size = self.entry_bytes(piece, ids)
-        if size > self.max_bytes // 8:
-            return
-        with self._lock:
-            old = self._entries.pop(piece, None)
-            if old is not None:
-                self.bytes -= self.entry_bytes(piece, old)
-            self._entries[piece] = ids
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                key, value = self._entries.popitem(last=False)
-                self.bytes -= self.entry_bytes(key, value)
 
 
 class Tokenizer:
@@ -281,9 +233,19 @@ class Tokenizer:
 
     # -- encoding ----------------------------------------------------------------------------
 
+    def _count_first(self, text: str, limit: int | None, known: int) -> None:
+        """Refuse a long text by counting it chunk by chunk before tokenizing it whole."""
+        if limit is None or len(text) <= max(token_count.CHUNK_CHARS, 2 * limit):
+            return
+        at_least = token_count.at_least(self.backend, text, limit, known)
+        if at_least > limit:
+            raise PromptTooLong(limit, at_least)
+
     def _encode_whole(
         self, text: str, add_special_tokens: bool, max_tokens: int | None
     ) -> list[int]:
+        affixes = len(self._specials_prefix) + len(self._specials_suffix)
+        self._count_first(text, max_tokens, affixes if add_special_tokens else 0)
         [encoding] = self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)
         if max_tokens is not None and len(encoding) > max_tokens:
             raise PromptTooLong(max_tokens, len(encoding), exact=True)
@@ -361,6 +323,8 @@ class Tokenizer:
                 chars += len(new[end])
                 end += 1
             batch = new[start:end]
+            if len(batch) == 1:
+                self._count_first(batch[0], limit, known)
             encodings = self.backend.encode_batch_fast(batch, add_special_tokens=False)
             known += sum(map(len, encodings))
             if limit is not None and known > limit:

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.prefix.tokenizer import SegmentCache, Tokenizer, TokenizerError
+from kvgate.prefix.segment_cache import SegmentCache
+from kvgate.prefix.tokenizer import Tokenizer, TokenizerError
 
 TOKENIZER_DIR = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
@@ -218,3 +219,34 @@ def test_concurrent_encodes_share_the_cache_and_stay_exact():
         thread.join(60)
     assert not errors
     assert tok.segment_hits > 0 and tok.segments.bytes <= 256 * 1024
+
+
+# -- counting in chunks ----------------------------------------------------------------------
+
+
+def test_chunk_counts_add_up_to_the_whole_and_bound_it_from_below():
+    from kvgate.prefix import token_count
+
+    tok = Tokenizer.from_dir(TOKENIZER_DIR)
+    rng = random.Random(9)
+    texts = [_text(rng, 30_000), "ab" * 50_000, "é" * 30_000 + " x" * 10_000, _chat(rng, 20, 300)]
+    for text in texts:
+        whole = len(tok.encode_uncached(text, add_special_tokens=False))
+        cuts = token_count.cut_positions(text, 4096)
+        bounds = [0, *(c for c, _ in cuts), len(text)]
+        chunks = [text[a:b] for a, b in itertools.pairwise(bounds)]
+        counted = sum(len(tok.encode_uncached(c, add_special_tokens=False)) for c in chunks)
+        if all(safe for _, safe in cuts):
+            assert counted == whole, text[:30]  # letter-space-letter cuts change no token
+        bound = token_count.at_least(tok.backend, text, 10**9, chunk_chars=4096)
+        assert bound <= whole, text[:30]
+
+
+def test_a_long_text_over_the_limit_is_counted_only_as_far_as_needed():
+    tok, backend = _counting(segment_cache_bytes=0)
+    text = _text(random.Random(10), 150_000)  # ~2 M characters, ~900 k tokens
+    limit = len(text) // 49 + 1000  # passes the character bound: must be counted
+    with pytest.raises(PromptTooLong) as raised:
+        tok.encode(text, max_tokens=limit)
+    assert backend.encoded_chars <= 2 * (1 << 18)  # one or two chunks, not the whole text
+    assert limit < raised.value.at_least < len(tok.encode_uncached(text))

@@ -54,7 +54,9 @@ class BlockingKeyer:
         self.release = threading.Event()
         self.threads: list[str] = []
 
-    def keys(self, body: Any, kind: str, salt: Any, lora: Any, session: Any) -> RequestKeys:
+    def keys(
+        self, body: Any, kind: str, salt: Any, lora: Any, session: Any, **_: Any
+    ) -> RequestKeys:
         self.threads.append(threading.current_thread().name)
         if body.get("block"):
             self.release.wait(10)
@@ -96,7 +98,7 @@ async def test_large_prompts_beyond_workers_and_queue_are_refused_with_503():
 async def test_small_prompts_are_keyed_while_a_large_one_is_in_a_worker():
     # The real keyer, its caches shared: no lock makes the small requests wait.
     keyer = _keyer()
-    pool = KeyingPool()
+    pool = KeyingPool(KeyingConfig(max_prompt_tokens=None))
     rng = random.Random(1)
     large = {"model": "m", "messages": [{"role": "user", "content": _text(rng, 400_000)}]}
     task = asyncio.create_task(pool.keys(keyer, large, "chat", None, None, None))
@@ -137,6 +139,19 @@ def test_prompts_over_max_model_len_get_vllms_400():
     # Truncation: vLLM tokenizes everything and keeps the last k tokens; k fits.
     truncated = {"prompt": _text(rng, 400), "truncate_prompt_tokens": 100}
     assert keyer.keys(truncated, "completion", None).prompt_tokens == 100
+
+
+def test_the_routers_own_cap_applies_where_the_pool_allows_more():
+    rng = random.Random(3)
+    body = {"prompt": _text(rng, 2000)}  # ~7k tokens
+    for keyer in (_keyer(), _keyer(max_model_len=100_000)):
+        with pytest.raises(RouterError) as raised:
+            keyer.keys(body, "completion", None, max_prompt_tokens=1000)
+        assert raised.value.code == "prompt_too_long"
+        assert "accepts prompts of at most 1000 tokens" in raised.value.message
+    with pytest.raises(RouterError) as model:
+        _keyer(max_model_len=500).keys(body, "completion", None, max_prompt_tokens=1000)
+    assert model.value.code == "context_length_exceeded"
 
 
 def test_only_the_first_prompt_of_a_batch_is_tokenized():

@@ -87,9 +87,18 @@ def _plain_chat(body: Mapping[str, Any]) -> bool:
     )
 
 
-def too_long(exc: PromptTooLong, param: str) -> RouterError:
-    """vLLM's answer to a prompt over `max_model_len`, in the OpenAI error shape."""
+def too_long(exc: PromptTooLong, param: str, model_limit: int | None) -> RouterError:
+    """vLLM's answer to a prompt over `max_model_len`, in the OpenAI error shape (or the
+    router's own, when its `keying.max_prompt_tokens` is the lower limit)."""
     count = f"{exc.at_least}" if exc.exact else f"at least {exc.at_least}"
+    if model_limit is None or exc.limit < model_limit:
+        return RouterError(
+            400,
+            f"This router accepts prompts of at most {exc.limit} tokens. However, your "
+            f"request has {count} input tokens. Please reduce the length of the input messages.",
+            code="prompt_too_long",
+            param=param,
+        )
     return RouterError(
         400,
         f"This model's maximum context length is {exc.limit} tokens. However, your request "
@@ -126,10 +135,15 @@ class Keyer:
         cache_salt: str | None,
         lora: LoraKey | None = None,
         session: str | None = None,
+        *,
+        max_prompt_tokens: int | None = None,
     ) -> RequestKeys:
         """`kind` is "chat" or "completion"; `lora`: the adapter the request names (vLLM adds
         its key to every block); `session`: where to look for an earlier turn to reuse (never
-        changes the keys). Raises RouterError (400) on a malformed prompt."""
+        changes the keys); `max_prompt_tokens`: the router's own limit, on top of the pool's
+        `max_model_len`. Raises RouterError (400) on a malformed or too long prompt."""
+        limits = [n for n in (self.max_tokens, max_prompt_tokens) if n is not None]
+        limit = min(limits) if limits else None
         if kind == "chat":
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -144,16 +158,14 @@ class Keyer:
                 )
             tokens = _token_list(prompt)
             if tokens is not None and self.requests is None:
-                if self.max_tokens is not None and len(tokens) > self.max_tokens:
-                    raise too_long(
-                        PromptTooLong(self.max_tokens, len(tokens), exact=True), "prompt"
-                    )
+                if limit is not None and len(tokens) > limit:
+                    exc = PromptTooLong(limit, len(tokens), exact=True)
+                    raise too_long(exc, "prompt", self.max_tokens)
                 return self._exact(tokens, cache_salt, lora)
         if self.requests is None:
             salt = cache_salt if lora is None else f"{cache_salt or ''}\0lora:{lora.name}"
             return self._approximate(body, salt)
         param = "messages" if kind == "chat" else "prompt"
-        limit = self.max_tokens
         try:
             if kind == "chat" and self.reuse is not None and _plain_chat(body):
                 text = self.requests.chat_text(body)
@@ -166,7 +178,7 @@ class Keyer:
             else:
                 ids = self.requests.completion_token_ids(body, max_tokens=limit, max_prompts=1)[0]
         except PromptTooLong as exc:
-            raise too_long(exc, param) from None
+            raise too_long(exc, param, self.max_tokens) from None
         except (PromptError, ValueError, TypeError) as exc:
             raise RouterError(400, f"cannot tokenize the prompt: {exc}", param=param) from exc
         return self._exact(ids, cache_salt, lora)
