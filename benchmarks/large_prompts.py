@@ -106,7 +106,7 @@ async def latency(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) 
             "prompt_mb": args.prompt_mb,
             "max_model_len": args.max_model_len or None,
             "small_requests": {k: len(v) for k, v in samples.by_phase.items()},
-            "small_errors": samples.errors,
+            "small_errors": samples.errors[:10],
             "p50_ms": {
                 "without": round(samples.quantile("without", 0.5) * 1000, 1),
                 "with": round(samples.quantile("with", 0.5) * 1000, 1),
@@ -123,7 +123,10 @@ async def latency(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) 
 
 async def memory(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) -> dict[str, Any]:
     engine = {"max_model_len": args.max_model_len} if args.max_model_len else {}
-    router = RouterProcess(router_config(pod_urls, **engine), workdir)
+    config = router_config(pod_urls, **engine)
+    if args.no_token_cap:
+        config["keying"] = {"max_prompt_tokens": None}
+    router = RouterProcess(config, workdir)
     rss: list[tuple[str, float]] = []
     statuses: dict[str, int] = {}
     try:
@@ -133,9 +136,12 @@ async def memory(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) -
 
         async def producer() -> None:
             rng = random.Random(1)
+            base = text_of(args.prompt_mb * MB, rng)
             for i in range(args.prompts):
                 session = {"x-session-id": f"big-{i}-" + "s" * (args.session_kb * 1024)}
-                text = f"[{i}] " + text_of(args.prompt_mb * MB, rng)
+                # Distinct prompts, cheaply: the base text rotated, behind a unique header.
+                at = rng.randrange(len(base))
+                text = f"[{i}] " + base[at:] + base[:at]
                 if i % 2:
                     body = {"model": "m", "prompt": text, "max_tokens": 1}
                     await queue.put(("/v1/completions", json.dumps(body).encode(), session))
@@ -164,12 +170,15 @@ async def memory(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) -
         started = time.perf_counter()
         await asyncio.gather(producer(), *(sender() for _ in range(4)))
         rss.append(("end", router.rss_bytes() / MB))
+        await asyncio.sleep(5)
+        rss.append(("5 s later", router.rss_bytes() / MB))
         return {
             "prompts": args.prompts,
             "prompt_mb": args.prompt_mb,
             "sessions": args.sessions,
             "session_kb": args.session_kb,
             "max_model_len": args.max_model_len or None,
+            "max_prompt_tokens": None if args.no_token_cap else "default",
             "statuses": statuses,
             "seconds": round(time.perf_counter() - started, 1),
             "rss_mb": [(label, round(value, 1)) for label, value in rss],
@@ -205,6 +214,9 @@ def main() -> None:
     mem.add_argument("--sessions", type=int, default=10_000)
     mem.add_argument("--session-kb", type=int, default=4)
     mem.add_argument("--max-model-len", type=int, default=0)
+    mem.add_argument(
+        "--no-token-cap", action="store_true", help="keying.max_prompt_tokens: null (key all)"
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)

@@ -124,7 +124,7 @@ class Samples:
     """Latencies (seconds) of small requests, by the phase they started in."""
 
     by_phase: dict[str, list[float]] = field(default_factory=dict)
-    errors: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (phase, status or exception)
 
     def add(self, phase: str, seconds: float) -> None:
         self.by_phase.setdefault(phase, []).append(seconds)
@@ -152,11 +152,11 @@ async def small_load(
                     response = await client.post(
                         "/v1/chat/completions", content=SMALL, headers=headers
                     )
-                    ok = response.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                if not ok:
-                    samples.errors += 1
+                except httpx.HTTPError as exc:
+                    samples.errors.append((started_in, repr(exc)))
+                    continue
+                if response.status_code != 200:
+                    samples.errors.append((started_in, f"{response.status_code} {response.text}"))
                     continue
                 samples.add(started_in, time.perf_counter() - started)
 

@@ -25,7 +25,9 @@ body that stops at the threshold (`prompt_chars_at_least`).
 
 Memory: after a large prompt the worker hands the C allocator's free memory back to the OS
 (`malloc_trim`, glibc): tokenizing leaves hundreds of megabytes freed but mapped in the
-thread's malloc arena (400 MB after a 4 MB prompt), which would otherwise stay in the RSS.
+thread's malloc arena (400 MB after a 4 MB prompt), which would otherwise stay in the RSS. The
+request's own buffers (body, parsed JSON, ids) are freed only once it is answered, so one more
+trim runs in a worker `TRIM_DELAY_SECONDS` after the last large prompt was keyed.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keys import Keyer, RequestKeys
 
 _NODE_CHARS = 8  # what a non-string JSON value counts for in the size walk
+TRIM_DELAY_SECONDS = 2.0
 
 
 def prompt_chars_at_least(body: Mapping[str, Any], threshold: int) -> bool:
@@ -109,6 +112,7 @@ class KeyingPool:
         self._executor: ThreadPoolExecutor | None = None
         self._workers = 0
         self._busy = 0  # large prompts being keyed or waiting for a worker
+        self._trim: asyncio.TimerHandle | None = None
         self.offloaded = 0
         self.refused = 0
 
@@ -162,12 +166,27 @@ class KeyingPool:
             )
         finally:
             self._busy -= 1
+            self._schedule_trim()
 
     def close(self) -> None:
         """Stop the workers: queued prompts are dropped, a running one finishes on its own."""
+        if self._trim is not None:
+            self._trim.cancel()
+            self._trim = None
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
             self._executor = None
+
+    def _schedule_trim(self) -> None:
+        """One trim, in a worker, a while after the last large prompt (restarted by each)."""
+        if self._trim is not None:
+            self._trim.cancel()
+        self._trim = asyncio.get_running_loop().call_later(TRIM_DELAY_SECONDS, self._trim_now)
+
+    def _trim_now(self) -> None:
+        self._trim = None
+        if self._executor is not None:
+            self._executor.submit(release_freed_memory)
 
     def _pool(self) -> ThreadPoolExecutor:
         workers = self.config.workers
