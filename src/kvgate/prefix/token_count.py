@@ -21,9 +21,17 @@ import re
 from typing import Any
 
 CHUNK_CHARS = 1 << 18
+WHOLE_CHARS_MAX = 1 << 20
 SAFE_CUT_SLACK = 16
 BLIND_CUT_SLACK = 256
 _CUT = re.compile(r"(?<=[^\W\d_]) (?=[^\W\d_])")
+
+
+def count_first_above(limit: int) -> int:
+    """Texts longer than this are counted in chunks before being tokenized whole: up to twice
+    the limit in characters (a text that may well fit is tokenized once), at least one chunk,
+    at most ``WHOLE_CHARS_MAX`` (what one whole tokenization may hold in transient memory)."""
+    return max(CHUNK_CHARS, min(2 * limit, WHOLE_CHARS_MAX))
 
 
 def cut_positions(text: str, chunk_chars: int = CHUNK_CHARS) -> list[tuple[int, bool]]:

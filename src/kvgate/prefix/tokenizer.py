@@ -24,7 +24,7 @@ Length limit: with ``max_tokens``, ``encode`` raises ``PromptTooLong`` as soon a
 known to have more tokens: first from its length alone (``token_bound.max_chars_per_token``),
 then before each batch of new pieces (tokens so far plus the bound on the rest), from the
 token count of each batch before its ids are turned into Python objects, and, for a text (or
-piece) longer than ``max(token_count.CHUNK_CHARS, 2 * max_tokens)`` characters, from a count
+piece) longer than ``token_count.count_first_above(max_tokens)`` characters, from a count
 chunk by chunk (``token_count.at_least``) before it is tokenized whole. So a prompt far over
 the limit costs no tokenization, none costs more than what could still fit, and the library's
 transient memory (170-300 bytes per character tokenized at once) stays bounded.
@@ -235,7 +235,7 @@ class Tokenizer:
 
     def _count_first(self, text: str, limit: int | None, known: int) -> None:
         """Refuse a long text by counting it chunk by chunk before tokenizing it whole."""
-        if limit is None or len(text) <= max(token_count.CHUNK_CHARS, 2 * limit):
+        if limit is None or len(text) <= token_count.count_first_above(limit):
             return
         at_least = token_count.at_least(self.backend, text, limit, known)
         if at_least > limit:

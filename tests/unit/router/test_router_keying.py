@@ -95,6 +95,20 @@ async def test_large_prompts_beyond_workers_and_queue_are_refused_with_503():
     pool.close()
 
 
+async def test_a_reload_resizes_the_worker_pool():
+    pool = KeyingPool(KeyingConfig(inline_max_chars=50, workers=1))
+    keyer = BlockingKeyer()
+    large = {"prompt": "x" * 100}
+    await pool.keys(keyer, large, "completion", None, None, None)  # type: ignore[arg-type]
+    first = pool._executor
+    pool.configure(KeyingConfig(inline_max_chars=50, workers=3))
+    await pool.keys(keyer, large, "completion", None, None, None)  # type: ignore[arg-type]
+    assert pool._executor is not first and pool._executor is not None
+    assert pool._executor._max_workers == 3
+    pool.close()
+    assert pool._executor is None
+
+
 async def test_small_prompts_are_keyed_while_a_large_one_is_in_a_worker():
     # The real keyer, its caches shared: no lock makes the small requests wait.
     keyer = _keyer()
