@@ -65,20 +65,24 @@ async def latency(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) 
     config = {**router_config(pod_urls, **engine), "limits": {"max_body_bytes": 64 * MB}}
     router = RouterProcess(config, workdir)
     try:
+        # Built before the load starts: building them blocks this process's event loop.
+        bodies = [large_chat_body(args.prompt_mb * MB, seed) for seed in range(args.rounds)]
         await router.wait_ready()
         samples = Samples()
         phase = ["warmup"]
         stop = asyncio.Event()
         load = asyncio.create_task(small_load(router.url, samples, phase, stop))
         large: list[dict[str, Any]] = []
+        seconds = {"without": 0.0, "with": 0.0}
         await asyncio.sleep(1.0)
-        bodies = [large_chat_body(args.prompt_mb * MB, seed) for seed in range(args.rounds)]
         async with httpx.AsyncClient(base_url=router.url, timeout=120) as client:
             for round_ in range(args.rounds):
                 phase[0] = "without"
                 await asyncio.sleep(args.phase_seconds)
+                seconds["without"] += args.phase_seconds
                 phase[0] = "with"
-                until = time.perf_counter() + args.phase_seconds
+                began = time.perf_counter()
+                until = began + args.phase_seconds
                 first = True
                 while first or time.perf_counter() < until:
                     first = False
@@ -97,8 +101,10 @@ async def latency(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) 
                             else None,
                         }
                     )
+                seconds["with"] += time.perf_counter() - began
             phase[0] = "without"
             await asyncio.sleep(args.phase_seconds)
+            seconds["without"] += args.phase_seconds
         stop.set()
         await load
         p99_with, p99_without = samples.quantile("with", 0.99), samples.quantile("without", 0.99)
@@ -112,6 +118,11 @@ async def latency(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) 
                 "with": round(samples.quantile("with", 0.5) * 1000, 1),
             },
             "p99_ms": {"without": round(p99_without * 1000, 1), "with": round(p99_with * 1000, 1)},
+            # A closed loop sends less while it waits: a stall shows in the max and the rate.
+            "max_ms": {k: round(samples.quantile(k, 1.0) * 1000, 1) for k in seconds},
+            "per_second": {
+                k: round(len(samples.by_phase.get(k, [])) / v) for k, v in seconds.items() if v
+            },
             "added_p99_ms": round((p99_with - p99_without) * 1000, 1),
             "p99_ratio": round(p99_with / p99_without, 2),
             "large_prompts": _summary(large),

@@ -32,6 +32,8 @@ async def test_small_requests_stay_fast_while_huge_prompts_are_keyed(sim_pods, t
     # tokenized, chunk by chunk in a worker, until the count refuses it.
     config = router_config([p.url for p in pods], max_model_len=1 << 20)
     router = RouterProcess(config, tmp_path)
+    # Built before the load starts: building them blocks this test's event loop.
+    bodies = [large_chat_body(8 * MB, seed) for seed in range(3)]
     try:
         await router.wait_ready()
         samples, phase, stop = Samples(), ["warmup"], asyncio.Event()
@@ -43,13 +45,10 @@ async def test_small_requests_stay_fast_while_huge_prompts_are_keyed(sim_pods, t
         answers = []
         headers = {"content-type": "application/json"}
         async with httpx.AsyncClient(base_url=router.url, timeout=120) as client:
-            for seed in range(2):
-                body = large_chat_body(8 * MB, seed)
+            for body in bodies[:2]:
                 response = await client.post("/v1/chat/completions", content=body, headers=headers)
                 answers.append((response.status_code, response.json()["error"]["code"]))
-            debug = await client.post(
-                "/debug/route", content=large_chat_body(8 * MB, 7), headers=headers
-            )
+            debug = await client.post("/debug/route", content=bodies[2], headers=headers)
         phase[0] = "after"
         await asyncio.sleep(1.0)
         stop.set()
