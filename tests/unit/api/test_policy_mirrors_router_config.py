@@ -15,7 +15,7 @@ MIRRORS: list[tuple[type[BaseModel], type[BaseModel], set[str], set[str]]] = [
     (p.ClassesSpec, rc.ClassesConfig, set(), set()),
     (p.BorrowingSpec, rc.BorrowingConfig, set(), set()),
     (p.ScoringSpec, rc.PolicyConfig, set(), set()),
-    (p.SessionsSpec, rc.SessionsConfig, set(), set()),
+    (p.SessionsSpec, rc.SessionsConfig, {"max_id_chars", "max_state_bytes"}, set()),
     (p.TenantSpec, rc.TenantConfig, set(), set()),
     (p.TenantsSpec, rc.TenantsConfig, {"tenants"}, {"items"}),
     (p.RedisSpec, rc.RedisConfig, {"resync_interval_seconds"}, set()),
