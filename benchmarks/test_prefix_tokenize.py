@@ -54,7 +54,7 @@ def history(request: pytest.FixtureRequest) -> list[dict[str, Any]]:
 
 def test_tokenize_and_hash_cold(benchmark, history):
     # A loaded tokenizer, but nothing of this prompt seen: no segment cache, empty chain cache.
-    requests = RequestTokenizer(Tokenizer.from_dir(DATA / "tokenizer", segment_cache_size=0))
+    requests = RequestTokenizer(Tokenizer.from_dir(DATA / "tokenizer", segment_cache_bytes=0))
     requests.chat_token_ids({"messages": history[:2]})
 
     def setup():

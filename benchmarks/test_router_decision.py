@@ -108,6 +108,9 @@ def _config(backend: str, redis_url: str | None) -> RouterConfig:
             ],
             "directory": directory,
             "policy": {"seed": 0},
+            # Key every prompt on this thread, so that its CPU time is all in the samples
+            # (the router itself keys prompts over 64 Ki characters in a worker thread).
+            "keying": {"inline_max_chars": 1 << 30},
         }
     )
 

@@ -120,6 +120,15 @@ class TokenizerConfig(ConfigModel):
     path: str | None = None
     chat_template: str | None = None  # file; default: the template shipped with the tokenizer
     approximate_chars_per_block: int = Field(default=64, ge=1)
+    # Approximate keys cover at most this many blocks (64 Ki blocks of 64 characters: 4 MiB).
+    approximate_max_blocks: int = Field(default=65_536, ge=1)
+    # What the router keeps per tokenizer (pools with the same engine settings share one), in
+    # bytes. Segment cache: ids of pieces of text between added tokens (chat messages).
+    segment_cache_bytes: int = Field(default=64 << 20, ge=0)
+    # Recent prompts whose ids and digests a new prompt with the same prefix reuses.
+    reuse_cache_bytes: int = Field(default=64 << 20, ge=0)
+    # Block digests of aligned 512-token spans (the hasher's chain cache).
+    hash_cache_bytes: int = Field(default=32 << 20, ge=0)
 
 
 class EngineConfig(ConfigModel):
@@ -129,6 +138,9 @@ class EngineConfig(ConfigModel):
     hash_algo: HashAlgo = "sha256"  # --prefix-caching-hash-algo
     hash_seed: str | None = None  # PYTHONHASHSEED; None = vLLM's default for the algorithm
     int_block_hashes: bool = False  # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1 on the engines
+    # --max-model-len: prompts with more tokens are refused (400) before being tokenized whole.
+    # None: unknown, the router refuses nothing on length (the engines still do).
+    max_model_len: int | None = Field(default=None, ge=1)
     tokenizer: TokenizerConfig = TokenizerConfig()
     # Events publish real hashes; without them the router records what it routed, with a TTL.
     kv_events: bool = True
@@ -268,6 +280,23 @@ class DirectoryConfig(DirectorySettings[SecretRef]):
     kv_events: KvEventsConfig = KvEventsConfig()
 
 
+class KeyingConfig(ConfigModel):
+    """Turning prompts into block keys without stalling the event loop (`router/core/keying.py`).
+
+    Prompts of up to `inline_max_chars` characters (about 1 ms of work) are keyed on the event
+    loop; larger ones in a pool of `workers` threads (tokenization releases the GIL). A large
+    prompt arriving while `workers + max_waiting` are already being keyed is refused with 503.
+    """
+
+    inline_max_chars: int = Field(default=64 * 1024, ge=0)
+    workers: int = Field(default=2, ge=1)
+    max_waiting: int = Field(default=64, ge=0)
+    # The router refuses (400 `prompt_too_long`) prompts of more tokens, whatever the pools'
+    # `max_model_len`: what one prompt may cost it (tokenizing takes ~300 bytes a token for a
+    # moment). None: only the pools' limits (a 16 MB prompt then needs gigabytes briefly).
+    max_prompt_tokens: int | None = Field(default=1 << 20, ge=1)
+
+
 # ---------------------------------------------------------------------------------------------
 # Admin, limits, load metrics, server
 
@@ -344,6 +373,7 @@ class RouterConfig(ConfigModel):
     borrowing: BorrowingConfig = BorrowingConfig()
     policy: PolicyConfig = PolicyConfig()
     sessions: SessionsConfig = SessionsConfig()
+    keying: KeyingConfig = KeyingConfig()
     tenants: TenantsConfig = TenantsConfig()
     directory: DirectoryConfig = DirectoryConfig()
     admin: AdminConfig = AdminConfig()

@@ -160,6 +160,18 @@ class SessionsConfig(ConfigModel):
     ttl_seconds: float = Field(
         default=3600.0, gt=0.0, description="Idle time after which a session is forgotten."
     )
+    max_id_chars: int = Field(
+        default=128,
+        ge=16,
+        description="Longer session ids are replaced by a fixed-size digest of them (the same "
+        "id still names the same session); default 128.",
+    )
+    max_state_bytes: int = Field(
+        default=32 << 20,
+        ge=0,
+        description="Bytes of per-session state kept for prefix-break detection (each "
+        "session's last turn), least recent dropped first; default 32 MiB.",
+    )
 
     @field_validator("header")
     @classmethod

@@ -54,6 +54,7 @@ from kvgate.router.core.routing import RoutePlan
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.runtime import build_state
 from kvgate.router.setup import quickstart_config
+from kvgate.scoring.registry import default_registry
 from kvgate.sim.des import DESFleet, FleetDriver, TraceRequest
 from kvgate.sim.engine import EngineConfig, kv_cache_blocks
 from kvgate.sim.profile import DEFAULT_PROFILE, load_profile
@@ -326,10 +327,9 @@ def run_des(
 ) -> DesResult:
     """One policy over one workload on ``pods`` simulated engines, named ``pod-<i>`` or
     ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id)."""
-    if policy not in kvgate_policies():
-        raise ValueError(
-            f"policy {policy!r} cannot run in des mode ({', '.join(kvgate_policies())})"
-        )
+    known = default_registry().names("policy")
+    if policy not in known:
+        raise ValueError(f"policy {policy!r} cannot run in des mode ({', '.join(known)})")
     fleet = DESFleet(pods, engine or EngineConfig(), load_profile(profile), names=pod_names)
     driver = RouterDriver(fleet, policy, seed=seed, policy_params=policy_params, progress=progress)
     try:

@@ -40,13 +40,14 @@ from kvgate.prefix.hashing import (
 if TYPE_CHECKING:
     from kvgate.prefix.chat import ChatTemplate, ChatTemplateError, normalize_messages
     from kvgate.prefix.prompt import RequestTokenizer
-    from kvgate.prefix.tokenizer import Tokenizer, TokenizerError
+    from kvgate.prefix.tokenizer import PromptTooLong, Tokenizer, TokenizerError
 
 #: Names whose modules import `tokenizers` or `jinja2`: loaded when first asked for.
 _LAZY = {
     "ChatTemplate": "kvgate.prefix.chat",
     "ChatTemplateError": "kvgate.prefix.chat",
     "normalize_messages": "kvgate.prefix.chat",
+    "PromptTooLong": "kvgate.prefix.tokenizer",
     "RequestTokenizer": "kvgate.prefix.prompt",
     "Tokenizer": "kvgate.prefix.tokenizer",
     "TokenizerError": "kvgate.prefix.tokenizer",
@@ -70,6 +71,7 @@ __all__ = [
     "LoraKey",
     "PrefixDiff",
     "PromptError",
+    "PromptTooLong",
     "RequestTokenizer",
     "Tokenizer",
     "TokenizerError",

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     lora = LoraKey(args.lora_name, args.lora_path) if args.lora_name is not None else None
-    hasher = BlockHasher(args.algo, args.block_size, args.seed, cache_tokens=0)
+    hasher = BlockHasher(args.algo, args.block_size, args.seed, cache_bytes=0)
     digests = hasher.hash_blocks(tokens, lora=lora, cache_salt=args.cache_salt)
     lines = [str(int_form(d)) if args.int_form else d.hex() for d in digests]
     if lines:

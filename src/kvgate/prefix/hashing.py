@@ -18,7 +18,7 @@ Exactness is by construction: every block is serialised by the real ``pickle``/`
 same Python objects vLLM builds; the committed vectors in ``tests/data/prefix`` were produced
 by vLLM's own functions. Speed comes from a chain cache keyed by aligned spans of blocks:
 ``(parent digest, span tokens, extra keys)`` → the span's digests, kept in two generations (an
-approximate LRU with O(1) upkeep). A prompt that extends a previously seen prefix walks its
+approximate LRU with O(1) upkeep, bounded in bytes). A prompt that extends a previously seen prefix walks its
 spans until the first miss and hashes only what follows; after a miss no descendant can be
 cached, so the rest is hashed without lookups.
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
@@ -50,6 +51,7 @@ PICKLE_PROTOCOL = 5
 """``pickle.HIGHEST_PROTOCOL`` on CPython 3.8-3.13, the protocol vLLM's ``sha256`` uses."""
 
 DIGEST_SIZE = 32
+DEFAULT_CHAIN_CACHE_BYTES = 32 << 20
 INT_KEY_SIZE = 8
 _MASK64 = (1 << 64) - 1
 
@@ -141,12 +143,24 @@ def block_key(block_hash: bytes | int, *, int_keys: bool = False) -> BlockKey:
     return bytes(block_hash)
 
 
+def span_entry_bytes(span_blocks: int, block_size: int) -> int:
+    """What one chain-cache entry may cost: the key (parent digest, a tuple of
+    ``span_blocks * block_size`` token ids, each counted as an 8-byte slot plus an int object
+    of its own (32 bytes allocated), the worst case) and the value (a tuple of digests)."""
+    tokens = span_blocks * block_size
+    digest = 33 + DIGEST_SIZE  # a bytes object
+    key = 64 + digest + 40 + tokens * (8 + 32)
+    value = 40 + span_blocks * (8 + digest)
+    return key + value + 100  # + the dict slot
+
+
 class ChainCache:
     """Bounded map ``(parent, span tokens, extra keys) -> span digests``; two-generation LRU.
 
     Lookups that hit the older generation promote the entry. When the young generation holds
     ``capacity // 2`` entries it becomes the old one and the previous old one is dropped, so
-    at most ``capacity`` entries are kept and no per-access bookkeeping is needed.
+    at most ``capacity`` entries are kept and no per-access bookkeeping is needed. Safe for
+    concurrent use (a lock around each dictionary operation, never around hashing).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -155,6 +169,7 @@ class ChainCache:
         self.capacity = capacity
         self._young: dict[tuple[Any, ...], tuple[bytes, ...]] = {}
         self._old: dict[tuple[Any, ...], tuple[bytes, ...]] = {}
+        self._lock = threading.Lock()
         self.hit_blocks = 0
         self.hashed_blocks = 0
 
@@ -162,24 +177,35 @@ class ChainCache:
         return len(self._young) + len(self._old)
 
     def get(self, key: tuple[Any, ...]) -> tuple[bytes, ...] | None:
-        digests = self._young.get(key)
-        if digests is None:
-            digests = self._old.get(key)
-            if digests is not None:
-                self.put(key, digests)
-        return digests
+        with self._lock:
+            digests = self._young.get(key)
+            if digests is None:
+                digests = self._old.get(key)
+                if digests is not None:
+                    self._put(key, digests)
+            return digests
 
     def put(self, key: tuple[Any, ...], digests: tuple[bytes, ...]) -> None:
         if self.capacity == 0:
             return
+        with self._lock:
+            self._put(key, digests)
+
+    def _put(self, key: tuple[Any, ...], digests: tuple[bytes, ...]) -> None:
         if len(self._young) >= max(1, self.capacity // 2):
             self._old = self._young
             self._young = {}
         self._young[key] = digests
 
+    def count(self, hit_blocks: int, hashed_blocks: int) -> None:
+        with self._lock:
+            self.hit_blocks += hit_blocks
+            self.hashed_blocks += hashed_blocks
+
     def clear(self) -> None:
-        self._young.clear()
-        self._old.clear()
+        with self._lock:
+            self._young.clear()
+            self._old.clear()
 
 
 class BlockHasher:
@@ -193,7 +219,8 @@ class BlockHasher:
     span's parent digest, its tokens and its extra keys. A prompt walks its spans from block 0
     while they hit, then hashes the rest. Span granularity keeps the walk cheap (one dict
     lookup per ~512 tokens); a prompt that diverges inside a span rehashes at most
-    ``span_blocks - 1`` blocks that were seen before. ``cache_tokens=0`` disables the cache.
+    ``span_blocks - 1`` blocks that were seen before. The cache holds at most ``cache_bytes``
+    (``span_entry_bytes`` per span); ``cache_bytes=0`` disables it. Safe for concurrent use.
     """
 
     def __init__(
@@ -202,7 +229,7 @@ class BlockHasher:
         block_size: int = 16,
         seed: str | None = None,
         *,
-        cache_tokens: int = 1 << 20,
+        cache_bytes: int = DEFAULT_CHAIN_CACHE_BYTES,
         span_blocks: int | None = None,
     ) -> None:
         if algo not in HASH_ALGOS:
@@ -214,7 +241,9 @@ class BlockHasher:
         self.seed = DEFAULT_SEED if seed is None else seed
         self.none_hash = none_hash(algo, self.seed)
         self.span_blocks = span_blocks or max(1, 512 // block_size)
-        self.cache = ChainCache(cache_tokens // (self.span_blocks * block_size))
+        if cache_bytes < 0:
+            raise ValueError("chain cache budget must be >= 0 bytes")
+        self.cache = ChainCache(cache_bytes // span_entry_bytes(self.span_blocks, block_size))
 
     def __repr__(self) -> str:
         return f"BlockHasher(algo={self.algo!r}, block_size={self.block_size}, seed={self.seed!r})"
@@ -257,8 +286,7 @@ class BlockHasher:
                 out.extend(digests)
                 parent = digests[-1]
                 block += span
-        cache.hit_blocks += block
-        cache.hashed_blocks += num_blocks - block
+        cache.count(block, num_blocks - block)
         if block == num_blocks:
             return out
         # 2. Hash the rest (the hot loop: one serialisation and one SHA-256 per block).

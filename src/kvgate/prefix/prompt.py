@@ -8,6 +8,9 @@
   rendered with the model's chat template (``kvgate.prefix.chat``), then tokenized with
   ``add_special_tokens`` (default false for chat, so a template's own BOS appears once).
 - ``truncate_prompt_tokens: k`` (k ≥ 0) keeps the last k tokens, as vLLM does.
+- ``max_tokens`` (the engines' ``max_model_len``): more prompt tokens than that raise
+  ``PromptTooLong``, found before tokenizing what cannot fit (``Tokenizer.encode``); with
+  truncation the whole text is tokenized first, as vLLM does, and the kept tokens are checked.
 
 A request-supplied ``chat_template`` is refused, as vLLM refuses it, unless the engines run
 with ``--trust-request-chat-template`` (``trust_request_chat_template=True``).
@@ -21,13 +24,26 @@ from typing import Any, Literal
 from kvgate.prefix.chat import ChatTemplate, ChatTemplateError
 from kvgate.prefix.completion_prompt import PromptError, completion_prompts
 from kvgate.prefix.content_format import ContentFormat
-from kvgate.prefix.tokenizer import Tokenizer
+from kvgate.prefix.tokenizer import PromptTooLong, Tokenizer
+
+
+def _truncation(body: Mapping[str, Any]) -> int | None:
+    keep = body.get("truncate_prompt_tokens")
+    if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 0:
+        return keep
+    return None
 
 
 def _truncate(ids: list[int], body: Mapping[str, Any]) -> list[int]:
-    keep = body.get("truncate_prompt_tokens")
-    if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 0:
+    keep = _truncation(body)
+    if keep is not None:
         return ids[-keep:] if keep else []
+    return ids
+
+
+def _check(ids: list[int], max_tokens: int | None) -> list[int]:
+    if max_tokens is not None and len(ids) > max_tokens:
+        raise PromptTooLong(max_tokens, len(ids), exact=True)
     return ids
 
 
@@ -55,10 +71,16 @@ class RequestTokenizer:
         self._request_templates: dict[str, ChatTemplate] = {}
 
     def completion_token_ids(
-        self, body: Mapping[str, Any], *, vocab_size: int | None = None
+        self,
+        body: Mapping[str, Any],
+        *,
+        vocab_size: int | None = None,
+        max_tokens: int | None = None,
+        max_prompts: int | None = None,
     ) -> list[list[int]]:
         """One token-id list per prompt of a ``/v1/completions`` body (`completion_prompts`'s
-        rule; `vocab_size` bounds given ids where the engine's vocabulary is known)."""
+        rule; `vocab_size` bounds given ids where the engine's vocabulary is known); with
+        ``max_prompts`` only the first ones are tokenized, at most ``max_tokens`` each."""
         add_special = body.get("add_special_tokens", True)
         if not isinstance(add_special, bool):
             raise PromptError("add_special_tokens must be a boolean")
@@ -66,13 +88,25 @@ class RequestTokenizer:
         if not prompts:
             raise PromptError("prompt is an empty batch")
         out: list[list[int]] = []
-        for item in prompts:
+        for index, item in enumerate(prompts):
+            if max_prompts is not None and index >= max_prompts:
+                continue  # `completion_prompts` checked its shape already
             if isinstance(item, str):
-                ids = self.tokenizer.encode(item, add_special_tokens=add_special)
+                ids = self._encode(item, add_special, body, max_tokens)
             else:
-                ids = list(item)
-            out.append(_truncate(ids, body))
+                ids = _check(_truncate(list(item), body), max_tokens)
+            out.append(ids)
         return out
+
+    def _encode(
+        self, text: str, add_special: bool, body: Mapping[str, Any], max_tokens: int | None
+    ) -> list[int]:
+        if _truncation(body) is None:
+            return self.tokenizer.encode(
+                text, add_special_tokens=add_special, max_tokens=max_tokens
+            )
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special)
+        return _check(_truncate(ids, body), max_tokens)
 
     def chat_text(self, body: Mapping[str, Any]) -> str:
         """The prompt text the model's chat template renders for a chat body."""
@@ -111,13 +145,14 @@ class RequestTokenizer:
         except ChatTemplateError as exc:
             raise PromptError(str(exc)) from None
 
-    def chat_token_ids(self, body: Mapping[str, Any]) -> list[int]:
+    def chat_token_ids(
+        self, body: Mapping[str, Any], *, max_tokens: int | None = None
+    ) -> list[int]:
         """Token ids of a ``/v1/chat/completions`` body."""
         add_special = body.get("add_special_tokens", False)
         if not isinstance(add_special, bool):
             raise PromptError("add_special_tokens must be a boolean")
-        text = self.chat_text(body)
-        return _truncate(self.tokenizer.encode(text, add_special_tokens=add_special), body)
+        return self._encode(self.chat_text(body), add_special, body, max_tokens)
 
     def _template_for(self, body: Mapping[str, Any]) -> ChatTemplate:
         source = body.get("chat_template")

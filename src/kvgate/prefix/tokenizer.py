@@ -6,27 +6,47 @@ transformers' generic ``TokenizersBackend`` (5.x), tokenizer.json's post-process
 which special tokens ``add_special_tokens`` adds (``add_bos_token`` in the config does not
 change it); truncation and padding are off.
 
+Encoding goes through ``encode_batch_fast``, which gives the same ids as ``encode`` but runs
+without the GIL (``encode`` holds it for the whole call: a 3 MB text froze every other thread
+for 2.9 s), so a large prompt tokenized in a worker thread leaves the event loop running.
+
 Segment cache: ``tokenizers`` first splits the input on added tokens (``<|im_start|>``, ...)
 and then normalises, pre-tokenises and runs the model on each piece independently. So the ids
 of a text are the concatenation of the ids of its pieces, and a chat history that is resent
 every turn consists mostly of pieces seen before. ``encode`` splits on the added tokens
-(leftmost-longest, like the library), looks each piece up in a bounded LRU and encodes only the
-new ones; the post-processor's fixed prefix/suffix (e.g. BOS) is added around the result. The
-cache is used only when it is provably equivalent: every added token is matched on the raw text
-(``normalized=False``) with no ``lstrip``/``rstrip``/``single_word`` and the post-processor
-adds a fixed prefix/suffix; otherwise ``encode`` calls the library directly.
+(leftmost-longest, like the library), looks each piece up in an LRU bounded in bytes, and
+encodes the new ones in batches; the post-processor's fixed prefix/suffix (e.g. BOS) is added
+around the result. The cache is used only when it is provably equivalent: every added token is
+matched on the raw text (``normalized=False``) with no ``lstrip``/``rstrip``/``single_word`` and
+the post-processor adds a fixed prefix/suffix; otherwise ``encode`` encodes the whole text.
+
+Length limit: with ``max_tokens``, ``encode`` raises ``PromptTooLong`` as soon as the text is
+known to have more tokens: first from its length alone (``token_bound.max_chars_per_token``),
+then before each batch of new pieces (tokens so far plus the bound on the rest), from the
+token count of each batch before its ids are turned into Python objects, and, for a text (or
+piece) longer than ``token_count.count_first_above(max_tokens)`` characters, from a count
+chunk by chunk (``token_count.at_least``) before it is tokenized whole. So a prompt far over
+the limit costs no tokenization, none costs more than what could still fit, and the library's
+transient memory (170-300 bytes per character tokenized at once) stays bounded.
+
+Ids are canonical: every id is the one shared ``int`` object of its value (``_ints``), so the
+caches hold 8 bytes per token instead of 36 (a fresh ``int`` is 28 bytes). The caches are safe
+for concurrent use from several threads (a lock held only around dictionary updates).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import tokenizers
+
+from kvgate.prefix import token_count
+from kvgate.prefix.segment_cache import SegmentCache
+from kvgate.prefix.token_bound import max_chars_per_token
 
 SPECIAL_TOKEN_ATTRIBUTES = (
     "bos_token",
@@ -38,9 +58,24 @@ SPECIAL_TOKEN_ATTRIBUTES = (
     "mask_token",
 )
 
+DEFAULT_SEGMENT_CACHE_BYTES = 64 << 20
+_BATCH_CHARS = 1 << 18  # new pieces are encoded in batches of about this many characters
+_CANON_CHUNK = 1 << 16  # ids made canonical per C call (each call holds the GIL)
+
 
 class TokenizerError(ValueError):
     """The tokenizer directory is missing or malformed."""
+
+
+class PromptTooLong(ValueError):
+    """The text has more than ``limit`` tokens: ``at_least`` (the exact count if ``exact``)."""
+
+    def __init__(self, limit: int, at_least: int, *, exact: bool = False) -> None:
+        count = f"{at_least}" if exact else f"at least {at_least}"
+        super().__init__(f"{count} tokens, over the limit of {limit}")
+        self.limit = limit
+        self.at_least = at_least
+        self.exact = exact
 
 
 def _token_text(value: Any) -> str | None:
@@ -60,7 +95,7 @@ class Tokenizer:
         backend: tokenizers.Tokenizer,
         config: dict[str, Any] | None = None,
         *,
-        segment_cache_size: int = 8192,
+        segment_cache_bytes: int = DEFAULT_SEGMENT_CACHE_BYTES,
         name: str = "",
     ) -> None:
         self.backend = backend
@@ -73,15 +108,22 @@ class Tokenizer:
                 self.special_tokens_map[attr] = text
         backend.no_truncation()
         backend.no_padding()
-        self.segment_cache_size = segment_cache_size
-        self._segments: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._splitter, self._added_ids = self._added_token_splitter()
+        self.segments = SegmentCache(segment_cache_bytes)
+        spec = json.loads(backend.to_str())
+        added_tokens = backend.get_added_tokens_decoder()
+        self.max_chars_per_token: int | None = max_chars_per_token(
+            spec, (t.content for t in added_tokens.values())
+        )
+        """The most input characters one token covers (None: no provable bound)."""
+        size = max(backend.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+        self._ints: tuple[int, ...] = tuple(range(size))
+        self._splitter, self._added_ids = self._added_token_splitter(spec, added_tokens)
         self._specials_prefix, self._specials_suffix = self._post_processor_affixes()
-        self.segment_hits = 0
-        self.segment_misses = 0
 
     @classmethod
-    def from_dir(cls, path: str | Path, *, segment_cache_size: int = 8192) -> Tokenizer:
+    def from_dir(
+        cls, path: str | Path, *, segment_cache_bytes: int = DEFAULT_SEGMENT_CACHE_BYTES
+    ) -> Tokenizer:
         directory = Path(path)
         tokenizer_file = directory / "tokenizer.json"
         try:
@@ -101,7 +143,7 @@ class Tokenizer:
         template_file = directory / "chat_template.jinja"
         if "chat_template" not in config and template_file.exists():
             config["chat_template"] = template_file.read_text()
-        return cls(backend, config, segment_cache_size=segment_cache_size, name=str(directory))
+        return cls(backend, config, segment_cache_bytes=segment_cache_bytes, name=str(directory))
 
     @property
     def chat_template(self) -> str | None:
@@ -114,66 +156,72 @@ class Tokenizer:
             return default if isinstance(default, str) else None
         return None
 
-    def encode(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text`` (``add_special_tokens`` as in ``tokenizer(text, ...)``)."""
-        if self._splitter is None or self.segment_cache_size == 0:
-            return self.encode_uncached(text, add_special_tokens=add_special_tokens)
-        ids: list[int] = list(self._specials_prefix) if add_special_tokens else []
-        self._encode_pieces(ids, text, None)
-        if add_special_tokens:
-            ids.extend(self._specials_suffix)
-        return ids
-
     @property
     def segmented(self) -> bool:
         """Whether ``encode`` works piece by piece (so ``encode_tail`` may be used)."""
-        return self._splitter is not None and self.segment_cache_size > 0
+        return self._splitter is not None and self.segments.max_bytes > 0
 
     @property
     def max_added_token_chars(self) -> int:
         """The longest added token: how far past a position the split looks to decide it."""
         return max(map(len, self._added_ids), default=0)
 
-    def encode_tail(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    @property
+    def segment_hits(self) -> int:
+        return self.segments.hits
+
+    @property
+    def segment_misses(self) -> int:
+        return self.segments.misses
+
+    def check_length(self, chars: int, max_tokens: int | None, known: int = 0) -> None:
+        """Raise ``PromptTooLong`` if ``known`` tokens plus ``chars`` more characters of text
+        are provably more than ``max_tokens`` (None: no limit)."""
+        per_token = self.max_chars_per_token
+        if max_tokens is None or per_token is None:
+            return
+        at_least = known + -(-chars // per_token)
+        if at_least > max_tokens:
+            raise PromptTooLong(max_tokens, at_least)
+
+    def encode(
+        self, text: str, *, add_special_tokens: bool = True, max_tokens: int | None = None
+    ) -> list[int]:
+        """Token ids of ``text`` (``add_special_tokens`` as in ``tokenizer(text, ...)``).
+        Raises ``PromptTooLong`` when there would be more than ``max_tokens`` of them."""
+        affixes = len(self._specials_prefix) + len(self._specials_suffix)
+        known = affixes if add_special_tokens else 0
+        self.check_length(len(text), max_tokens, known)
+        if not self.segmented:
+            ids = self._encode_whole(text, add_special_tokens, max_tokens)
+            return ids
+        ids = list(self._specials_prefix) if add_special_tokens else []
+        self._encode_pieces(ids, text, None, max_tokens, known)
+        if add_special_tokens:
+            ids.extend(self._specials_suffix)
+        return ids
+
+    def encode_tail(
+        self, text: str, *, max_tokens: int | None = None, known: int = 0
+    ) -> tuple[list[int], list[tuple[int, int]]]:
         """``encode(text, add_special_tokens=False)`` plus, after each added token, the
         (character offset, number of ids so far). For a ``segmented`` tokenizer only.
+        ``known``: ids of a prefix the caller has, counted towards ``max_tokens``.
 
         Since every piece is encoded alone, the ids of ``prefix + text`` are the ids of
         ``prefix`` followed by these whenever ``prefix`` ends where the split of the whole
         text ends an added token (``kvgate.router.core.reuse`` relies on this)."""
         if not self.segmented:
             raise TokenizerError("encode_tail needs a tokenizer that splits on added tokens")
+        self.check_length(len(text), max_tokens, known)
         ids: list[int] = []
         ends: list[tuple[int, int]] = []
-        self._encode_pieces(ids, text, ends)
+        self._encode_pieces(ids, text, ends, max_tokens, known)
         return ids, ends
 
-    def _encode_pieces(self, ids: list[int], text: str, ends: list[tuple[int, int]] | None) -> None:
-        added = self._added_ids
-        cache = self._segments
-        assert self._splitter is not None
-        position = 0
-        # The splitter has one capturing group: pieces alternate text, added token, text, ...
-        pieces = self._splitter.split(text)
-        for index, piece in enumerate(pieces):
-            if index % 2:
-                ids.append(added[piece])
-                if ends is not None:
-                    position += len(piece)
-                    ends.append((position, len(ids)))
-            elif piece:
-                segment = cache.get(piece)
-                if segment is None:
-                    segment = self._encode_segment(piece)
-                else:
-                    cache.move_to_end(piece)
-                    self.segment_hits += 1
-                ids.extend(segment)
-                position += len(piece)
-
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
-        ids: list[int] = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
-        return ids
+        """The library's own ids for ``text``, without the segment cache."""
+        return self._encode_whole(text, add_special_tokens, None)
 
     def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
         text: str = self.backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
@@ -183,29 +231,124 @@ class Tokenizer:
         value: int | None = self.backend.token_to_id(token)
         return value
 
-    def _encode_segment(self, segment: str) -> tuple[int, ...]:
-        cache = self._segments
-        self.segment_misses += 1
-        ids = tuple(self.backend.encode(segment, add_special_tokens=False).ids)
-        cache[segment] = ids
-        if len(cache) > self.segment_cache_size:
-            cache.popitem(last=False)
+    # -- encoding ----------------------------------------------------------------------------
+
+    def _count_first(self, text: str, limit: int | None, known: int) -> None:
+        """Refuse a long text by counting it chunk by chunk before tokenizing it whole."""
+        if limit is None or len(text) <= token_count.count_first_above(limit):
+            return
+        at_least = token_count.at_least(self.backend, text, limit, known)
+        if at_least > limit:
+            raise PromptTooLong(limit, at_least)
+
+    def _encode_whole(
+        self, text: str, add_special_tokens: bool, max_tokens: int | None
+    ) -> list[int]:
+        affixes = len(self._specials_prefix) + len(self._specials_suffix)
+        self._count_first(text, max_tokens, affixes if add_special_tokens else 0)
+        [encoding] = self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)
+        if max_tokens is not None and len(encoding) > max_tokens:
+            raise PromptTooLong(max_tokens, len(encoding), exact=True)
+        ids: list[int] = encoding.ids
         return ids
 
-    def _segments_are_independent(self) -> bool:
-        """Whether encoding pieces separately is provably the same as encoding the text.
+    def _canonical(self, ids: list[int]) -> tuple[int, ...]:
+        """``ids`` as the shared int objects; in chunks, so no single call holds the GIL long."""
+        get = self._ints.__getitem__
+        if len(ids) <= _CANON_CHUNK:
+            return tuple(map(get, ids))
+        out: list[int] = []
+        for start in range(0, len(ids), _CANON_CHUNK):
+            out.extend(map(get, ids[start : start + _CANON_CHUNK]))
+        return tuple(out)
+
+    def _encode_pieces(
+        self,
+        ids: list[int],
+        text: str,
+        ends: list[tuple[int, int]] | None,
+        limit: int | None,
+        known: int = 0,
+    ) -> None:
+        """Append the ids of ``text`` to ``ids`` (``known``: tokens counted towards ``limit``
+        already, e.g. the post-processor's)."""
+        assert self._splitter is not None
+        # The splitter has one capturing group: pieces alternate text, added token, text, ...
+        pieces = self._splitter.split(text)
+        texts = pieces[0::2]
+        cache = self.segments
+        found: list[tuple[int, ...] | None] = []
+        missing: dict[str, list[int]] = {}  # new piece -> where it occurs in `texts`
+        known += len(pieces) // 2  # one id per added token
+        for index, piece in enumerate(texts):
+            segment = cache.get(piece) if piece else ()
+            found.append(segment)
+            if segment is None:
+                missing.setdefault(piece, []).append(index)
+            else:
+                known += len(segment)
+        if limit is not None and known > limit:
+            raise PromptTooLong(limit, known)
+        if missing:
+            self._encode_missing(missing, found, known, limit)
+        added = self._added_ids
+        position = 0
+        for index, piece in enumerate(pieces):
+            if index % 2:
+                ids.append(added[piece])
+                if ends is not None:
+                    position += len(piece)
+                    ends.append((position, len(ids)))
+            else:
+                segment = found[index // 2]
+                assert segment is not None
+                ids.extend(segment)
+                position += len(piece)
+
+    def _encode_missing(
+        self,
+        missing: dict[str, list[int]],
+        found: list[tuple[int, ...] | None],
+        known: int,
+        limit: int | None,
+    ) -> None:
+        """Encode the new pieces in batches (no GIL), checking the limit before converting."""
+        new = list(missing)
+        remaining = sum(map(len, new))
+        start = 0
+        while start < len(new):
+            self.check_length(remaining, limit, known)
+            end, chars = start, 0
+            while end < len(new) and (end == start or chars + len(new[end]) <= _BATCH_CHARS):
+                chars += len(new[end])
+                end += 1
+            batch = new[start:end]
+            if len(batch) == 1:
+                self._count_first(batch[0], limit, known)
+            encodings = self.backend.encode_batch_fast(batch, add_special_tokens=False)
+            known += sum(map(len, encodings))
+            if limit is not None and known > limit:
+                raise PromptTooLong(limit, known)
+            for piece, encoding in zip(batch, encodings, strict=True):
+                segment = self._canonical(encoding.ids)
+                self.segments.put(piece, segment)
+                for index in missing[piece]:
+                    found[index] = segment
+            remaining -= chars
+            start = end
+
+    # -- analysis of the tokenizer (once, at load) -------------------------------------------
+
+    def _added_token_splitter(
+        self, spec: dict[str, Any], added: dict[int, tokenizers.AddedToken]
+    ) -> tuple[re.Pattern[str] | None, dict[str, int]]:
+        """The split on added tokens, when encoding pieces alone is provably the same.
 
         Pre-tokenizers such as Metaspace with ``prepend_scheme="first"`` (and ``Prepend``
-        normalizers) treat the first piece of a text differently, so they disable the cache.
-        """
-        spec = json.loads(self.backend.to_str())
-        text = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
-        return "Metaspace" not in text and "Prepend" not in text
-
-    def _added_token_splitter(self) -> tuple[re.Pattern[str] | None, dict[str, int]]:
-        if not self._segments_are_independent():
+        normalizers) treat the first piece of a text differently, so they disable it."""
+        shape = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
+        if "Metaspace" in shape or "Prepend" in shape:
             return None, {}
-        added = self.backend.get_added_tokens_decoder()
         contents: dict[str, int] = {}
         for token_id, token in added.items():
             if token.normalized or token.lstrip or token.rstrip or token.single_word:
@@ -228,6 +371,6 @@ class Tokenizer:
                 prefix, suffix = tuple(full[:start]), tuple(full[start + len(bare) :])
                 empty = self.backend.encode("", add_special_tokens=True).ids
                 if list(prefix + suffix) == empty:
-                    return prefix, suffix
+                    return self._canonical(list(prefix)), self._canonical(list(suffix))
         self._splitter = None  # not a fixed prefix/suffix: never use the segment cache
         return (), ()

@@ -171,6 +171,7 @@ class RouterRuntime:
         for index in self.indexes.values():
             await index.close()
         await self.upstream.aclose()
+        self.core.router.keying.close()
         self.started = False
 
     def ready(self) -> bool:

@@ -55,7 +55,14 @@ FULL_POLICY: dict[str, Any] = {
         "onlineMayUseBatchPools": False,
     },
     "scoring": {"name": "p2c", "params": {"w": 1}, "maxAffinityWaitSeconds": 0.5, "seed": 7},
-    "sessions": {"header": "x-s", "useOpenaiUser": False, "maxSessions": 5, "ttlSeconds": 9.0},
+    "sessions": {
+        "header": "x-s",
+        "useOpenaiUser": False,
+        "maxSessions": 5,
+        "ttlSeconds": 9.0,
+        "maxIdChars": 64,
+        "maxStateBytes": 1024,
+    },
     "tenants": {
         "items": [
             {

@@ -19,6 +19,7 @@ from kvgate.prefix import (
     max_cacheable_blocks,
     none_hash,
 )
+from kvgate.prefix.hashing import span_entry_bytes
 
 
 def reference_hashes(algo, block_size, seed, tokens, lora=None, salt=None):
@@ -94,7 +95,7 @@ def test_reused_prefix_hashes_only_new_blocks():
     extended = hasher.hash_blocks(new_turn)
     assert extended[:100] == first
     assert hasher.cache.hit_blocks == 96  # 12 whole spans of 8 blocks were seen
-    assert extended == BlockHasher("sha256", 16, cache_tokens=0).hash_blocks(new_turn)
+    assert extended == BlockHasher("sha256", 16, cache_bytes=0).hash_blocks(new_turn)
     again = hasher.hash_blocks(new_turn)
     assert again == extended
     assert hasher.cache.hit_blocks == 96 + 128
@@ -104,7 +105,7 @@ def test_reused_prefix_hashes_only_new_blocks():
 @pytest.mark.parametrize("span_blocks", [1, 3, 32])
 def test_warm_cache_gives_the_uncached_answer(algo, span_blocks):
     rng = random.Random(span_blocks)
-    cold = BlockHasher(algo, 4, "7", cache_tokens=0)
+    cold = BlockHasher(algo, 4, "7", cache_bytes=0)
     warm = BlockHasher(algo, 4, "7", span_blocks=span_blocks)
     base = [rng.randrange(50_000) for _ in range(400)]
     for _ in range(30):  # histories that extend, fork and diverge from each other
@@ -126,11 +127,28 @@ def test_cache_separates_lora_and_salt():
     assert hasher.hash_blocks(tokens) == plain
 
 
-def test_cache_is_bounded():
-    hasher = BlockHasher(cache_tokens=64, span_blocks=1)
+def test_cache_is_bounded_in_bytes():
+    budget = 4 * span_entry_bytes(1, 16)
+    hasher = BlockHasher(cache_bytes=budget, span_blocks=1)
     for start in range(0, 16 * 50, 16):
         hasher.hash_blocks(list(range(start, start + 16)))
     assert 0 < len(hasher.cache) <= 4
+
+
+def test_a_span_entry_costs_no_more_than_its_estimate():
+    # The budget counts the worst case: every token id its own int object.
+    import tracemalloc
+
+    hasher = BlockHasher(cache_bytes=1 << 30)
+    tokens = [1000 + i for i in range(512 * 40)]
+    BlockHasher(cache_bytes=0).hash_blocks(tokens)  # fills the interpreter's tuple free lists
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    hasher.hash_blocks([t + 0 for t in tokens])  # fresh ints, as parsed from JSON
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert len(hasher.cache) == 40
+    assert used <= 40 * span_entry_bytes(hasher.span_blocks, 16)
 
 
 def test_int_form_is_low_64_bits_big_endian():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kvgate.prefix.segment_cache import SegmentCache
 from kvgate.prefix.tokenizer import Tokenizer, TokenizerError
 
 TOKENIZER_DIR = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
@@ -53,11 +54,46 @@ def test_segment_cache_equals_uncached_on_agent_histories(conversations, hf_toke
     assert tok.segment_hits > tok.segment_misses
 
 
-def test_segment_cache_is_bounded():
-    tok = Tokenizer.from_dir(TOKENIZER_DIR, segment_cache_size=4)
-    for i in range(20):
-        tok.encode(f"<|im_start|>segment {i}<|im_end|>")
-    assert len(tok._segments) <= 4
+def test_segment_cache_is_bounded_in_bytes():
+    budget = 16 * 1024
+    tok = Tokenizer.from_dir(TOKENIZER_DIR, segment_cache_bytes=budget)
+    for i in range(200):
+        tok.encode(f"<|im_start|>segment {i}: {'some words ' * 20}<|im_end|>")
+    assert 0 < tok.segments.bytes <= budget
+    assert 0 < len(tok.segments) < 200
+
+
+def test_a_piece_over_an_eighth_of_the_budget_is_not_kept():
+    tok = Tokenizer.from_dir(TOKENIZER_DIR, segment_cache_bytes=64 * 1024)
+    tok.encode("<|im_start|>small<|im_end|>")
+    kept = len(tok.segments)
+    tok.encode("<|im_start|>" + "huge piece " * 2000 + "<|im_end|>")
+    assert len(tok.segments) == kept  # the small entry survived, the huge one was not kept
+
+
+def test_cached_ids_cost_what_the_budget_counts():
+    import tracemalloc
+
+    tok = Tokenizer.from_dir(TOKENIZER_DIR, segment_cache_bytes=1 << 30)
+    texts = [
+        f"<|im_start|>message {i}: {'words and 1234 numbers ' * 40}<|im_end|>" for i in range(50)
+    ]
+    tok.encode(texts[0])  # warm the interpreter's free lists
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for text in texts[1:]:
+        tok.encode(text)
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    counted = tok.segments.bytes - SegmentCache.entry_bytes(*_entry(tok, texts[0]))
+    assert used <= counted * 1.1  # ids are canonical: 8 bytes per cached token, no int objects
+
+
+def _entry(tok, text):
+    piece = text.removeprefix("<|im_start|>").removesuffix("<|im_end|>")
+    ids = tok.segments.get(piece)
+    assert ids is not None
+    return piece, ids
 
 
 def test_add_bos_eos_flags_follow_transformers(tmp_path):

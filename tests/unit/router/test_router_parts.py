@@ -282,7 +282,7 @@ async def test_long_prompts_are_tokenized_off_the_event_loop():
     from kvgate.directory.factory import create_pool_index
     from kvgate.directory.metrics import DirectoryMetrics
     from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
-    from kvgate.router.core.routing import OFFLOAD_BODY_BYTES, Router
+    from kvgate.router.core.routing import Router
     from kvgate.router.runtime import build_state
 
     path = str(Path(__file__).parents[2] / "data" / "prefix" / "tokenizer")
@@ -319,10 +319,11 @@ async def test_long_prompts_are_tokenized_off_the_event_loop():
 
     task = asyncio.create_task(ticker())
     await asyncio.sleep(0)
-    plan = await router.plan(body, {}, "chat", body_bytes=OFFLOAD_BODY_BYTES)
+    plan = await router.plan(body, {}, "chat")  # no body size given: as /debug/route plans
     done = True
     await task
     assert plan.keys.exact and plan.keys.prompt_tokens > 50_000
+    assert router.keying.offloaded == 1
     assert ticks >= 3  # the loop kept running while the prompt was tokenized
 
 

@@ -20,7 +20,7 @@ WORDS = ["alpha", "beta", "gamma", "delta", "x", "y", "z", "é", "\n", "  "]
 
 def _fresh(tokenizer: Tokenizer, text: str, salt: str | None, lora: LoraKey | None, size: int):
     ids = tokenizer.encode_uncached(text, add_special_tokens=False)
-    digests = BlockHasher("sha256", size, cache_tokens=0).hash_blocks(
+    digests = BlockHasher("sha256", size, cache_bytes=0).hash_blocks(
         ids, cache_salt=salt, lora=lora
     )
     return tuple(ids), digests
@@ -41,7 +41,7 @@ def test_common_prefix_matches_a_character_scan():
 
 def test_interleaved_sessions_salts_and_loras_are_exact_and_reused():
     tokenizer = Tokenizer.from_dir(TOKENIZER)
-    reuse = PromptReuse(tokenizer, BlockHasher("sha256", 4), max_tokens=20_000)
+    reuse = PromptReuse(tokenizer, BlockHasher("sha256", 4), max_bytes=1 << 20)
     rng = random.Random(1)
     system = "<|im_start|>system\n" + " ".join(rng.choice(WORDS) for _ in range(200))
     sessions = [system for _ in range(5)]
@@ -77,7 +77,7 @@ def test_a_longer_added_token_past_the_common_prefix_is_not_cut():
 def test_known_digests_continue_the_chain():
     hasher = BlockHasher("sha256", 4, span_blocks=2)
     tokens = list(range(50))
-    full = BlockHasher("sha256", 4, cache_tokens=0).hash_blocks(tokens, cache_salt="s")
+    full = BlockHasher("sha256", 4, cache_bytes=0).hash_blocks(tokens, cache_salt="s")
     for known in range(len(full) + 1):
         hasher.cache.clear()
         assert hasher.hash_blocks(tokens, cache_salt="s", known=full[:known]) == full
@@ -121,3 +121,79 @@ def test_a_session_hint_finds_its_own_history_among_many_sessions():
             assert got == _fresh(tokenizer, text, None, None, 4), (hinted, step)
         reused[hinted] = reuse.reused_tokens / (reuse.reused_tokens + reuse.encoded_tokens)
     assert reused[True] > 0.7 and reused[True] > reused[False] + 0.3, reused
+
+
+def test_kept_prompts_are_bounded_in_bytes_and_cost_what_is_counted():
+    import tracemalloc
+
+    tokenizer = Tokenizer.from_dir(TOKENIZER)
+    budget = 2 << 20
+    reuse = PromptReuse(tokenizer, BlockHasher("sha256", 16, cache_bytes=0), max_bytes=budget)
+    rng = random.Random(3)
+    texts = [
+        f"<|im_start|>system\n{i} " + " ".join(rng.choice(WORDS) for _ in range(2000))
+        for i in range(40)
+    ]
+    for text in texts[:2]:
+        reuse.ids_and_digests(text, cache_salt=None, lora=None)  # warm the free lists
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    counted = reuse.bytes + tokenizer.segments.bytes  # the tokenizer keeps its pieces too
+    for text in texts[2:12]:
+        reuse.ids_and_digests(text, cache_salt=None, lora=None)
+    used = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert used <= (reuse.bytes + tokenizer.segments.bytes - counted) * 1.1
+    for text in texts[12:]:
+        reuse.ids_and_digests(text, cache_salt=None, lora=None, session=text[-20:])
+    assert 0 < reuse.bytes <= budget
+
+
+def test_concurrent_sessions_stay_exact():
+    import threading
+
+    tokenizer = Tokenizer.from_dir(TOKENIZER)
+    reuse = PromptReuse(tokenizer, BlockHasher("sha256", 4), max_bytes=1 << 20)
+    errors: list[str] = []
+
+    def session(s: int) -> None:
+        rng = random.Random(s)
+        text = "<|im_start|>system\n" + " ".join(rng.choice(WORDS) for _ in range(100))
+        for turn in range(40):
+            text += "<|im_end|>\n<|im_start|>user\n" + " ".join(
+                rng.choice(WORDS) for _ in range(rng.randint(1, 40))
+            )
+            got = reuse.ids_and_digests(text, cache_salt=f"t{s % 2}", lora=None, session=str(s))
+            if got != _fresh(tokenizer, text, f"t{s % 2}", None, 4):
+                errors.append(f"session {s} turn {turn}")
+
+    threads = [threading.Thread(target=session, args=(s,)) for s in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert not errors and reuse.reused_tokens > reuse.encoded_tokens
+
+
+def test_a_turn_over_the_limit_is_refused_counting_the_reused_prefix():
+    import pytest
+
+    from kvgate.prefix import PromptTooLong
+
+    tokenizer = Tokenizer.from_dir(TOKENIZER)
+    reuse = PromptReuse(tokenizer, BlockHasher("sha256", 4))
+    text = "<|im_start|>system\n" + "alpha beta " * 300 + "<|im_end|>\n"
+    ids, _ = reuse.ids_and_digests(text, cache_salt=None, lora=None, session="s")
+    longer = text + "<|im_start|>user\n" + "gamma " * 300
+    with pytest.raises(PromptTooLong) as raised:
+        reuse.ids_and_digests(
+            longer, cache_salt=None, lora=None, session="s", max_tokens=len(ids) + 10
+        )
+    assert raised.value.limit == len(ids) + 10
+    full, _ = reuse.ids_and_digests(longer, cache_salt=None, lora=None, session="s")
+    assert (
+        reuse.ids_and_digests(
+            longer, cache_salt=None, lora=None, session="s", max_tokens=len(full)
+        )[0]
+        == full
+    )

@@ -15,6 +15,9 @@
   tenant API key, it is a config error. The admin API warms *as* an explicit tenant
   (`classify_as`), never as whoever its bearer token would map to.
 - **Session**: the session header, else (if enabled) the OpenAI `user` field; scoped by tenant.
+  An id longer than `sessions.max_id_chars` is replaced by `h:` + the hex BLAKE2b-128 digest
+  of it, so the router keeps (session state, reuse buckets, logs) a few bytes per session
+  whatever a client sends, and the same long id still names the same session.
 - **Pools for a class**: online → online pools (batch pools only if no online pool has a ready
   endpoint and that is allowed); batch → batch pools plus online pools as borrowable (the caller
   admits an online endpoint for batch only while its load is under the borrowing limits).
@@ -227,6 +230,9 @@ class Classifier:
             session = user if isinstance(user, str) and user else None
         if session is None:
             return None
+        if len(session) > sessions.max_id_chars:
+            digest = hashlib.blake2b(session.encode("utf-8", "surrogatepass"), digest_size=16)
+            session = "h:" + digest.hexdigest()
         return f"{tenant}/{session}" if tenant else session
 
 

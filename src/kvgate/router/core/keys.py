@@ -13,7 +13,15 @@ between requests routed by kvgate (routing history); tokens are estimated at 4 c
 A `Keyer` is shared by every pool with the same settings; its hasher and tokenizer cache what
 they have seen, and for chat prompts `reuse.PromptReuse` takes the ids and digests of a recent
 prompt's common prefix as they are, so the earlier turns of an agent session are not tokenized
-or hashed again.
+or hashed again. Every cache is bounded in bytes (`TokenizerConfig.*_bytes`) and safe for
+concurrent use, so `keying.py` may run a large prompt in a worker thread while small ones are
+keyed on the event loop.
+
+Length: with the engines' `max_model_len`, a prompt with more tokens is refused with vLLM's 400
+(`context_length_exceeded`) as soon as that is certain: token-id prompts by their length, text
+by a bound from its length in characters, then while tokenizing (`Tokenizer.encode`), so a
+prompt far over the limit is never tokenized whole. Only the first prompt of a completion batch
+is keyed (the router routes on it). Approximate keys cover at most `approximate_max_blocks`.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from kvgate.prefix import (
     BlockHasher,
     LoraKey,
     PromptError,
+    PromptTooLong,
     RequestTokenizer,
     completion_prompts,
     request_text,
@@ -49,15 +58,13 @@ class RequestKeys:
 
 def keyer_identity(engine: EngineConfig) -> tuple[Any, ...]:
     """Pools whose engines agree on this tuple share block keys for the same request."""
-    tok = engine.tokenizer
     return (
         engine.block_size,
         engine.hash_algo,
         engine.hash_seed,
         engine.int_block_hashes,
-        tok.path,
-        tok.chat_template,
-        tok.approximate_chars_per_block,
+        engine.max_model_len,
+        engine.tokenizer,  # path, template, cache budgets (a frozen model: hashable)
     )
 
 
@@ -69,14 +76,43 @@ def _plain_chat(body: Mapping[str, Any]) -> bool:
     )
 
 
+def too_long(exc: PromptTooLong, param: str, model_limit: int | None) -> RouterError:
+    """vLLM's answer to a prompt over `max_model_len`, in the OpenAI error shape (or the
+    router's own, when its `keying.max_prompt_tokens` is the lower limit)."""
+    count = f"{exc.at_least}" if exc.exact else f"at least {exc.at_least}"
+    if model_limit is None or exc.limit < model_limit:
+        return RouterError(
+            400,
+            f"This router accepts prompts of at most {exc.limit} tokens. However, your "
+            f"request has {count} input tokens. Please reduce the length of the input messages.",
+            code="prompt_too_long",
+            param=param,
+        )
+    return RouterError(
+        400,
+        f"This model's maximum context length is {exc.limit} tokens. However, your request "
+        f"has {count} input tokens. Please reduce the length of the input messages.",
+        code="context_length_exceeded",
+        param=param,
+    )
+
+
 class Keyer:
+    """Block keys of request bodies for one hashing identity; safe for concurrent use."""
+
     def __init__(self, engine: EngineConfig, requests: RequestTokenizer | None = None) -> None:
         self.engine = engine
         self.requests = requests
-        self.hasher = BlockHasher(engine.hash_algo, engine.block_size, engine.hash_seed)
-        self.approx = ApproxBlockHasher(engine.tokenizer.approximate_chars_per_block)
+        self.max_tokens = engine.max_model_len
+        tok = engine.tokenizer
+        self.hasher = BlockHasher(
+            engine.hash_algo, engine.block_size, engine.hash_seed, cache_bytes=tok.hash_cache_bytes
+        )
+        self.approx = ApproxBlockHasher(
+            tok.approximate_chars_per_block, max_blocks=tok.approximate_max_blocks
+        )
         self.reuse = (
-            PromptReuse(requests.tokenizer, self.hasher)
+            PromptReuse(requests.tokenizer, self.hasher, max_bytes=tok.reuse_cache_bytes)
             if requests is not None and requests.tokenizer.segmented
             else None
         )
@@ -88,10 +124,15 @@ class Keyer:
         cache_salt: str | None,
         lora: LoraKey | None = None,
         session: str | None = None,
+        *,
+        max_prompt_tokens: int | None = None,
     ) -> RequestKeys:
         """`kind` is "chat" or "completion"; `lora`: the adapter the request names (vLLM adds
         its key to every block); `session`: where to look for an earlier turn to reuse (never
-        changes the keys). Raises RouterError (400) on a malformed prompt."""
+        changes the keys); `max_prompt_tokens`: the router's own limit, on top of the pool's
+        `max_model_len`. Raises RouterError (400) on a malformed or too long prompt."""
+        limits = [n for n in (self.max_tokens, max_prompt_tokens) if n is not None]
+        limit = min(limits) if limits else None
         if kind == "chat":
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -105,24 +146,30 @@ class Keyer:
                 raise RouterError(400, str(exc), param="prompt") from exc
             if not prompts:
                 raise RouterError(400, "`prompt` is an empty batch", param="prompt")
-            if isinstance(prompts[0], list) and self.requests is None:
-                return self._exact(prompts[0], cache_salt, lora)
+            first = prompts[0]
+            if isinstance(first, list) and self.requests is None:
+                if limit is not None and len(first) > limit:
+                    over = PromptTooLong(limit, len(first), exact=True)
+                    raise too_long(over, "prompt", self.max_tokens)
+                return self._exact(first, cache_salt, lora)
         if self.requests is None:
             salt = cache_salt if lora is None else f"{cache_salt or ''}\0lora:{lora.name}"
             return self._approximate(body, salt)
+        param = "messages" if kind == "chat" else "prompt"
         try:
             if kind == "chat" and self.reuse is not None and _plain_chat(body):
                 text = self.requests.chat_text(body)
                 ids_t, digests = self.reuse.ids_and_digests(
-                    text, cache_salt=cache_salt, lora=lora, session=session
+                    text, cache_salt=cache_salt, lora=lora, session=session, max_tokens=limit
                 )
                 return self._from_digests(list(ids_t), digests)
             if kind == "chat":
-                ids = self.requests.chat_token_ids(body)
+                ids = self.requests.chat_token_ids(body, max_tokens=limit)
             else:
-                ids = self.requests.completion_token_ids(body)[0]
+                ids = self.requests.completion_token_ids(body, max_tokens=limit, max_prompts=1)[0]
+        except PromptTooLong as exc:
+            raise too_long(exc, param, self.max_tokens) from None
         except (PromptError, ValueError, TypeError) as exc:
-            param = "messages" if kind == "chat" else "prompt"
             raise RouterError(400, f"cannot tokenize the prompt: {exc}", param=param) from exc
         return self._exact(ids, cache_salt, lora)
 

@@ -105,7 +105,11 @@ class RoutingCore:
             access_log=config.server.access_log,
         )
         self.sessions = SessionTracker(
-            metrics, config.sessions.max_sessions, config.sessions.ttl_seconds, clock=clock
+            metrics,
+            config.sessions.max_sessions,
+            config.sessions.ttl_seconds,
+            max_bytes=config.sessions.max_state_bytes,
+            clock=clock,
         )
 
     @property
@@ -118,7 +122,11 @@ class RoutingCore:
         self.router.state = state
         self.learner.ttl = config.directory.approximate_ttl_seconds
         self.learner.access_log = config.server.access_log
-        self.sessions.configure(config.sessions.max_sessions, config.sessions.ttl_seconds)
+        self.sessions.configure(
+            config.sessions.max_sessions,
+            config.sessions.ttl_seconds,
+            max_bytes=config.sessions.max_state_bytes,
+        )
 
     # -- decisions -------------------------------------------------------------------------
 

@@ -24,10 +24,17 @@ Algorithm, for a prompt text and the (salt, LoRA) it is hashed with:
 The result is identical to `tokenizer.encode(text)` and `hasher.hash_blocks(ids)`, which the
 tests check on randomised histories. Used only where that holds: a segmented tokenizer, no
 special tokens added around the prompt, no truncation (the caller checks the body).
+
+Memory: the prompts kept are bounded in bytes (`max_bytes`: text, ids at 8 bytes each since the
+tokenizer's ids are canonical, cut offsets, digests); a prompt over an eighth of the budget is
+not kept. Safe for concurrent use: the lock covers only reading a bucket and remembering a
+prompt, never the comparison, tokenization or hashing.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
 from bisect import bisect_right
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -42,6 +49,19 @@ class _Prompt:
     cut_chars: list[int]  # offsets just after each added token, ascending
     cut_ids: list[int]  # number of ids before each of those offsets
     digests: tuple[bytes, ...]
+
+    @property
+    def bytes(self) -> int:
+        """What keeping this prompt costs (ids canonical: no int objects of their own)."""
+        cuts = len(self.cut_chars)
+        return (
+            sys.getsizeof(self.text)
+            + sys.getsizeof(self.ids)
+            + 2 * (56 + cuts * (8 + 32))
+            + sys.getsizeof(self.digests)
+            + len(self.digests) * (33 + 32)
+            + 200
+        )
 
 
 def common_prefix(a: str, b: str) -> int:
@@ -60,15 +80,18 @@ def common_prefix(a: str, b: str) -> int:
     return lo
 
 
+DEFAULT_REUSE_BYTES = 64 << 20
+
+
 class PromptReuse:
-    """Recent prompts' ids and digests, for one tokenizer and one hasher. Not thread-safe."""
+    """Recent prompts' ids and digests, for one tokenizer and one hasher; thread-safe."""
 
     def __init__(
         self,
         tokenizer: Tokenizer,
         hasher: BlockHasher,
         *,
-        max_tokens: int = 2 << 20,
+        max_bytes: int = DEFAULT_REUSE_BYTES,
         head_chars: int = 256,
         bucket: int = 8,
     ) -> None:
@@ -76,12 +99,13 @@ class PromptReuse:
             raise ValueError("prompt reuse needs a segmented tokenizer")
         self.tokenizer = tokenizer
         self.hasher = hasher
-        self.max_tokens = max_tokens
+        self.max_bytes = max_bytes
         self.head_chars = head_chars
         self.bucket = bucket
         self._lookahead = tokenizer.max_added_token_chars
         self._buckets: OrderedDict[tuple[object, ...], list[_Prompt]] = OrderedDict()
-        self._tokens = 0
+        self._lock = threading.Lock()
+        self.bytes = 0
         self.reused_tokens = 0
         self.encoded_tokens = 0
 
@@ -92,18 +116,23 @@ class PromptReuse:
         cache_salt: str | None,
         lora: LoraKey | None,
         session: str | None = None,
+        max_tokens: int | None = None,
     ) -> tuple[tuple[int, ...], list[bytes]]:
-        """`tokenizer.encode(text, add_special_tokens=False)` and its block digests."""
+        """`tokenizer.encode(text, add_special_tokens=False)` and its block digests. Raises
+        `PromptTooLong` (before tokenizing what cannot fit) past `max_tokens` ids."""
         head = (
             (cache_salt, lora, "session", session)
             if session is not None
             else (cache_salt, lora, "text", text[: self.head_chars])
         )
-        candidates = self._buckets.get(head)
+        with self._lock:
+            candidates = self._buckets.get(head)
+            if candidates is not None:
+                self._buckets.move_to_end(head)
+                candidates = list(candidates)
         base: _Prompt | None = None
         cut = keep = shared = 0
         if candidates is not None:
-            self._buckets.move_to_end(head)
             for prompt in candidates:
                 if not prompt.cut_ids or prompt.cut_ids[-1] <= keep:
                     continue  # cannot beat the best so far
@@ -118,7 +147,9 @@ class PromptReuse:
                 if at >= 0 and prompt.cut_ids[at] > keep:
                     base, cut, keep = prompt, prompt.cut_chars[at], prompt.cut_ids[at]
                     shared = shared_here
-        tail, ends = self.tokenizer.encode_tail(text[cut:] if cut else text)
+        tail, ends = self.tokenizer.encode_tail(
+            text[cut:] if cut else text, max_tokens=max_tokens, known=keep
+        )
         cut_chars = [cut + c for c, _ in ends]
         cut_ids = [keep + n for _, n in ends]
         if base is not None:
@@ -130,20 +161,22 @@ class PromptReuse:
         else:
             ids, known = tuple(tail), ()
         digests = self.hasher.hash_blocks(ids, lora=lora, cache_salt=cache_salt, known=known)
-        self.reused_tokens += keep
-        self.encoded_tokens += len(tail)
-        self._remember(head, _Prompt(text, ids, cut_chars, cut_ids, tuple(digests)))
+        self._remember(head, _Prompt(text, ids, cut_chars, cut_ids, tuple(digests)), keep)
         return ids, digests
 
-    def _remember(self, head: tuple[object, ...], prompt: _Prompt) -> None:
-        if len(prompt.ids) > self.max_tokens:
-            return
-        candidates = self._buckets.setdefault(head, [])
-        self._buckets.move_to_end(head)
-        candidates.insert(0, prompt)
-        self._tokens += len(prompt.ids)
-        while len(candidates) > self.bucket:
-            self._tokens -= len(candidates.pop().ids)
-        while self._tokens > self.max_tokens:
-            _, oldest = self._buckets.popitem(last=False)
-            self._tokens -= sum(len(p.ids) for p in oldest)
+    def _remember(self, head: tuple[object, ...], prompt: _Prompt, reused: int) -> None:
+        size = prompt.bytes
+        with self._lock:
+            self.reused_tokens += reused
+            self.encoded_tokens += len(prompt.ids) - reused
+            if size > self.max_bytes // 8:
+                return
+            candidates = self._buckets.setdefault(head, [])
+            self._buckets.move_to_end(head)
+            candidates.insert(0, prompt)
+            self.bytes += size
+            while len(candidates) > self.bucket:
+                self.bytes -= candidates.pop().bytes
+            while self.bytes > self.max_bytes:
+                _, oldest = self._buckets.popitem(last=False)
+                self.bytes -= sum(p.bytes for p in oldest)

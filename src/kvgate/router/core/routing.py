@@ -16,7 +16,6 @@ backend, which `FallbackIndex` turns into a local lookup while Redis is down).
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -30,6 +29,7 @@ from kvgate.prefix import LoraKey
 from kvgate.router.core.accounting import Accounting
 from kvgate.router.core.classify import Classification, Classifier
 from kvgate.router.core.errors import RouterError, unavailable
+from kvgate.router.core.keying import KeyingPool
 from kvgate.router.core.keys import Keyer, RequestKeys, keyer_identity
 from kvgate.scoring.base import (
     ChoiceHistory,
@@ -41,9 +41,6 @@ from kvgate.scoring.base import (
     RoutingRequest,
 )
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
-
-#: Request bodies at least this large are tokenized off the event loop (about 16k tokens).
-OFFLOAD_BODY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -107,7 +104,7 @@ class Router:
         self.history = ChoiceHistory()
         self.rng = rng or random.Random(state.config.policy.seed)
         self.clock = clock
-        self._keyer_lock = asyncio.Lock()
+        self.keying = KeyingPool(state.config.keying)
 
     async def plan(
         self,
@@ -189,17 +186,9 @@ class Router:
         body_bytes: int,
         session: str | None = None,
     ) -> RequestKeys:
-        """Tokenize and hash. A large body (a long cold prompt can take tens of ms) runs in a
-        worker thread so that streams keep flowing; keyers are not thread-safe, so every keyer
-        call waits while one runs there (small ones run inline when none does)."""
-        lock = self._keyer_lock
-        if body_bytes >= OFFLOAD_BODY_BYTES:
-            async with lock:
-                return await asyncio.to_thread(keyer.keys, body, kind, salt, lora, session)
-        if lock.locked():
-            async with lock:
-                return keyer.keys(body, kind, salt, lora, session)
-        return keyer.keys(body, kind, salt, lora, session)
+        """Tokenize and hash: inline when small, else in a worker thread (`keying.py`)."""
+        self.keying.configure(self.state.config.keying)
+        return await self.keying.keys(keyer, body, kind, salt, lora, session, body_bytes=body_bytes)
 
     def snapshots(self, members: list[Endpoint], now: float) -> list[EndpointSnapshot]:
         """Immutable views of `members` for the policy (hot path: lookups hoisted)."""

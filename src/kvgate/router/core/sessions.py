@@ -10,8 +10,10 @@ the first differing message and field (the same answer `kvgate prefix diff` give
 break in `kvgate_router_prefix_breaks_total{field}` and logs it. A break with no differing field
 is the chat template's doing ("template": e.g. one that rewrites earlier turns).
 
-Memory is bounded: at most `max_sessions` sessions (least recently seen dropped first), each
-forgotten `ttl` seconds after its last turn.
+Memory is bounded: at most `max_sessions` sessions and `max_bytes` in all (least recently seen
+dropped first; a turn is counted as its session id, 8 bytes per block and ~120 bytes per
+digested field; a turn over an eighth of the budget is not kept), each forgotten `ttl` seconds
+after its last turn. Session ids are short: the classifier replaces long ones by a digest.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate.prefix import common_prefix_length, first_difference
+from kvgate.prefix import first_difference
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.metrics import RouterMetrics
 
@@ -41,12 +43,53 @@ class PrefixBreak:
     field: str  # its kind, a bounded metric label: "content", "tools", "role", ... or "template"
 
 
+KEY_PREFIX_BYTES = 8
+_DIGEST_FIELD_BYTES = 120  # a dict slot, a short key and a 16-character hex digest
+_TURN_OVERHEAD = 400
+
+
 @dataclass
 class _Turn:
-    keys: list[bytes]  # 8-byte prefixes of the block keys
+    keys: bytes  # the 8-byte prefixes of the block keys, concatenated
     block_tokens: int
     digest: dict[str, Any]  # the body with every field value replaced by a short digest
     seen_at: float
+    bytes: int = 0  # what keeping it costs, as counted against the budget
+
+    @property
+    def blocks(self) -> int:
+        return len(self.keys) // KEY_PREFIX_BYTES
+
+
+def _digest_fields(digest: Any) -> int:
+    """How many digested values a `digest_body` result holds (iteratively: no recursion)."""
+    count = 0
+    stack = [digest]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+        else:
+            count += 1
+    return count
+
+
+def _common_blocks(a: bytes, b: bytes) -> int:
+    """Leading 8-byte blocks that `a` and `b` share (bisection on slices, in C)."""
+    n = min(len(a), len(b)) // KEY_PREFIX_BYTES * KEY_PREFIX_BYTES
+    if a[:n] == b[:n]:
+        return n // KEY_PREFIX_BYTES
+    lo, hi = 0, n // KEY_PREFIX_BYTES  # blocks: a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        s, e = lo * KEY_PREFIX_BYTES, mid * KEY_PREFIX_BYTES
+        if a[s:e] == b[s:e]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _digest(value: Any) -> str:
@@ -85,21 +128,33 @@ class SessionTracker:
         max_sessions: int = 10_000,
         ttl_seconds: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
+        *,
+        max_bytes: int = 32 << 20,
     ) -> None:
         self._metrics = metrics
         self._max = max_sessions
         self._ttl = ttl_seconds
+        self._max_bytes = max_bytes
         self._clock = clock
         self._turns: OrderedDict[str, _Turn] = OrderedDict()
+        self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._turns)
 
-    def configure(self, max_sessions: int, ttl_seconds: float) -> None:
+    def configure(
+        self, max_sessions: int, ttl_seconds: float, *, max_bytes: int | None = None
+    ) -> None:
         """New limits (config reload); excess sessions are dropped, oldest first."""
         self._max, self._ttl = max_sessions, ttl_seconds
-        while len(self._turns) > self._max:
-            self._turns.popitem(last=False)
+        if max_bytes is not None:
+            self._max_bytes = max_bytes
+        self._trim()
+
+    def _trim(self) -> None:
+        while self._turns and (len(self._turns) > self._max or self.bytes > self._max_bytes):
+            _, oldest = self._turns.popitem(last=False)
+            self.bytes -= oldest.bytes
 
     def observe(self, plan: RoutePlan, body: Mapping[str, Any]) -> PrefixBreak | None:
         session = plan.classification.session_id
@@ -107,26 +162,35 @@ class SessionTracker:
             return None
         now = self._clock()
         turn = _Turn(
-            keys=[k[:8] for k in plan.keys.block_keys],
+            keys=b"".join(k[:KEY_PREFIX_BYTES] for k in plan.keys.block_keys),
             block_tokens=plan.keys.block_tokens,
             digest=digest_body(body),
             seen_at=now,
         )
+        turn.bytes = (
+            len(turn.keys)
+            + len(session)
+            + _DIGEST_FIELD_BYTES * _digest_fields(turn.digest)
+            + _TURN_OVERHEAD
+        )
         prev = self._turns.pop(session, None)
-        self._turns[session] = turn
-        while len(self._turns) > self._max:
-            self._turns.popitem(last=False)
+        if prev is not None:
+            self.bytes -= prev.bytes
+        if turn.bytes <= self._max_bytes // 8:
+            self._turns[session] = turn
+            self.bytes += turn.bytes
+            self._trim()
         if prev is None or now - prev.seen_at > self._ttl:
             return None
-        common = common_prefix_length(prev.keys, turn.keys)
-        if common >= len(prev.keys):
+        common = _common_blocks(prev.keys, turn.keys)
+        if common >= prev.blocks:
             return None
         _kind, difference = first_difference(prev.digest, turn.digest)
         path = difference.path if difference is not None else "template"
         brk = PrefixBreak(
             session=session,
             token_position=common * prev.block_tokens,
-            previous_tokens=len(prev.keys) * prev.block_tokens,
+            previous_tokens=prev.blocks * prev.block_tokens,
             path=path,
             field=_field_label(path) if difference is not None else "template",
         )

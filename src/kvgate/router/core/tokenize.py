@@ -13,7 +13,7 @@ def load_request_tokenizer(config: TokenizerConfig) -> RequestTokenizer | None:
     if config.path is None:
         return None
     try:
-        tokenizer = Tokenizer.from_dir(config.path)
+        tokenizer = Tokenizer.from_dir(config.path, segment_cache_bytes=config.segment_cache_bytes)
         template = (
             Path(config.chat_template).read_text(encoding="utf-8") if config.chat_template else None
         )

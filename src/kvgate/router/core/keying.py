@@ -1,0 +1,198 @@
+"""Key a request's prompt without stalling the event loop for everyone else.
+
+A small prompt (the usual chat turn: ~1 ms of template, tokenization and hashing) is keyed
+inline: a thread hop would cost about as much as the work. A large one (more than
+`keying.inline_max_chars` characters, or a body at least that many bytes) goes to a bounded pool
+of worker threads:
+
+- the tokenizer runs without the GIL (`Tokenizer` uses `encode_batch_fast`), so the loop keeps
+  its core while a multi-megabyte prompt is tokenized;
+- the Python parts (splitting, hashing: pickle + SHA-256 per block) hold the GIL, but the
+  interpreter hands it back to the loop every switch interval (5 ms), and their length is
+  bounded by the pool's `max_model_len` (the keyer refuses longer prompts before hashing);
+- there is no lock around a keyer: its caches are safe for concurrent use, so a small request
+  keyed on the loop never waits for a large one in a worker;
+- no prompt costs more than `max_prompt_tokens` (default 2^20) of tokenization, also where a
+  pool's `max_model_len` is unknown or larger: the tokenizer's transient memory (~300 bytes a
+  token) and the hashing time stay bounded;
+- at most `workers` prompts are keyed at once and `max_waiting` more wait; beyond that a large
+  prompt is refused with 503 (`keying_overloaded`), so a flood of huge prompts costs bounded
+  memory and CPU instead of a queue that grows without limit.
+
+Size without parsing: the body's size in bytes when the HTTP layer gives it (a JSON string is
+never shorter in bytes than in characters), else (`/debug/route`, `/admin/warm`) a walk of the
+body that stops at the threshold (`prompt_chars_at_least`).
+
+Memory: after a large prompt the worker hands the C allocator's free memory back to the OS
+(`malloc_trim`, glibc): tokenizing leaves hundreds of megabytes freed but mapped in the
+thread's malloc arena (400 MB after a 4 MB prompt), which would otherwise stay in the RSS. The
+request's own buffers (body, parsed JSON, ids) are freed only once it is answered, so one more
+trim runs in a worker `TRIM_DELAY_SECONDS` after the last large prompt was keyed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import functools
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kvgate.api.router_config import KeyingConfig
+from kvgate.prefix import LoraKey
+from kvgate.router.core.errors import RouterError
+from kvgate.router.core.keys import Keyer, RequestKeys
+
+_NODE_CHARS = 8  # what a non-string JSON value counts for in the size walk
+TRIM_DELAY_SECONDS = 2.0
+
+
+def prompt_chars_at_least(body: Mapping[str, Any], threshold: int) -> bool:
+    """Whether the strings in `body` (its prompt, messages, tools, ...) add up to at least
+    `threshold` characters. Iterative (deeply nested bodies are fine) and bounded: it visits at
+    most `threshold // 8` values, each counting for at least 8 characters."""
+    total = 0
+    stack: list[Any] = [body]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, str):
+            total += max(len(value), _NODE_CHARS)
+        elif isinstance(value, Mapping | list):
+            total += _NODE_CHARS
+            if total + len(value) * _NODE_CHARS >= threshold:
+                return True
+            stack.extend(value.values() if isinstance(value, Mapping) else value)
+        else:
+            total += _NODE_CHARS
+        if total >= threshold:
+            return True
+    return False
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        return None
+    return trim
+
+
+def release_freed_memory() -> None:
+    """Return the memory the C allocator holds free to the OS, where it can (glibc)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+def _keys_then_release(
+    keyer: Keyer,
+    body: Mapping[str, Any],
+    kind: str,
+    cache_salt: str | None,
+    lora: LoraKey | None,
+    session: str | None,
+    max_prompt_tokens: int | None,
+) -> RequestKeys:
+    try:
+        return keyer.keys(
+            body, kind, cache_salt, lora, session, max_prompt_tokens=max_prompt_tokens
+        )
+    finally:
+        release_freed_memory()
+
+
+class KeyingPool:
+    """Runs `Keyer.keys` inline or in worker threads (see the module doc). Owned by the router;
+    `close()` stops the workers."""
+
+    def __init__(self, config: KeyingConfig | None = None) -> None:
+        self.config = config or KeyingConfig()
+        self._executor: ThreadPoolExecutor | None = None
+        self._workers = 0
+        self._busy = 0  # large prompts being keyed or waiting for a worker
+        self._trim: asyncio.TimerHandle | None = None
+        self.offloaded = 0
+        self.refused = 0
+
+    @property
+    def busy(self) -> int:
+        return self._busy
+
+    def configure(self, config: KeyingConfig) -> None:
+        """New settings (config reload); a new worker count takes effect for the next prompt
+        (prompts already running finish on the old threads)."""
+        self.config = config
+
+    def is_large(self, body: Mapping[str, Any], body_bytes: int) -> bool:
+        threshold = self.config.inline_max_chars
+        if body_bytes:
+            return body_bytes >= threshold
+        return prompt_chars_at_least(body, threshold)
+
+    async def keys(
+        self,
+        keyer: Keyer,
+        body: Mapping[str, Any],
+        kind: str,
+        cache_salt: str | None,
+        lora: LoraKey | None,
+        session: str | None,
+        *,
+        body_bytes: int = 0,
+    ) -> RequestKeys:
+        """`keyer.keys(...)`, inline or in a worker. Raises RouterError (400 from the keyer;
+        503 when too many large prompts are already in hand)."""
+        config = self.config
+        cap = config.max_prompt_tokens
+        if not self.is_large(body, body_bytes):
+            return keyer.keys(body, kind, cache_salt, lora, session, max_prompt_tokens=cap)
+        if self._busy >= config.workers + config.max_waiting:
+            self.refused += 1
+            raise RouterError(
+                503,
+                "too many large prompts are being tokenized; retry later",
+                type="service_unavailable",
+                code="keying_overloaded",
+            )
+        executor = self._pool()
+        self._busy += 1
+        self.offloaded += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(
+                executor, _keys_then_release, keyer, body, kind, cache_salt, lora, session, cap
+            )
+        finally:
+            self._busy -= 1
+            self._schedule_trim()
+
+    def close(self) -> None:
+        """Stop the workers: queued prompts are dropped, a running one finishes on its own."""
+        if self._trim is not None:
+            self._trim.cancel()
+            self._trim = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _schedule_trim(self) -> None:
+        """One trim, in a worker, a while after the last large prompt (restarted by each)."""
+        if self._trim is not None:
+            self._trim.cancel()
+        self._trim = asyncio.get_running_loop().call_later(TRIM_DELAY_SECONDS, self._trim_now)
+
+    def _trim_now(self) -> None:
+        self._trim = None
+        if self._executor is not None:
+            self._executor.submit(release_freed_memory)
+
+    def _pool(self) -> ThreadPoolExecutor:
+        workers = self.config.workers
+        if self._executor is None or self._workers != workers:
+            if self._executor is not None:
+                self._executor.shutdown(wait=False)  # its running prompts still finish
+            self._executor = ThreadPoolExecutor(workers, thread_name_prefix="kvgate-keying")
+            self._workers = workers
+        return self._executor

@@ -1,0 +1,247 @@
+"""Keying off the loop (`keying.py`), length limits (`keys.py`) and bounded session state."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.unit.router.fakes import FakePods, make_config
+
+from kvgate.api.router_config import EngineConfig, KeyingConfig, RouterConfig, TokenizerConfig
+from kvgate.router.core.classify import Classifier
+from kvgate.router.core.errors import RouterError
+from kvgate.router.core.keying import KeyingPool, prompt_chars_at_least
+from kvgate.router.core.keys import Keyer, RequestKeys
+from kvgate.router.core.tokenize import load_request_tokenizer
+
+TOKENIZER = str(Path(__file__).parents[2] / "data" / "prefix" / "tokenizer")
+WORDS = ["cache", "router", "prefix", "token", "block", "queue", "agent", "pod"]
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) + str(rng.randint(0, 99)) for _ in range(words))
+
+
+def _keyer(**engine: Any) -> Keyer:
+    tokenizer = TokenizerConfig(path=TOKENIZER)
+    return Keyer(EngineConfig(tokenizer=tokenizer, **engine), load_request_tokenizer(tokenizer))
+
+
+# -- where a prompt is keyed -----------------------------------------------------------------
+
+
+def test_prompt_size_walk_is_bounded_and_iterative():
+    assert prompt_chars_at_least({"prompt": "x" * 100}, 100)
+    assert not prompt_chars_at_least({"prompt": "x" * 50}, 100)
+    chat = {"messages": [{"role": "user", "content": [{"type": "text", "text": "y" * 70}]}]}
+    assert prompt_chars_at_least(chat, 100) and not prompt_chars_at_least(chat, 200)
+    deep: Any = "z"
+    for _ in range(100_000):  # far deeper than the recursion limit
+        deep = [deep]
+    assert prompt_chars_at_least({"prompt": deep}, 1000)
+    assert prompt_chars_at_least({"prompt": list(range(10**6))}, 64 * 1024)  # stops at once
+
+
+class BlockingKeyer:
+    """Stands in for a keyer whose prompts take as long as the test wants."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.threads: list[str] = []
+
+    def keys(
+        self, body: Any, kind: str, salt: Any, lora: Any, session: Any, **_: Any
+    ) -> RequestKeys:
+        self.threads.append(threading.current_thread().name)
+        if body.get("block"):
+            self.release.wait(10)
+        return RequestKeys(1, [], 16, True)
+
+
+async def test_small_prompts_run_inline_and_large_ones_in_workers():
+    pool = KeyingPool(KeyingConfig(inline_max_chars=1000, workers=1, max_waiting=0))
+    keyer = BlockingKeyer()
+    await pool.keys(keyer, {"prompt": "small"}, "completion", None, None, None)  # type: ignore[arg-type]
+    await pool.keys(keyer, {"prompt": "x" * 2000}, "completion", None, None, None)  # type: ignore[arg-type]
+    await pool.keys(keyer, {"prompt": "s"}, "completion", None, None, None, body_bytes=5000)  # type: ignore[arg-type]
+    assert keyer.threads[0] == threading.current_thread().name
+    assert all(name.startswith("kvgate-keying") for name in keyer.threads[1:])
+    assert pool.offloaded == 2
+    pool.close()
+
+
+async def test_large_prompts_beyond_workers_and_queue_are_refused_with_503():
+    pool = KeyingPool(KeyingConfig(inline_max_chars=50, workers=1, max_waiting=1))
+    keyer = BlockingKeyer()
+    large = {"prompt": "x" * 100, "block": True}
+    held = [
+        asyncio.create_task(pool.keys(keyer, large, "completion", None, None, None))  # type: ignore[arg-type]
+        for _ in range(2)
+    ]
+    await asyncio.sleep(0.05)
+    with pytest.raises(RouterError) as refused:
+        await pool.keys(keyer, large, "completion", None, None, None)  # type: ignore[arg-type]
+    assert refused.value.status == 503 and refused.value.code == "keying_overloaded"
+    small = await pool.keys(keyer, {"prompt": "hi"}, "completion", None, None, None)  # type: ignore[arg-type]
+    assert small.prompt_tokens == 1  # small prompts never wait for the workers
+    keyer.release.set()
+    await asyncio.gather(*held)
+    assert pool.busy == 0
+    pool.close()
+
+
+async def test_a_reload_resizes_the_worker_pool():
+    pool = KeyingPool(KeyingConfig(inline_max_chars=50, workers=1))
+    keyer = BlockingKeyer()
+    large = {"prompt": "x" * 100}
+    await pool.keys(keyer, large, "completion", None, None, None)  # type: ignore[arg-type]
+    first = pool._executor
+    pool.configure(KeyingConfig(inline_max_chars=50, workers=3))
+    await pool.keys(keyer, large, "completion", None, None, None)  # type: ignore[arg-type]
+    assert pool._executor is not first and pool._executor is not None
+    assert pool._executor._max_workers == 3
+    pool.close()
+    assert pool._executor is None
+
+
+async def test_small_prompts_are_keyed_while_a_large_one_is_in_a_worker():
+    # The real keyer, its caches shared: no lock makes the small requests wait.
+    keyer = _keyer()
+    pool = KeyingPool(KeyingConfig(max_prompt_tokens=None))
+    rng = random.Random(1)
+    large = {"model": "m", "messages": [{"role": "user", "content": _text(rng, 400_000)}]}
+    task = asyncio.create_task(pool.keys(keyer, large, "chat", None, None, None))
+    await asyncio.sleep(0.05)
+    waits = []
+    while not task.done():
+        small = {"model": "m", "messages": [{"role": "user", "content": _text(rng, 20)}]}
+        started = time.perf_counter()
+        await pool.keys(keyer, small, "chat", None, None, None)
+        waits.append(time.perf_counter() - started)
+        await asyncio.sleep(0.005)
+    keys = await task
+    assert keys.prompt_tokens > 400_000
+    assert len(waits) >= 5, "the large prompt finished too soon to measure anything"
+    assert sorted(waits)[len(waits) // 2] < 0.05, waits
+    pool.close()
+
+
+# -- length limits ---------------------------------------------------------------------------
+
+
+def test_prompts_over_max_model_len_get_vllms_400():
+    keyer, unlimited = _keyer(max_model_len=200), _keyer()
+    rng = random.Random(2)
+    chat = {"messages": [{"role": "user", "content": _text(rng, 400)}]}
+    with pytest.raises(RouterError) as raised:
+        keyer.keys(chat, "chat", None)
+    err = raised.value
+    assert err.status == 400 and err.code == "context_length_exceeded" and err.param == "messages"
+    assert err.message.startswith("This model's maximum context length is 200 tokens.")
+    with pytest.raises(RouterError):
+        keyer.keys({"prompt": _text(rng, 400)}, "completion", None)
+    with pytest.raises(RouterError) as ids:
+        _keyer(max_model_len=10).keys({"prompt": list(range(11))}, "completion", None)
+    assert "has 11 input tokens" in ids.value.message
+    fits = {"messages": [{"role": "user", "content": _text(rng, 20)}]}
+    assert keyer.keys(fits, "chat", "s") == unlimited.keys(fits, "chat", "s")
+    # Truncation: vLLM tokenizes everything and keeps the last k tokens; k fits.
+    truncated = {"prompt": _text(rng, 400), "truncate_prompt_tokens": 100}
+    assert keyer.keys(truncated, "completion", None).prompt_tokens == 100
+
+
+def test_the_routers_own_cap_applies_where_the_pool_allows_more():
+    rng = random.Random(3)
+    body = {"prompt": _text(rng, 2000)}  # ~7k tokens
+    for keyer in (_keyer(), _keyer(max_model_len=100_000)):
+        with pytest.raises(RouterError) as raised:
+            keyer.keys(body, "completion", None, max_prompt_tokens=1000)
+        assert raised.value.code == "prompt_too_long"
+        assert "accepts prompts of at most 1000 tokens" in raised.value.message
+    with pytest.raises(RouterError) as model:
+        _keyer(max_model_len=500).keys(body, "completion", None, max_prompt_tokens=1000)
+    assert model.value.code == "context_length_exceeded"
+
+
+def test_only_the_first_prompt_of_a_batch_is_tokenized():
+    keyer = _keyer(max_model_len=1000)
+    huge = "word " * 2_000_000  # tokenizing it would take seconds; it is never looked at
+    started = time.perf_counter()
+    keys = keyer.keys({"prompt": ["a short prompt", huge]}, "completion", None)
+    assert keys.prompt_tokens < 20 and time.perf_counter() - started < 0.5
+
+
+def test_a_huge_prompt_over_the_limit_costs_no_tokenization():
+    keyer = _keyer(max_model_len=131_072)
+    body = {"messages": [{"role": "user", "content": "many words " * 1_500_000}]}  # 16 MB
+    started = time.perf_counter()
+    with pytest.raises(RouterError):
+        keyer.keys(body, "chat", None)
+    assert time.perf_counter() - started < 0.5  # render + the character bound, no tokenizer
+
+
+def test_approximate_keys_are_bounded_in_blocks():
+    engine = EngineConfig(tokenizer=TokenizerConfig(approximate_max_blocks=100))
+    keys = Keyer(engine).keys({"prompt": "x" * 1_000_000}, "completion", None)
+    assert len(keys.block_keys) == 100 and keys.prompt_tokens == 250_000
+
+
+# -- sessions --------------------------------------------------------------------------------
+
+
+def test_long_session_ids_become_a_fixed_size_digest():
+    classify = Classifier(make_config(1)).classify
+    base = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+    def session(value: str, header: bool = True) -> str | None:
+        if header:
+            return classify(base, {"x-session-id": value}).session_id
+        return classify({**base, "user": value}, {}).session_id
+
+    assert session("short-id") == "short-id"
+    long_a, long_b = "a" * 4096, "a" * 4095 + "b"
+    assert session(long_a) == session(long_a, header=False) == session(long_a)
+    assert session(long_a) != session(long_b)
+    assert len(session(long_a) or "") == 34 and (session(long_a) or "").startswith("h:")
+    assert session("\ud800" * 200, header=False) is not None  # lone surrogates from JSON
+
+
+async def test_session_state_is_bounded_in_bytes(router_app):
+    budget = 256 * 1024
+    config = make_config(1, sessions={"max_state_bytes": budget})
+    client, runtime = await router_app(config, FakePods())
+    body = {"model": "m", "messages": [{"role": "user", "content": "question " * 200}]}
+    for i in range(300):
+        headers = {"x-session-id": f"{i:04d}" * 1000}  # 4 KB ids
+        assert (
+            await client.post("/v1/chat/completions", json=body, headers=headers)
+        ).status_code == 200
+    tracker = runtime.core.sessions
+    assert 0 < tracker.bytes <= budget
+    assert 0 < len(tracker) < 300
+    assert all(len(key) <= 34 for key in tracker._turns)
+
+
+def test_router_config_carries_the_limits():
+    config = RouterConfig.model_validate(
+        {
+            "pools": [
+                {
+                    "name": "p",
+                    "model": "m",
+                    "engine": {"max_model_len": 32768, "tokenizer": {"segment_cache_bytes": 0}},
+                    "endpoints": {"static": [{"url": "http://a:1"}]},
+                }
+            ],
+            "keying": {"workers": 4},
+        }
+    )
+    assert config.pools[0].engine.max_model_len == 32768
+    assert config.keying.workers == 4 and config.keying.inline_max_chars == 64 * 1024
+    with pytest.raises(ValueError):
+        RouterConfig.model_validate({**config.model_dump(), "keying": {"workers": 0}})
