@@ -72,6 +72,7 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
         pool_class=str(spec.pool_class),  # type: ignore[arg-type]
         engine=rc.EngineConfig(
             block_size=spec.engine.block_size,
+            max_model_len=spec.engine.max_model_len,  # longer prompts: 400 before tokenizing
             hash_algo=spec.cache.hash_algo,
             hash_seed=str(spec.cache.hash_seed),
             tokenizer=_tokenizer(pool),
