@@ -17,7 +17,7 @@ same code, driven by :class:`RouterDriver`'s hooks:
   :class:`kvgate.directory.subscriber.PodSubscriber` (the indexer's code) into the pool's memory
   directory;
 - **load**: every ``load_metrics.scrape_interval_seconds`` each pod's ``/metrics`` as a scrape
-  would read it (waiting, running, KV usage, the prefill counters) goes to ``core.load_scraped``.
+  would read it (waiting, running, KV usage) goes to ``core.load_scraped``.
 
 No network latency and no router CPU time: TTFT is the engine's (arrival to first token). Each
 request becomes a :class:`RequestRecord` in simulated seconds, so live and discrete-event runs
@@ -111,6 +111,10 @@ class RouterDriver(FleetDriver):
             kv_events={url: f"inproc://{pod_id}" for url, pod_id in zip(urls, ids, strict=True)},
             endpoint_ids=dict(zip(urls, ids, strict=True)),
         )
+        # Simulated time has no event loop to keep responsive: every prompt is keyed inline.
+        config = config.model_copy(
+            update={"keying": config.keying.model_copy(update={"inline_max_chars": 1 << 62})}
+        )
         self.config = config
         pool = config.pools[0]
         self.index = MemoryBlockIndex()
@@ -139,7 +143,6 @@ class RouterDriver(FleetDriver):
             self._complete(subscriber.open())
         self._seq = [0] * len(ids)
         self._pod_index = {pod_id: i for i, pod_id in enumerate(ids)}
-        self._prefill_seconds = [0.0] * len(ids)
         self.tick_interval_s = config.load_metrics.scrape_interval_seconds
         self._sample_every = max(1, round(sample_interval_s / self.tick_interval_s))
         self._ticks = 0
@@ -248,8 +251,6 @@ class RouterDriver(FleetDriver):
         self.now = now
         flight = self._in_flight[request.request_id]
         flight.record.first_byte_s = now
-        if request.first_scheduled_time is not None:  # vllm:request_prefill_time_seconds
-            self._prefill_seconds[pod] += now - request.first_scheduled_time
         self.core.first_byte(flight.plan, flight.attempt, streamed=True)
 
     def finished(self, request: SimRequest, pod: int, now: float) -> list[TraceRequest]:
@@ -293,8 +294,7 @@ class RouterDriver(FleetDriver):
         self.now = now
         sample = self._ticks % self._sample_every == 0
         self._ticks += 1
-        for i, (engine, ep) in enumerate(zip(fleet.engines, self._endpoints, strict=True)):
-            stats = engine.stats
+        for engine, ep in zip(fleet.engines, self._endpoints, strict=True):
             self.core.load_scraped(
                 ep,
                 ScrapedLoad(
@@ -302,9 +302,6 @@ class RouterDriver(FleetDriver):
                     running=float(engine.num_running),
                     kv_cache_usage=engine.kv_cache.usage,
                     scraped_at=now,
-                    prompt_tokens_total=float(stats.prompt_tokens),
-                    prefix_cache_hits_total=float(stats.prefix_cache_hits),
-                    prefill_seconds_total=self._prefill_seconds[i],
                 ),
             )
             if sample:

@@ -45,10 +45,6 @@ class LoadSample:
     running: float = 0.0
     kv_cache_usage: float = 0.0
     scraped_at: float = 0.0  # monotonic seconds; 0 = never
-    # Engine counters for the prefill-rate estimate (None: the engine does not export them).
-    prompt_tokens_total: float | None = None
-    prefix_cache_hits_total: float | None = None
-    prefill_seconds_total: float | None = None
 
 
 @dataclass

@@ -4,12 +4,19 @@
 - ``least-load``: healthy -> ``queue-depth`` -> fewest requests (ties random). Baseline.
 - ``prefix``: healthy -> ``prefix-cache`` -> longest match; ties by load, then random. What the
   simplest cache-aware routers do; it piles a hot prefix onto one pod.
-- ``kvgate`` (default): healthy -> ``load-bound`` -> ``affinity-cap`` -> ``predicted-ttft`` ->
-  ``near-equal``. Minimises predicted TTFT (queue delay + prefill of the tokens the pod lacks)
-  plus ``work_weight`` x the prefill work itself (which others queue behind), with guards: no pod above c x mean load, no queue wait above ``max_affinity_wait_seconds``
-  while another pod is within it; near-equal costs (within ``tolerance``) are broken at random,
-  or, when none of them holds any of the prompt, by least recently chosen (spreading cold
-  requests).
+- ``kvgate`` (default): healthy -> ``affinity-cap`` -> ``priced-affinity`` ->
+  ``predicted-ttft`` -> ``near-equal``. A request never waits in a queue longer than
+  ``max_affinity_wait_seconds`` while another pod is within it; it stays on the pods holding
+  most of its prompt (``affinity.affinity_threshold`` of its blocks) while their extra queue
+  delay is under ``affinity.stickiness`` x the recompute a move would cost; and among what is
+  left goes where
+  the predicted TTFT (queue delay + prefill of the tokens the pod lacks) plus ``work_weight`` x
+  the prefill work itself (which others queue behind) is lowest; near-equal costs (within
+  ``tolerance``) are broken at random, or, when none of them holds any of the prompt, by least
+  recently chosen (spreading cold requests). Optional: a bounded-load guard (``load_bound``: no
+  pod above c x mean load) and a price on the decode stall a prefill causes to the requests
+  beside it (``interference_weight``); both are off by default, because on the benchmark
+  workloads they gave away cache hits (docs/scoring.md).
 - ``pipeline``: any filters, weighted scorers and picker from the registry, by name.
 
 Every policy carries a ``cost_model`` so that its decisions can be explained (``/debug/route``)
@@ -36,6 +43,7 @@ from kvgate.scoring.plugins.load_bound import LoadBoundFilter, LoadBoundParams
 from kvgate.scoring.plugins.near_equal.plugin import NearEqualParams, NearEqualPicker, TieBreak
 from kvgate.scoring.plugins.predicted_ttft import PredictedTtftParams, PredictedTtftScorer
 from kvgate.scoring.plugins.prefix_cache import PrefixCacheScorer
+from kvgate.scoring.plugins.priced_affinity import PricedAffinityFilter, PricedAffinityParams
 from kvgate.scoring.plugins.queue_depth import QueueDepthScorer
 from kvgate.scoring.plugins.round_robin import RoundRobinPicker
 
@@ -50,9 +58,13 @@ class KvgateParams(StrictParams):
     """Parameters of the default ``kvgate`` policy."""
 
     cost_model: CostModelParams = CostModelParams()
+    affinity: PricedAffinityParams = PricedAffinityParams()
+    """Stickiness: the pods holding at least ``affinity_threshold`` of the request's blocks keep
+    it while their extra queue delay is under ``stickiness`` x the recompute a move costs."""
     max_affinity_wait_seconds: float = Field(default=2.0, ge=0)
     """Hard cap on predicted queue wait while another pod is within it (RoutingPolicy maxAffinityWait)."""
-    load_bound: LoadBoundParams = LoadBoundParams()
+    load_bound: LoadBoundParams | None = None
+    """Bounded-load guard (no pod above c x mean load); None = off."""
     tolerance: float = Field(default=0.1, ge=0, lt=1)
     """Candidates whose predicted-TTFT score is within this share of the best are near-equal."""
     work_weight: float = Field(default=1.0, ge=0)
@@ -126,10 +138,12 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
         cost_model=CostModel(params.cost_model),
         filters=[
             HealthyFilter(),
-            LoadBoundFilter(params.load_bound),
+            # The cap first: it must see the pods a too-long queue would move the request to.
             AffinityCapFilter(
                 AffinityCapParams(max_affinity_wait_seconds=params.max_affinity_wait_seconds)
             ),
+            *([LoadBoundFilter(params.load_bound)] if params.load_bound is not None else []),
+            PricedAffinityFilter(params.affinity),
         ],
         scorers=[
             WeightedScorer(

@@ -1,13 +1,13 @@
 """Online estimate of each pod's prefill rate (tokens per second).
 
 Each observation is ``(tokens, seconds)``: prompt tokens the pod computed (not served from cache)
-and the time it took. Two sources, in order of preference:
-
-1. the engine's own counters between two ``/metrics`` scrapes: delta of ``vllm:prompt_tokens``
-   minus delta of ``vllm:prefix_cache_hits`` over delta of ``vllm:request_prefill_time_seconds_sum``
-   (pure prefill time, queueing excluded);
-2. one request's router-measured TTFT, when the pod had nothing queued ahead of it:
-   ``(uncached tokens, ttft - overhead_seconds)``.
+and the time it took, from one request's router-measured TTFT when the pod had nothing of this
+router's queued ahead of it: ``(uncached tokens, ttft - overhead_seconds)``. (The engine's
+``vllm:request_prefill_time_seconds_sum`` is no measure of a rate: it adds up each request's
+prefill span, and requests that share a step's budget overlap, so under load it reads several
+times too slow, and differently on each pod; the router then herded onto whichever pod looked
+fastest.) The router prices every pod of a pool at one rate, the median of its pods' estimates
+(`kvgate.router.core.routing`): the pods of a pool run one engine spec.
 
 The estimate is an exponentially weighted mean of the observed *seconds per token*, each
 observation weighted by its token count (a 30k-token prefill says more than a 20-token one):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from prometheus_client import CollectorRegistry
 from tests.unit.router.fakes import make_config
 
@@ -132,22 +134,32 @@ async def test_a_cancelled_attempt_is_released_and_teaches_nothing():
     assert core.estimator.rate(plan.endpoint.id) is None
 
 
-async def test_engine_counters_between_scrapes_teach_the_prefill_rate():
-    core, now = await _core(1)
-    ep = core.endpoints.all()[0]
-
-    def sample(prompt: float, hits: float, seconds: float) -> LoadSample:
-        return LoadSample(
-            scraped_at=now[0],
-            prompt_tokens_total=prompt,
-            prefix_cache_hits_total=hits,
-            prefill_seconds_total=seconds,
+async def test_ttfts_teach_one_prefill_rate_per_pool():
+    """A streamed TTFT with nothing queued ahead is a prefill observation; every pod of the pool
+    is then priced at the median of its pods' estimates (one engine spec, one rate: per-pod
+    noise must not make one pod look faster and draw the traffic)."""
+    core, now = await _core(3)
+    for pod_index, seconds in ((0, 0.5), (1, 0.25), (2, 0.05)):
+        request = ClientRequest(BODY, {}, "completion")
+        plan = await core.plan(request)
+        plan = replace(plan, endpoint=core.endpoints.all()[pod_index])
+        attempt = core.sent(request, plan, streaming=True)
+        now[0] += seconds
+        core.first_byte(plan, attempt, streamed=True)
+        core.finished(
+            request,
+            plan,
+            attempt,
+            status=200,
+            usage=Usage(prompt_tokens=4096, cached_tokens=0, completion_tokens=4),
+            completed=True,
+            streamed=True,
         )
-
-    core.load_scraped(ep, sample(0, 0, 0))
-    core.load_scraped(ep, sample(20_000, 4_000, 1.0))
-    rate = core.estimator.rate(ep.id)
-    assert rate is not None and 10_000 < rate <= 16_000
+    rates = [core.estimator.rate(ep.id) for ep in core.endpoints.all()]
+    assert all(r is not None for r in rates)
+    snapshots = core.router.snapshots(core.endpoints.all(), now[0])
+    priced = {s.prefill_tokens_per_second for s in snapshots}
+    assert priced == {sorted(rates)[1]}  # the median, for every pod
 
 
 async def test_explain_records_nothing():

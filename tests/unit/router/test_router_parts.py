@@ -255,23 +255,6 @@ def test_usage_is_read_from_the_tail_even_when_content_mentions_usage():
     assert usage_from_json_body(b'{"usage": null}') is None
 
 
-def test_engine_counters_give_prefill_observations():
-    from kvgate.router.core.learn import prefill_observation
-
-    def sample(prompt, hits, seconds):
-        text = (
-            f'vllm:prompt_tokens_total{{e="0"}} {prompt}\n'
-            f'vllm:prefix_cache_hits_total{{e="0"}} {hits}\n'
-            f'vllm:request_prefill_time_seconds_sum{{e="0"}} {seconds}\n'
-        )
-        return parse_load(text, now=0.0)
-
-    assert prefill_observation(sample(1000, 200, 1.0), sample(9000, 1200, 2.0)) == (7000.0, 1.0)
-    assert prefill_observation(sample(9000, 0, 2.0), sample(100, 0, 0.1)) is None  # restart
-    assert prefill_observation(sample(10, 0, 1.0), sample(10, 0, 1.0)) is None  # idle
-    assert prefill_observation(parse_load("", 0.0), sample(10, 0, 1.0)) is None  # unknown
-
-
 async def test_long_prompts_are_tokenized_off_the_event_loop():
     import asyncio
     import random

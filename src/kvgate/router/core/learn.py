@@ -3,11 +3,12 @@
 - Routing history: for pods without KV events, the request's block keys are added to the pod's
   directory entries as approximate entries (TTL), right after the decision and before the request
   is sent (so that a burst of requests with one prefix already sees where the first went).
-- Prefill rate: between two scrapes of a pod's /metrics, the engine's own counters give
-  (computed prompt tokens, prefill seconds): `prefill_observation`. For engines that do not
-  export them, a streaming request's TTFT on a pod that had nothing queued ahead of it from this
-  router is an observation of (uncached tokens → seconds); uncached tokens come from the engine's
-  `cached_tokens` when it reported them.
+- Prefill rate: a streaming request's TTFT on a pod that had nothing queued ahead of it from
+  this router is an observation of (uncached tokens → seconds) for the estimator; uncached
+  tokens come from the engine's `cached_tokens` when it reported them. (The engine's counters,
+  Δprompt tokens over Δ`vllm:request_prefill_time_seconds_sum`, are not used: that sum adds up
+  every request's prefill span, and under load the spans of the requests sharing each step
+  overlap, so it read several times too slow, and differently on every pod.)
 - Metrics: requests by pool/endpoint/class/decision/status, predicted and engine-reported cached
   tokens, prompt tokens, estimated saved prefill seconds, TTFT and duration.
 """
@@ -21,7 +22,6 @@ from dataclasses import dataclass
 from prometheus_client import Counter
 
 from kvgate.directory.base import BlockIndex
-from kvgate.discovery.endpoints import LoadSample
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.metrics import RouterMetrics
 from kvgate.scoring.cost_model import CostModelParams
@@ -29,8 +29,6 @@ from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)
 request_log = logging.getLogger("kvgate.router.requests")
-
-_COUNTERS = ("prompt_tokens_total", "prefix_cache_hits_total", "prefill_seconds_total")
 
 
 @dataclass(frozen=True)
@@ -54,23 +52,6 @@ class Outcome:
     retries: int
     queued_ahead: int  # this router's requests pending prefill on the pod when sent
     completed: bool  # the whole answer reached the client
-
-
-def prefill_observation(previous: LoadSample, current: LoadSample) -> tuple[float, float] | None:
-    """(computed prompt tokens, prefill seconds) between two scrapes, from the engine's own
-    counters: Δprompt_tokens - Δprefix_cache_hits over Δrequest_prefill_time_seconds_sum.
-    None when a counter is missing, went backwards (engine restart) or nothing was prefilled."""
-    before = [getattr(previous, c) for c in _COUNTERS]
-    after = [getattr(current, c) for c in _COUNTERS]
-    if None in before or None in after:
-        return None
-    deltas = [a - b for a, b in zip(after, before, strict=True)]
-    if min(deltas) < 0:
-        return None
-    tokens, seconds = deltas[0] - deltas[1], deltas[2]
-    if tokens <= 0 or seconds <= 0:
-        return None
-    return tokens, seconds
 
 
 class Learner:
@@ -154,10 +135,7 @@ class Learner:
             m.child(m.cached_tokens, pool, ep).inc(cached)
             rate = self.estimator.rate(ep) or self.prior
             m.child(m.saved_prefill_seconds, pool).inc(cached / rate)
-        # The engine's own prefill counters (prefill_observation) are the better source; a TTFT is only
-        # used for engines that do not export them.
-        counters = plan.endpoint.load.prefill_seconds_total is not None
-        if outcome.ttft_seconds is not None and outcome.status == 200 and not counters:
+        if outcome.ttft_seconds is not None and outcome.status == 200:
             uncached = usage.prompt_tokens - cached if usage.cached_tokens is not None else None
             self.estimator.observe_ttft(
                 ep,

@@ -15,8 +15,7 @@
 - `failed(attempt, kind)`: the endpoint failed before the first byte: a passive health failure
   (enough in a row eject it for a while), counted; the caller may plan again.
 - `cancelled(attempt)`: the client went away; nothing is learned.
-- `load_scraped` / `scrape_failed`: the load scraper's findings (engine load and prefill
-  counters, active health).
+- `load_scraped` / `scrape_failed`: the load scraper's findings (engine load, active health).
 - `endpoints_changed(added, removed)`: forget what departed endpoints left behind.
 
 Only `plan` and `explain` await anything (the directory: a Redis round trip with the redis
@@ -42,7 +41,7 @@ from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
 from kvgate.router.core.accounting import Accounting, Attempt
 from kvgate.router.core.classify import Classification
 from kvgate.router.core.keys import RequestKeys
-from kvgate.router.core.learn import Learner, Outcome, Usage, prefill_observation
+from kvgate.router.core.learn import Learner, Outcome, Usage
 from kvgate.router.core.routing import RoutePlan, Router, RouterState
 from kvgate.router.core.sessions import SessionTracker
 from kvgate.router.metrics import RouterMetrics
@@ -238,11 +237,8 @@ class RoutingCore:
     # -- load and membership ---------------------------------------------------------------
 
     def load_scraped(self, ep: Endpoint, sample: LoadSample) -> None:
-        """A fresh /metrics scrape: engine load, a prefill-rate observation from the engine's
-        counters, and active health (an ejected endpoint that answers is back in rotation)."""
-        observed = prefill_observation(ep.load, sample)
-        if observed is not None:
-            self.estimator.observe(ep.id, int(observed[0]), observed[1])
+        """A fresh /metrics scrape: engine load, and active health (an ejected endpoint that
+        answers is back in rotation)."""
         ep.load = sample
         if not ep.healthy(self.clock()):
             log.info("endpoint %s answers again; back in rotation", ep.id)

@@ -194,8 +194,8 @@ class Router:
         """Immutable views of `members` for the policy (hot path: lookups hoisted)."""
         pools = self.state.pools
         stale = self.state.config.load_metrics.stale_after_seconds
-        rate = self.estimator.rate
         loads = self.accounting.loads([ep.spec.id for ep in members], now)
+        rates = self._pool_rates(members)
         # Every candidate ejected: fail open (trying a pod beats refusing the request).
         fail_open = all(now < ep.ejected_until for ep in members)
         out: list[EndpointSnapshot] = []
@@ -218,10 +218,20 @@ class Router:
                     )
                     if scraped > 0 and now - scraped <= stale
                     else None,
-                    prefill_tokens_per_second=rate(spec.id),
+                    prefill_tokens_per_second=rates.get(spec.pool),
                 )
             )
         return out
+
+    def _pool_rates(self, members: list[Endpoint]) -> dict[str, float]:
+        """One prefill rate per pool: the median of its measured pods' estimates."""
+        rate = self.estimator.rate
+        by_pool: dict[str, list[float]] = {}
+        for ep in members:
+            r = rate(ep.spec.id)
+            if r is not None:
+                by_pool.setdefault(ep.spec.pool, []).append(r)
+        return {pool: sorted(rs)[len(rs) // 2] for pool, rs in by_pool.items()}
 
     def _candidate_groups(
         self, cls: Classification, now: float, excluded: set[str]

@@ -3,9 +3,9 @@
 Every `interval` the scraper fetches all endpoints' /metrics concurrently (each bounded by a
 timeout), parses the three gauges routing needs (`vllm:num_requests_waiting`,
 `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, summed over label sets) and stores them
-on the endpoint with the time of the scrape. Between two scrapes, the engine's counters give a
-prefill-rate observation. Both go to the routing core, which owns endpoint state: a failed
-scrape counts as a health failure there (enough in a row eject the pod until it answers again).
+with the time of the scrape. Both a scrape and its failure go to the routing core, which owns
+endpoint state: a failed scrape counts as a health failure there (enough in a row eject the pod
+until it answers again).
 Load older than `stale_after` is treated as unknown by the scoring snapshot.
 """
 
@@ -30,9 +30,6 @@ _WANTED = {
     "vllm:kv_cache_usage_perc": "kv_cache_usage",
     # vLLM < 0.10 spelled it gpu_cache_usage_perc.
     "vllm:gpu_cache_usage_perc": "kv_cache_usage",
-    "vllm:prompt_tokens_total": "prompt_tokens_total",
-    "vllm:prefix_cache_hits_total": "prefix_cache_hits_total",
-    "vllm:request_prefill_time_seconds_sum": "prefill_seconds_total",
 }
 
 
@@ -47,9 +44,6 @@ def parse_load(text: str, now: float) -> LoadSample:
         running=values["running"],
         kv_cache_usage=values["kv_cache_usage"],
         scraped_at=now,
-        prompt_tokens_total=values.get("prompt_tokens_total"),
-        prefix_cache_hits_total=values.get("prefix_cache_hits_total"),
-        prefill_seconds_total=values.get("prefill_seconds_total"),
     )
 
 
