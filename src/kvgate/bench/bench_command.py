@@ -35,6 +35,8 @@ from kvgate.bench.harness import BenchResult, HarnessSettings, run_live, write_o
 from kvgate.bench.plots import write_plots
 from kvgate.bench.processes import StartError
 from kvgate.bench.records import RequestRecord
+from kvgate.bench.sweep import add_arguments as add_sweep_arguments
+from kvgate.bench.sweep import run_sweep
 from kvgate.bench.targets import kvgate_policies, target_names, validate_targets
 from kvgate.bench.workload import Workload
 from kvgate.bench.workloads import WORKLOAD_NAMES, build_trace, build_workload, parse_overrides
@@ -55,6 +57,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     capacity.add_argument("--sample", type=int, default=1500, help="requests simulated")
     capacity.add_argument("--tokenizer", default=None)
     capacity.set_defaults(speedup=None, jitter=None)
+    sweep = sub.add_parser(
+        "sweep", help="one workload at several loads, every target, discrete-event (sweep.md)"
+    )
+    add_sweep_arguments(sweep)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -167,6 +173,8 @@ def chat_tokenizer(tokenizer: str | None = None, api: str = "chat") -> ChatToken
 def run(args: argparse.Namespace) -> int:
     quiet_http_logs()
     console = Console()
+    if args.action == "sweep":
+        return run_sweep(args, lambda text: console.print(text, markup=False))
     if args.action == "capacity":
         return run_capacity(args, console)
     try:

@@ -1,0 +1,145 @@
+"""``kvgate bench sweep``: one workload at several load levels, every target, discrete-event.
+
+A load level is a share of the workload's capacity: the throughput of the fleet under round
+robin with every request already waiting (:func:`kvgate.bench.capacity.fleet_capacity`). For
+each level the workload is rebuilt with its arrival rate set to ``level x capacity``:
+
+- ``shared-prefix``, ``precise-prefix``, ``hot-prefix``: ``rate_rps``;
+- ``mixed``: ``online_rate_rps`` and ``batch_rate_rps`` together, in the ratio the parameters
+  give (defaults 6 : 1);
+- a Mooncake trace: ``speedup`` = level x capacity / the trace's own request rate.
+
+``agent-sessions`` is closed loop (its load is its number of sessions), so it has no level.
+Every level runs :func:`kvgate.bench.des.des_report` (the router's own routing core on simulated
+engines) and writes its ``report.json`` under ``OUT/load-<level>/``; ``OUT/sweep.md`` has one
+table of every level and target. Live runs are left to ``kvgate bench run`` (one level per run):
+on a small machine the CPU, not the policy, sets a live run's numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kvgate.bench.capacity import fleet_capacity
+from kvgate.bench.report import BenchReport
+from kvgate.bench.workload import Workload
+from kvgate.bench.workloads import WORKLOAD_NAMES, build_trace, build_workload, parse_overrides
+
+DEFAULT_LEVELS = (0.5, 0.75, 1.0, 1.3)
+_RATE_PARAM = {"shared-prefix": "rate_rps", "precise-prefix": "rate_rps", "hot-prefix": "rate_rps"}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace")
+    source.add_argument(
+        "--workload",
+        choices=[w for w in WORKLOAD_NAMES if w != "agent-sessions"],
+        help="a named open-loop workload",
+    )
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--pods", type=int, default=4)
+    parser.add_argument(
+        "--levels",
+        default=",".join(f"{x:g}" for x in DEFAULT_LEVELS),
+        help="shares of round robin's capacity (default 0.5,0.75,1,1.3)",
+    )
+    parser.add_argument("--targets", default="round-robin,prefix,llm-d-sticky,kvgate")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("bench-out/sweep"))
+
+
+def workload_at(
+    name: str | None, trace: Path | None, params: dict[str, Any], level: float, pods: int
+) -> tuple[Workload, float]:
+    """The workload with its arrival rate at ``level`` x capacity, and that capacity (req/s)."""
+    if trace is not None:
+        base = build_trace(trace, params)
+        capacity = fleet_capacity(base, pods).requests_per_s
+        arrivals = [r.arrival_s for r in base.requests]
+        span = max(arrivals) - min(arrivals) if arrivals else 0.0
+        own_rate = len(arrivals) / span if span > 0 else capacity
+        speedup = float(params.get("speedup", 1.0)) * level * capacity / own_rate
+        return build_trace(trace, {**params, "speedup": speedup}), capacity
+    assert name is not None
+    base = build_workload(name, params)
+    capacity = fleet_capacity(base, pods).requests_per_s
+    target_rate = level * capacity
+    if name == "mixed":
+        online = float(base.params.get("online_rate_rps", 6.0))
+        batch = float(base.params.get("batch_rate_rps", 1.0))
+        scale = target_rate / (online + batch)
+        rates = {"online_rate_rps": online * scale, "batch_rate_rps": batch * scale}
+        return build_workload(name, {**params, **rates}), capacity
+    key = _RATE_PARAM.get(name)
+    if key is None:
+        raise ValueError(f"workload {name} has no arrival rate to sweep")
+    return build_workload(name, {**params, key: target_rate}), capacity
+
+
+def sweep(
+    name: str | None,
+    trace: Path | None,
+    params: dict[str, Any],
+    levels: list[float],
+    pods: int,
+    targets: list[str],
+    *,
+    seed: int = 0,
+    on_level: Callable[[float, float], None] | None = None,
+) -> list[tuple[float, BenchReport]]:
+    """One discrete-event report per level (in order)."""
+    from kvgate.bench.des import des_report
+
+    out: list[tuple[float, BenchReport]] = []
+    for level in levels:
+        workload, capacity = workload_at(name, trace, params, level, pods)
+        if on_level is not None:
+            on_level(level, capacity)
+        report, _records, _samples = des_report(workload, pods, targets, seed=seed)
+        report.settings["load_level"] = level
+        report.settings["capacity_rps"] = capacity
+        out.append((level, report))
+    return out
+
+
+def sweep_table(results: list[tuple[float, BenchReport]]) -> str:
+    """Markdown: one row per level and target."""
+    lines = [
+        "| load | target | TTFT mean s | TTFT p99 s | e2e mean s | req/s | hit rate "
+        "| ideal | finite | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for level, report in results:
+        for name, s in report.targets.items():
+            lines.append(
+                f"| {level:g} | {name} | {s.ttft_mean_s:.3f} | {s.ttft_p99_s:.3f} "
+                f"| {s.e2e_mean_s:.3f} | {s.throughput_rps:.2f} | {s.hit_rate:.3f} "
+                f"| {report.ideal_hit_rate:.3f} | {report.finite_hit_rate:.3f} | {s.errors} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def run_sweep(args: argparse.Namespace, say: Callable[[str], None]) -> int:
+    levels = [float(x) for x in args.levels.split(",") if x.strip()]
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    params: dict[str, Any] = dict(parse_overrides(args.param))
+    source = args.workload or str(args.trace)
+
+    def on_level(level: float, capacity: float) -> None:
+        say(f"{source}: load {level:g} x {capacity:.2f} req/s (round robin's capacity)")
+
+    results = sweep(
+        args.workload, args.trace, params, levels, args.pods, targets, seed=args.seed,
+        on_level=on_level,
+    )  # fmt: skip
+    for level, report in results:
+        report.write(args.out / f"load-{level:g}")
+    table = sweep_table(results)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "sweep.md").write_text(f"# {source}, {args.pods} pods\n\n{table}")
+    say(table)
+    return 0

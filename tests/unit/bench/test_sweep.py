@@ -1,0 +1,46 @@
+"""`kvgate bench sweep`: load levels as shares of round robin's capacity."""
+
+from pathlib import Path
+
+import pytest
+
+from kvgate.bench.capacity import fleet_capacity
+from kvgate.bench.sweep import sweep, sweep_table, workload_at
+from kvgate.bench.workloads import build_workload
+
+SMALL = {"num_groups": "3", "prompts_per_group": "4", "system_prompt_len": "256"}
+TRACE = Path(__file__).resolve().parents[2] / "data" / "bench" / "mooncake_sample.jsonl"
+
+
+def test_a_level_sets_the_arrival_rate_to_that_share_of_capacity() -> None:
+    capacity = fleet_capacity(build_workload("shared-prefix", SMALL), 2).requests_per_s
+    half, cap = workload_at("shared-prefix", None, SMALL, 0.5, 2)
+    assert cap == pytest.approx(capacity)
+    assert half.params["rate_rps"] == pytest.approx(0.5 * capacity)
+
+
+def test_mixed_scales_online_and_batch_together() -> None:
+    w, cap = workload_at("mixed", None, {"duration_s": "5"}, 1.0, 2)
+    online, batch = w.params["online_rate_rps"], w.params["batch_rate_rps"]
+    assert online + batch == pytest.approx(cap)
+    assert online / batch == pytest.approx(6.0)
+
+
+def test_closed_loop_workloads_have_no_level() -> None:
+    with pytest.raises(ValueError, match="no arrival rate"):
+        workload_at("agent-sessions", None, {"num_sessions": "2"}, 1.0, 2)
+
+
+@pytest.mark.skipif(not TRACE.exists(), reason="no sample trace")
+def test_a_trace_is_sped_up_to_the_level() -> None:
+    slow, _ = workload_at(None, TRACE, {}, 0.5, 2)
+    fast, _ = workload_at(None, TRACE, {}, 1.0, 2)
+    last = [max(r.arrival_s for r in w.requests) for w in (slow, fast)]
+    assert last[0] == pytest.approx(2 * last[1], rel=1e-6)
+
+
+def test_every_level_and_target_is_reported() -> None:
+    results = sweep("shared-prefix", None, SMALL, [0.5, 1.3], 2, ["round-robin", "kvgate"])
+    assert [level for level, _ in results] == [0.5, 1.3]
+    table = sweep_table(results)
+    assert table.count("| kvgate |") == 2 and table.count("| round-robin |") == 2
