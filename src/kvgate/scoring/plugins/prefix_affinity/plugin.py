@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from kvgate.scoring.base import CycleState, EndpointSnapshot
-from kvgate.scoring.block_counts import held_blocks, request_blocks
+from kvgate.scoring.block_counts import split_holders
 from kvgate.scoring.params import StrictParams
 
 
@@ -70,15 +70,7 @@ class PrefixAffinityFilter:
             return candidates
         if p.exploration_probability > 0 and state.rng.random() < p.exploration_probability:
             return candidates
-        total = request_blocks(state.request)
-        if total <= 0:
-            return candidates
-        matched = state.matched_blocks
-        sticky: list[EndpointSnapshot] = []
-        others: list[EndpointSnapshot] = []
-        for e in candidates:
-            share = held_blocks(matched, e.id, total) / total
-            (sticky if share >= p.affinity_threshold else others).append(e)
+        sticky, others = split_holders(state, candidates, p.affinity_threshold)
         if not sticky:
             return candidates
         if p.max_ttft_penalty_ms > 0 and others:

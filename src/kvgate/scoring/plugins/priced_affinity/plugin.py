@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pydantic import Field
 
 from kvgate.scoring.base import CycleState, EndpointSnapshot
-from kvgate.scoring.block_counts import held_blocks, request_blocks
+from kvgate.scoring.block_counts import split_holders
 from kvgate.scoring.params import StrictParams
 
 
@@ -54,16 +54,10 @@ class PricedAffinityFilter:
         p = self.params
         if len(candidates) <= 1 or p.affinity_threshold <= 0:
             return candidates
-        total = request_blocks(state.request)
-        if total <= 0:
-            return candidates
-        matched = state.matched_blocks
-        threshold = p.affinity_threshold * total
-        holders = [e for e in candidates if held_blocks(matched, e.id, total) >= threshold]
-        if not holders or len(holders) == len(candidates):
+        holders, others = split_holders(state, candidates, p.affinity_threshold)
+        if not holders or not others:
             return candidates
         est = state.estimates
-        others = [e for e in candidates if held_blocks(matched, e.id, total) < threshold]
         h = min((est[e.id] for e in holders), key=lambda x: x.queue_seconds)
         o = min((est[e.id] for e in others), key=lambda x: x.queue_seconds)
         recompute = o.prefill_seconds - h.prefill_seconds
