@@ -137,9 +137,10 @@ class PolicyConfig(ConfigModel):
         "the policy's parameters when the router loads its configuration.",
     )
     max_affinity_wait_seconds: float = Field(
-        default=2.0,
+        default=5.0,
         ge=0.0,
-        description="Hard cap on the extra queue delay accepted to reach a pod holding the prefix.",
+        description="Hard cap on the extra queue delay accepted to reach a pod holding the "
+        "prefix while another pod is within it (default 5).",
     )
     seed: int | None = Field(
         default=None, description="Seed of randomised tie-breaking; unset: from the OS."

@@ -8,7 +8,7 @@ model counts tokens and applies vLLM's last-token rule; these helpers give the p
   of the prompt);
 - ``held_blocks``: the pod's leading matched blocks, never more than the request has;
 - ``split_holders``: the candidates holding at least a share of the request's blocks, and the
-  others (the stickiness rule of ``prefix-cache-affinity`` and ``priced-affinity``).
+  others (the stickiness rule of ``prefix-cache-affinity``).
 """
 
 from __future__ import annotations

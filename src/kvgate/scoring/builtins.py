@@ -32,7 +32,6 @@ from kvgate.scoring.plugins.near_equal import NearEqualParams, NearEqualPicker
 from kvgate.scoring.plugins.predicted_ttft import PredictedTtftParams, PredictedTtftScorer
 from kvgate.scoring.plugins.prefix_affinity import PrefixAffinityFilter, PrefixAffinityParams
 from kvgate.scoring.plugins.prefix_cache import PrefixCacheParams, PrefixCacheScorer
-from kvgate.scoring.plugins.priced_affinity import PricedAffinityFilter, PricedAffinityParams
 from kvgate.scoring.plugins.queue_depth import QueueDepthParams, QueueDepthScorer
 from kvgate.scoring.plugins.round_robin import RoundRobinParams, RoundRobinPicker
 from kvgate.scoring.plugins.softmax import SoftmaxParams, SoftmaxPicker
@@ -57,12 +56,6 @@ def register_builtins(registry: PluginRegistry) -> None:
     r.add_filter("healthy", HealthyParams, HealthyFilter, "drop unhealthy or draining pods")
     r.add_filter("load-bound", LoadBoundParams, LoadBoundFilter, "no pod above c x mean load")
     r.add_filter("affinity-cap", AffinityCapParams, AffinityCapFilter, "cap predicted queue wait")
-    r.add_filter(
-        "priced-affinity",
-        PricedAffinityParams,
-        PricedAffinityFilter,
-        "stay on holders while cheaper",
-    )
     r.add_scorer("prefix-cache", PrefixCacheParams, PrefixCacheScorer, "share of prompt cached")
     r.add_scorer("queue-depth", QueueDepthParams, QueueDepthScorer, "fewer requests is better")
     r.add_scorer("kv-cache-usage", KvCacheUsageParams, KvCacheUsageScorer, "1 - KV cache usage")

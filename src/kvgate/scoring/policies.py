@@ -4,12 +4,11 @@
 - ``least-load``: healthy -> ``queue-depth`` -> fewest requests (ties random). Baseline.
 - ``prefix``: healthy -> ``prefix-cache`` -> longest match; ties by load, then random. What the
   simplest cache-aware routers do; it piles a hot prefix onto one pod.
-- ``kvgate`` (default): healthy -> ``affinity-cap`` -> ``priced-affinity`` ->
+- ``kvgate`` (default): healthy -> ``affinity-cap`` -> ``prefix-cache-affinity`` ->
   ``predicted-ttft`` -> ``near-equal``. A request never waits in a queue longer than
-  ``max_affinity_wait_seconds`` while another pod is within it; it stays on the pods holding
-  most of its prompt (``affinity.affinity_threshold`` of its blocks) while their extra queue
-  delay is under ``affinity.stickiness`` x the recompute a move would cost; and among what is
-  left goes where
+  ``max_affinity_wait_seconds`` while another pod is within it, stays on the pods holding most
+  of its prompt (``affinity.affinity_threshold`` of its blocks) until they are saturated
+  (llm-d's "sticky until saturated" rule, with its defaults), and among what is left goes where
   the predicted TTFT (queue delay + prefill of the tokens the pod lacks) plus ``work_weight`` x
   the prefill work itself (which others queue behind) is lowest; near-equal costs (within
   ``tolerance``) are broken at random, or, when none of them holds any of the prompt, by least
@@ -42,8 +41,8 @@ from kvgate.scoring.plugins.healthy import HealthyFilter
 from kvgate.scoring.plugins.load_bound import LoadBoundFilter, LoadBoundParams
 from kvgate.scoring.plugins.near_equal.plugin import NearEqualParams, NearEqualPicker, TieBreak
 from kvgate.scoring.plugins.predicted_ttft import PredictedTtftParams, PredictedTtftScorer
+from kvgate.scoring.plugins.prefix_affinity import PrefixAffinityFilter, PrefixAffinityParams
 from kvgate.scoring.plugins.prefix_cache import PrefixCacheScorer
-from kvgate.scoring.plugins.priced_affinity import PricedAffinityFilter, PricedAffinityParams
 from kvgate.scoring.plugins.queue_depth import QueueDepthScorer
 from kvgate.scoring.plugins.round_robin import RoundRobinPicker
 
@@ -58,10 +57,11 @@ class KvgateParams(StrictParams):
     """Parameters of the default ``kvgate`` policy."""
 
     cost_model: CostModelParams = CostModelParams()
-    affinity: PricedAffinityParams = PricedAffinityParams()
-    """Stickiness: the pods holding at least ``affinity_threshold`` of the request's blocks keep
-    it while their extra queue delay is under ``stickiness`` x the recompute a move costs."""
-    max_affinity_wait_seconds: float = Field(default=2.0, ge=0)
+    affinity: PrefixAffinityParams = PrefixAffinityParams()
+    """Stickiness (llm-d's rule and defaults): the pods holding at least ``affinity_threshold``
+    of the request's blocks keep it until their queued prefill exceeds the others' by
+    ``peak_prefill_tokens_per_second`` x ``max_ttft_penalty_ms``."""
+    max_affinity_wait_seconds: float = Field(default=5.0, ge=0)
     """Hard cap on predicted queue wait while another pod is within it (RoutingPolicy maxAffinityWait)."""
     load_bound: LoadBoundParams | None = None
     """Bounded-load guard (no pod above c x mean load); None = off."""
@@ -143,7 +143,7 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
                 AffinityCapParams(max_affinity_wait_seconds=params.max_affinity_wait_seconds)
             ),
             *([LoadBoundFilter(params.load_bound)] if params.load_bound is not None else []),
-            PricedAffinityFilter(params.affinity),
+            PrefixAffinityFilter(params.affinity),
         ],
         scorers=[
             WeightedScorer(

@@ -204,24 +204,3 @@ def test_history_forgets_a_departed_pod() -> None:
         history.record(eid)
     history.forget("pod-1")
     assert history.last_chosen("pod-1") == -1 and len(history) == 2
-
-
-def test_priced_affinity_keeps_holders_until_waiting_costs_a_multiple_of_the_recompute() -> None:
-    from kvgate.scoring.plugins.priced_affinity import PricedAffinityFilter, PricedAffinityParams
-
-    def kept(holder_queue_tokens: int, stickiness: float) -> list[str]:
-        eps = [
-            endpoint(0, pending_prefill_tokens=holder_queue_tokens, pending_prefill_requests=1),
-            endpoint(1),
-            endpoint(2),
-        ]
-        state = cycle_state(request(4096), eps, {"pod-0": 256})  # pod-0 holds every full block
-        f = PricedAffinityFilter(PricedAffinityParams(stickiness=stickiness))
-        return [e.id for e in f.filter(state, eps)]
-
-    # At the 10k tokens/s prior the move recomputes 4080 tokens (0.408 s): stickiness 2 keeps
-    # the holder while its queue is within 0.816 s of the others', i.e. 8,160 queued tokens.
-    assert kept(8_000, 2.0) == ["pod-0"]
-    assert kept(8_400, 2.0) == ["pod-0", "pod-1", "pod-2"]
-    assert kept(8_400, 8.0) == ["pod-0"]
-    assert kept(8_400, 0.0) == ["pod-0", "pod-1", "pod-2"]

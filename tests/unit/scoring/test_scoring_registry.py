@@ -24,7 +24,6 @@ def test_builtins_are_registered_by_kebab_name() -> None:
         "load-imbalance",
         "load-stddev",
         "prefix-cache-affinity",
-        "priced-affinity",
     ]
     assert reg.names("scorer") == [
         "gie-prefix-cache",
@@ -89,7 +88,7 @@ def test_params_are_typed_and_typos_fail() -> None:
 
 def test_documented_defaults() -> None:
     p = KvgateParams()
-    assert p.max_affinity_wait_seconds == 2.0
+    assert p.max_affinity_wait_seconds == 5.0
     assert p.load_bound is None  # the bounded-load guard is opt-in
     assert p.tolerance == 0.1
     assert p.cost_model.prior_prefill_tokens_per_second == 10_000.0

@@ -18,7 +18,7 @@ from kvgate.scoring.params import StrictParams
 
 
 class AffinityCapParams(StrictParams):
-    max_affinity_wait_seconds: float = Field(default=2.0, ge=0)
+    max_affinity_wait_seconds: float = Field(default=5.0, ge=0)
     """Predicted queue delay above which a pod is not chosen while another pod is within it."""
 
 
