@@ -30,7 +30,9 @@ def _cached(resp: httpx.Response) -> int:
 
 async def test_session_sticks_to_its_history_until_the_holder_is_loaded(sim_pods, client):
     pods = sim_pods(4, "--max-num-seqs", "4")
-    async with serve_router(pool_config([p.url for p in pods])) as (base, runtime):
+    # "Loaded" is the affinity cap: a 2 s cap (the default is 5 s) that the hog below exceeds.
+    config = pool_config([p.url for p in pods], policy={"max_affinity_wait_seconds": 2.0})
+    async with serve_router(config) as (base, runtime):
         messages = [SYSTEM]
         holder = None
         prev_prompt = 0
