@@ -144,6 +144,10 @@ class EngineConfig(ConfigModel):
     tokenizer: TokenizerConfig = TokenizerConfig()
     # Events publish real hashes; without them the router records what it routed, with a TTL.
     kv_events: bool = True
+    # The engines accept AKV cache ops (the request's `cache` field: drop / reposition, e.g.
+    # `kvgate sim serve --sim-akv`). Off: the router strips `cache` before forwarding, as vLLM
+    # would ignore it, and keys the prompt without ops.
+    cache_ops: bool = False
 
 
 class StaticEndpoint(ConfigModel):

@@ -18,7 +18,7 @@ with ``--trust-request-chat-template`` (``trust_request_chat_template=True``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from kvgate.prefix.chat import ChatTemplate, ChatTemplateError
@@ -153,6 +153,32 @@ class RequestTokenizer:
         if not isinstance(add_special, bool):
             raise PromptError("add_special_tokens must be a boolean")
         return self._encode(self.chat_text(body), add_special, body, max_tokens)
+
+    def message_ends(
+        self, body: Mapping[str, Any], ids: Sequence[int], indices: Iterable[int]
+    ) -> dict[int, int]:
+        """For each message index i, the token offset in `ids` (the body's own ids) where
+        message i ends: the ids of the first i+1 messages rendered without a generation prompt.
+        Raises PromptError where those ids are not a prefix of `ids` (a template that renders
+        a message differently once others follow it): cache ops cannot be placed there."""
+        messages = body["messages"]
+        out: dict[int, int] = {}
+        for i in sorted(set(indices)):
+            head = {
+                **body,
+                "messages": messages[: i + 1],
+                "add_generation_prompt": False,
+                "continue_final_message": False,
+            }
+            head_ids = self.chat_token_ids(head)
+            n = len(head_ids)
+            if list(ids[:n]) != head_ids:
+                raise PromptError(
+                    f"the chat template renders message {i} differently once later messages "
+                    "follow it, so cache ops cannot name it"
+                )
+            out[i] = n
+        return out
 
     def _template_for(self, body: Mapping[str, Any]) -> ChatTemplate:
         source = body.get("chat_template")

@@ -42,6 +42,16 @@ from kvgate.prefix import (
     request_text,
 )
 from kvgate.prefix.approx import CHARS_PER_TOKEN
+from kvgate.prefix.cache_ops import (
+    CacheOps,
+    CacheOpsError,
+    LookupPlan,
+    OpHistory,
+    completion_segments,
+    history_block_keys,
+    lookup_plan,
+    parse_cache_ops,
+)
 from kvgate.prefix.hashing import INT_KEY_SIZE
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.reuse import PromptReuse
@@ -54,6 +64,16 @@ class RequestKeys:
     block_tokens: int  # tokens per block (estimated for approximate keys)
     exact: bool
     token_ids: list[int] | None = None  # exact mode only
+    # Requests with drops: what to ask the directory (the blocks the final state needs).
+    lookup: LookupPlan | None = None
+
+    @property
+    def lookup_keys(self) -> list[bytes]:
+        return self.block_keys if self.lookup is None else self.lookup.keys
+
+    def path_blocks(self, held: int) -> int:
+        """Leading path blocks restorable from `held` leading `lookup_keys`."""
+        return held if self.lookup is None else self.lookup.path_blocks[held]
 
 
 def keyer_identity(engine: EngineConfig) -> tuple[Any, ...]:
@@ -65,6 +85,7 @@ def keyer_identity(engine: EngineConfig) -> tuple[Any, ...]:
         engine.int_block_hashes,
         engine.max_model_len,
         engine.tokenizer,  # path, template, cache budgets (a frozen model: hashable)
+        engine.cache_ops,
     )
 
 
@@ -133,12 +154,16 @@ class Keyer:
         `max_model_len`. Raises RouterError (400) on a malformed or too long prompt."""
         limits = [n for n in (self.max_tokens, max_prompt_tokens) if n is not None]
         limit = min(limits) if limits else None
+        with_ops = body.get("cache") is not None and self.engine.cache_ops
         if kind == "chat":
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise RouterError(400, "`messages` must be a non-empty list", param="messages")
             if not all(isinstance(m, dict) for m in messages):
                 raise RouterError(400, "each message must be an object", param="messages")
+            ops = _chat_ops(body, len(messages))
+            if ops is not None and with_ops:
+                return self._chat_with_ops(body, ops, cache_salt, lora, max_prompt_tokens)
         else:
             try:  # vLLM's reading of `prompt`; a batch is routed by its first prompt
                 prompts = completion_prompts(body.get("prompt"))
@@ -148,9 +173,11 @@ class Keyer:
                 raise RouterError(400, "`prompt` is an empty batch", param="prompt")
             first = prompts[0]
             if isinstance(first, list) and self.requests is None:
-                if limit is not None and len(first) > limit:
+                if limit is not None and len(first) > limit and not with_ops:
                     over = PromptTooLong(limit, len(first), exact=True)
                     raise too_long(over, "prompt", self.max_tokens)
+                if with_ops:
+                    return self._tokens_with_ops(first, body, cache_salt, lora, max_prompt_tokens)
                 return self._exact(first, cache_salt, lora)
         if self.requests is None:
             salt = cache_salt if lora is None else f"{cache_salt or ''}\0lora:{lora.name}"
@@ -166,12 +193,84 @@ class Keyer:
             if kind == "chat":
                 ids = self.requests.chat_token_ids(body, max_tokens=limit)
             else:
-                ids = self.requests.completion_token_ids(body, max_tokens=limit, max_prompts=1)[0]
+                cap = max_prompt_tokens if with_ops else limit
+                ids = self.requests.completion_token_ids(body, max_tokens=cap, max_prompts=1)[0]
         except PromptTooLong as exc:
             raise too_long(exc, param, self.max_tokens) from None
         except (PromptError, ValueError, TypeError) as exc:
             raise RouterError(400, f"cannot tokenize the prompt: {exc}", param=param) from exc
+        if kind != "chat" and with_ops:
+            return self._tokens_with_ops(ids, body, cache_salt, lora, max_prompt_tokens)
         return self._exact(ids, cache_salt, lora)
+
+    def _chat_with_ops(
+        self,
+        body: Mapping[str, Any],
+        ops: CacheOps,
+        cache_salt: str | None,
+        lora: LoraKey | None,
+        max_prompt_tokens: int | None,
+    ) -> RequestKeys:
+        """A chat prompt with ops: its ids, each named message's end, then branched keys.
+        Without a tokenizer: approximate keys of the messages before the first op only (the
+        part every branch shares)."""
+        if self.requests is None:
+            head = {**body, "messages": body["messages"][: ops.boundaries[0] + 1]}
+            salt = cache_salt if lora is None else f"{cache_salt or ''}\0lora:{lora.name}"
+            approx = self._approximate(head, salt)
+            tokens = max(1, int(len(request_text(body)) / CHARS_PER_TOKEN))
+            return RequestKeys(tokens, approx.block_keys, approx.block_tokens, False)
+        try:
+            ids = self.requests.chat_token_ids(body, max_tokens=max_prompt_tokens)
+            ends = self.requests.message_ends(body, ids, ops.needed_ends())
+        except PromptTooLong as exc:
+            raise too_long(exc, "messages", self.max_tokens) from None
+        except (PromptError, ValueError, TypeError) as exc:
+            raise RouterError(400, f"cannot tokenize the prompt: {exc}", param="cache") from exc
+        return self._branched(ids, OpHistory.from_ops(ops, ends), cache_salt, lora)
+
+    def _tokens_with_ops(
+        self,
+        ids: list[int],
+        body: Mapping[str, Any],
+        cache_salt: str | None,
+        lora: LoraKey | None,
+        max_prompt_tokens: int | None,
+    ) -> RequestKeys:
+        """A token prompt whose `cache.segments` say where each segment ends."""
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            over = PromptTooLong(max_prompt_tokens, len(ids), exact=True)
+            raise too_long(over, "prompt", self.max_tokens)
+        raw = body.get("cache")
+        try:
+            if not isinstance(raw, Mapping):
+                raise CacheOpsError("`cache` must be an object with `drop` and/or `reposition`")
+            ends = completion_segments(raw.get("segments"), len(ids))
+            ops = parse_cache_ops(raw, len(ends))
+        except CacheOpsError as exc:
+            raise RouterError(400, str(exc), param="cache") from None
+        if ops is None:
+            return self._exact(ids, cache_salt, lora)
+        return self._branched(ids, OpHistory.from_ops(ops, ends), cache_salt, lora)
+
+    def _branched(
+        self, ids: list[int], history: OpHistory, cache_salt: str | None, lora: LoraKey | None
+    ) -> RequestKeys:
+        positions = history.positions(len(ids))  # repositions renumber what is left
+        if self.max_tokens is not None and positions > self.max_tokens:
+            over = PromptTooLong(self.max_tokens, positions, exact=True)
+            raise too_long(over, "messages", self.max_tokens)
+        size = self.engine.block_size
+        keys = history_block_keys(
+            self.hasher,
+            ids,
+            history,
+            lora=lora,
+            cache_salt=cache_salt,
+            int_form=self.engine.int_block_hashes,
+        )
+        plan = lookup_plan(keys, history, size) if history.dropped_blocks(size) else None
+        return RequestKeys(len(ids), keys, size, True, ids, plan)
 
     def _exact(
         self, tokens: list[int], cache_salt: str | None, lora: LoraKey | None = None
@@ -192,3 +291,14 @@ class Keyer:
         keys = self.approx.hash_text(text, cache_salt=cache_salt)
         tokens = max(1, int(len(text) / CHARS_PER_TOKEN))
         return RequestKeys(tokens, keys, max(1, round(self.approx.tokens_per_block)), False)
+
+
+def _chat_ops(body: Mapping[str, Any], num_messages: int) -> CacheOps | None:
+    """The chat body's `cache` ops, validated against its messages (RouterError 400)."""
+    raw = body.get("cache")
+    if isinstance(raw, Mapping) and "segments" in raw:
+        raise RouterError(400, "`cache.segments` is for /v1/completions only", param="cache")
+    try:
+        return parse_cache_ops(raw, num_messages)
+    except CacheOpsError as exc:
+        raise RouterError(400, str(exc), param="cache") from None

@@ -83,10 +83,10 @@ class Learner:
         if exact_events and plan.keys.exact:
             return
         index = self.indexes.get(plan.pool.key)
-        if index is None or not plan.keys.block_keys:
+        if index is None or not plan.keys.lookup_keys:
             return
         try:
-            await index.add_approximate(ep.id, plan.keys.block_keys, self.ttl)
+            await index.add_approximate(ep.id, plan.keys.lookup_keys, self.ttl)
         except Exception as exc:
             self.directory_errors.labels("add_approximate").inc()
             log.warning("routing history for %s not recorded: %r", ep.id, exc)

@@ -291,7 +291,9 @@ class Router:
         for pool, pods in by_pool.items():
             index = self.indexes.get(pool)
             if index is not None:
-                matched.update(await index.lookup(keys.block_keys, pods))
+                matched.update(await index.lookup(keys.lookup_keys, pods))
+        if keys.lookup is not None:  # drops: counts of needed blocks → restorable path blocks
+            matched = {pod: n for pod, held in matched.items() if (n := keys.path_blocks(held))}
         return matched
 
 

@@ -75,19 +75,20 @@ class Proxy:
         request: ClientRequest,
         plan: RoutePlan,
         path: str,
-        body: bytes,
+        body: Callable[[RoutePlan], bytes],
         *,
         stream: bool,
         strip_usage: bool,
         send: Send,
     ) -> Outcome:
-        """Send `plan`, retrying on other endpoints before the first byte; the core learns."""
+        """Send `plan`, retrying on other endpoints before the first byte; the core learns.
+        `body(plan)`: what to send to the plan's pool."""
         core = self.core
         while True:
             attempt = core.sent(request, plan, streaming=stream)
             try:
                 answer = await self._attempt(
-                    request, plan, path, body, stream, strip_usage, send, attempt
+                    request, plan, path, body(plan), stream, strip_usage, send, attempt
                 )
             except _Retryable as failure:
                 core.failed(plan, attempt, failure.kind)

@@ -27,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvgate.router.core.errors import RouterError, error_bytes
 from kvgate.router.core.lifecycle import ClientRequest
+from kvgate.router.core.routing import RoutePlan
 from kvgate.router.http.proxy import plan_headers
 from kvgate.router.runtime import RouterRuntime
 from kvgate.router.server.admin import authorize, warm
@@ -141,7 +142,18 @@ class RouterApp:
         core = self.runtime.core
         plan = await core.plan(request)
         stream = body.get("stream") is True
-        forward, strip_usage = _forward_body(raw, body, plan.classification.cache_salt, stream)
+        strip_usage = _needs_usage(body, stream)
+        bodies: dict[bool, bytes] = {}
+
+        def forward(plan: RoutePlan) -> bytes:
+            """The body for the pool `plan` chose (a retry may go to another pool)."""
+            ops = plan.pool.engine.cache_ops
+            if ops not in bodies:
+                bodies[ops] = _forward_body(
+                    raw, body, plan.classification.cache_salt, strip_usage, cache_ops=ops
+                )
+            return bodies[ops]
+
         # One watcher task per request: on client disconnect it cancels this task, and the
         # cancellation closes the upstream connection (the pod aborts the request).
         this = asyncio.current_task()
@@ -192,10 +204,20 @@ class RouterApp:
         await _json(send, 200, result)
 
 
+def _needs_usage(body: dict[str, Any], stream: bool) -> bool:
+    """A stream whose client did not ask for usage: the router asks and strips it."""
+    if not stream:
+        return False
+    options = body.get("stream_options")
+    return not (isinstance(options, dict) and options.get("include_usage") is True)
+
+
 def _forward_body(
-    raw: bytes, body: dict[str, Any], salt: str | None, stream: bool
-) -> tuple[bytes, bool]:
-    """The body sent to the pod: tenant salt injected, usage requested for streams."""
+    raw: bytes, body: dict[str, Any], salt: str | None, add_usage: bool, *, cache_ops: bool
+) -> bytes:
+    """The body sent to the pod: tenant salt injected, usage requested for streams, `cache`
+    ops removed for engines that do not support them (vLLM would ignore them; the router keyed
+    the prompt without them)."""
     changed = False
     if salt is not None and body.get("cache_salt") != salt:
         body = {**body, "cache_salt": salt}
@@ -203,17 +225,18 @@ def _forward_body(
     elif salt is None and "cache_salt" in body:
         body = {k: v for k, v in body.items() if k != "cache_salt"}
         changed = True
-    strip_usage = False
-    if stream:
+    if not cache_ops and "cache" in body:
+        body = {k: v for k, v in body.items() if k != "cache"}
+        changed = True
+    if add_usage:
         options = body.get("stream_options")
-        if not (isinstance(options, dict) and options.get("include_usage") is True):
-            merged = dict(options) if isinstance(options, dict) else {}
-            merged["include_usage"] = True
-            body = {**body, "stream_options": merged}
-            strip_usage = changed = True
+        merged = dict(options) if isinstance(options, dict) else {}
+        merged["include_usage"] = True
+        body = {**body, "stream_options": merged}
+        changed = True
     if not changed:
-        return raw, False
-    return json.dumps(body, separators=(",", ":")).encode(), strip_usage
+        return raw
+    return json.dumps(body, separators=(",", ":")).encode()
 
 
 async def _cancel_on_disconnect(

@@ -1,0 +1,103 @@
+"""The router's keys for requests with AKV `cache` ops, and the body sent to each kind of pod."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from kvgate.api.router_config import EngineConfig, TokenizerConfig
+from kvgate.prefix.cache_ops import OpHistory, history_block_keys, parse_cache_ops
+from kvgate.router.core.errors import RouterError
+from kvgate.router.core.keys import Keyer
+from kvgate.router.core.tokenize import load_request_tokenizer
+from kvgate.router.server.app import _forward_body
+
+TOKENIZER = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
+
+
+def _prompt(n: int, seed: int = 3) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(100, 3000) for _ in range(n)]
+
+
+def test_token_prompt_with_ops_is_branched_only_on_pools_that_support_them() -> None:
+    ids = _prompt(400)
+    cache = {"segments": [100, 100, 100], "drop": {"2": [1]}}
+    body = {"prompt": ids, "cache": cache}
+    akv = Keyer(EngineConfig(cache_ops=True))
+    plain = Keyer(EngineConfig())
+    keys = akv.keys(body, "completion", None)
+    ops = parse_cache_ops(cache, 4)
+    assert ops is not None
+    expected = history_block_keys(akv.hasher, ids, OpHistory.from_ops(ops, [100, 200, 300, 400]))
+    assert keys.block_keys == expected
+    assert keys.lookup is not None and len(keys.lookup.keys) < len(keys.block_keys)
+    # a pod without ops ignores `cache`: vLLM-exact keys, as with no field at all
+    ignored = plain.keys(body, "completion", None)
+    assert ignored.block_keys == plain.keys({"prompt": ids}, "completion", None).block_keys
+    assert ignored.block_keys == plain.hasher.block_keys(ids)
+    assert ignored.lookup is None
+
+
+@pytest.mark.parametrize(
+    ("cache", "match"),
+    [
+        ({"drop": {"1": [0]}}, "segments"),
+        ({"segments": [500], "drop": {"0": [0]}}, "covers 500"),
+        ({"segments": [100, 100], "drop": {"7": [0]}}, "out of range"),
+        ("drop", "must be an object"),
+    ],
+)
+def test_bad_ops_are_a_400(cache: object, match: str) -> None:
+    with pytest.raises(RouterError, match=match) as info:
+        Keyer(EngineConfig(cache_ops=True)).keys(
+            {"prompt": _prompt(400), "cache": cache}, "completion", None
+        )
+    assert info.value.status == 400 and info.value.body()["error"]["param"] == "cache"
+
+
+def test_chat_ops_are_checked_on_every_pool() -> None:
+    with pytest.raises(RouterError, match="out of range") as info:
+        Keyer(EngineConfig()).keys(
+            {"messages": [{"role": "user", "content": "hi"}], "cache": {"drop": {"3": [0]}}},
+            "chat",
+            None,
+        )
+    assert info.value.status == 400
+
+
+def test_chat_turns_with_a_rolling_drop_extend_each_other() -> None:
+    requests = load_request_tokenizer(TokenizerConfig(path=str(TOKENIZER)))
+    assert requests is not None
+    keyer = Keyer(
+        EngineConfig(cache_ops=True, tokenizer=TokenizerConfig(path=str(TOKENIZER))), requests
+    )
+    history = [{"role": "system", "content": "You fix bugs. " * 30}]
+    previous: list[bytes] = []
+    tools: list[int] = []
+    for turn in range(6):
+        history.append({"role": "user", "content": f"tool output {turn} " * 40})
+        tools.append(len(history) - 1)
+        drop = {str(tools[k]): [tools[k - 2]] for k in range(2, len(tools))}
+        body = {"messages": history, "cache": {"drop": drop}} if drop else {"messages": history}
+        keys = keyer.keys(body, "chat", None)
+        assert keys.block_keys[: len(previous)] == previous[: len(keys.block_keys)]
+        if len(drop) >= 2:  # an op before the last message: its blocks are branched
+            assert keys.lookup is not None
+            # not a hit of the same history without drops past the first op
+            plain = keyer.keys({"messages": history}, "chat", None).block_keys
+            assert plain != keys.block_keys
+        # the next turn's prompt ends with this turn's answer, not the generation prompt's tail
+        previous = keys.block_keys[:-1]
+        history.append({"role": "assistant", "content": f"run step {turn} " * 10})
+
+
+def test_forward_body_strips_ops_for_pods_without_them() -> None:
+    body = {"model": "m", "prompt": [1, 2], "cache": {"drop": {"1": [0]}}}
+    raw = json.dumps(body).encode()
+    assert _forward_body(raw, body, None, False, cache_ops=True) == raw
+    stripped = json.loads(_forward_body(raw, body, None, False, cache_ops=False))
+    assert "cache" not in stripped and stripped["prompt"] == [1, 2]
