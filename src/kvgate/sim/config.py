@@ -54,6 +54,7 @@ class ServerConfig:
     time_scale: float = 1.0
     chat_output_tokens: int = 64
     int_block_hashes: bool = False
+    akv: bool = False  # --sim-akv: accept AKV cache ops (the request's `cache` field)
 
     @property
     def served_model_name(self) -> str:
@@ -141,6 +142,12 @@ def add_vllm_arguments(parser: argparse.ArgumentParser, *, single_pod: bool = Tr
         help="wall seconds per simulated second (0.1 runs 10x faster than a real GPU)",
     )
     sim.add_argument(
+        "--sim-akv",
+        action="store_true",
+        help="accept AKV cache ops (a request's `cache`: drop / reposition); without it "
+        "`cache` is ignored, as vLLM ignores unknown fields",
+    )
+    sim.add_argument(
         "--sim-chat-output-tokens",
         type=int,
         default=64,
@@ -186,6 +193,7 @@ def config_from_args(
         profile=args.sim_profile,
         time_scale=args.sim_time_scale,
         chat_output_tokens=args.sim_chat_output_tokens,
+        akv=args.sim_akv,
         int_block_hashes=env.get("VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES", "0") not in ("", "0"),
         **kwargs,
     )

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from kvgate.prefix.cache_ops import OpHistory
 from kvgate.sim.engine import SimEngine, StepResult
 from kvgate.sim.request import SimRequest
 
@@ -88,10 +89,16 @@ class EngineDriver:
         prompt_token_ids: list[int],
         max_tokens: int,
         cache_salt: str | None = None,
+        history: OpHistory | None = None,
     ) -> RequestStream:
         """Queue a request (raises ``RequestRejected`` for requests vLLM refuses)."""
         req = self.engine.add_request(
-            request_id, prompt_token_ids, max_tokens, self.now(), cache_salt=cache_salt
+            request_id,
+            prompt_token_ids,
+            max_tokens,
+            self.now(),
+            cache_salt=cache_salt,
+            history=history,
         )
         stream = RequestStream(req)
         self._streams[req] = stream

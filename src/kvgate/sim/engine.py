@@ -17,12 +17,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvgate.kvevents import KVEvent
+from kvgate.prefix.cache_ops import OpHistory
 from kvgate.sim.kv_cache import KVCacheManager
 from kvgate.sim.profile import PerformanceProfile
 from kvgate.sim.request import BlockHasher, SimRequest, Status
 from kvgate.sim.scheduler import Scheduler, SchedulerConfig
 
 _FIRST_OUTPUT_TOKEN_ID = 100
+
+
+def _rotated_tokens(req: SimRequest, start: int, end: int) -> int:
+    """Active tokens re-rotated by the repositions at offsets in (start, end]: a step that
+    computes up to a reposition then renumbers the positions of what is left."""
+    assert req.history is not None
+    return sum(
+        req.active_tokens(p.offset)
+        for p in req.history.points
+        if p.reposition and start < p.offset <= end
+    )
 
 
 class RequestRejected(ValueError):
@@ -113,11 +125,15 @@ class SimEngine:
         arrival_time: float,
         cache_salt: str | None = None,
         block_hashes: list[bytes] | None = None,
+        history: OpHistory | None = None,
     ) -> SimRequest:
-        """Queue a request; ``block_hashes`` may carry its prompt's hashes, already computed."""
+        """Queue a request; ``block_hashes`` may carry its prompt's hashes, already computed;
+        ``history``: its AKV cache ops (positions then count what repositions left)."""
         n = len(prompt_token_ids)
         if n == 0:
             raise RequestRejected("The prompt cannot be empty.")
+        if history is not None:
+            n = history.positions(n)
         limit = self.config.max_model_len
         if n >= limit:
             raise RequestRejected(
@@ -139,6 +155,8 @@ class SimEngine:
             arrival_time=arrival_time,
             cache_salt=cache_salt,
         )
+        if history is not None and history.points:
+            req.set_history(history, self.config.block_size)
         if self.config.enable_prefix_caching:
             if block_hashes is not None:
                 req.block_hashes = list(block_hashes)
@@ -177,12 +195,21 @@ class SimEngine:
         batch = self.scheduler.schedule(now)
         prefill: list[tuple[int, int]] = []
         decode: list[int] = []
+        rotated = 0  # AKV: active tokens whose keys a reposition re-rotates in this step
         for req, num_new, context in batch.items:
-            if num_new == 1 and req.output_token_ids and context == len(req.all_token_ids) - 1:
-                decode.append(context)
+            if req.history is not None:  # attention reads what the drops left
+                rotated += _rotated_tokens(req, context, context + num_new)
+                active = req.active_tokens(context)
+                self.kv_cache.release_dropped(req)
             else:
-                prefill.append((context, num_new))
+                active = context
+            if num_new == 1 and req.output_token_ids and context == len(req.all_token_ids) - 1:
+                decode.append(active)
+            else:
+                prefill.append((active, num_new))
         end = now + self.profile.step_seconds(prefill, decode)
+        if rotated:
+            end += self.profile.reposition_seconds(rotated)
         result = StepResult(start=now, end=end, num_preempted=len(batch.preempted))
         stats = self.stats
         if batch.preempted:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvgate.prefix import BlockHasher, HashAlgo, hash_block
+from kvgate.prefix.cache_ops import OpHistory, history_block_keys
 
 
 class PrefixBlockHasher:
@@ -22,8 +23,12 @@ class PrefixBlockHasher:
         self.block_size = block_size
         self.none_hash = self._chain.none_hash
 
-    def prompt_hashes(self, token_ids: Sequence[int], cache_salt: str | None) -> list[bytes]:
-        """Hashes of every full block of a prompt."""
+    def prompt_hashes(
+        self, token_ids: Sequence[int], cache_salt: str | None, history: OpHistory | None = None
+    ) -> list[bytes]:
+        """Hashes of every full block of a prompt (branched by its AKV op history, if any)."""
+        if history is not None:
+            return history_block_keys(self._chain, token_ids, history, cache_salt=cache_salt)
         return self._chain.hash_blocks(token_ids, cache_salt=cache_salt)
 
     def __call__(

@@ -14,6 +14,16 @@
 - Full blocks are cached (and a ``BlockStored`` event emitted) as soon as their tokens are
   computed; evicting a cached block emits one ``BlockRemoved`` per hash; resetting the prefix
   cache (only possible while no request holds blocks) emits ``AllBlocksCleared``.
+
+AKV cache ops (``--sim-akv``, a request with an op history):
+
+- Drop-aware eviction: once a request has computed past a drop, the blocks wholly inside the
+  dropped messages are released at once, to the front of the free queue (evicted first): no
+  live path needs them, while the blocks after the drop stay cached. The request keeps the null
+  block (0) in their place, as vLLM does for blocks a sliding window no longer reads.
+- A lookup may skip a missing dropped block when the request's own drop of it lies within the
+  hit: the first *c* blocks hit when each is cached or dropped by an op at an offset ≤ c·block
+  size. Everything after the hit is restored in one prefill (the engine prices it).
 """
 
 from __future__ import annotations
@@ -31,6 +41,8 @@ from kvgate.kvevents import (
 )
 from kvgate.sim.request import SimRequest
 
+NULL_BLOCK = 0  # vLLM's null block: never handed out, stands in for a released dropped block
+
 
 class KVCacheManager:
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True) -> None:
@@ -43,6 +55,9 @@ class KVCacheManager:
         self._hash: list[bytes | None] = [None] * num_gpu_blocks
         # Front = evicted first. Values unused; OrderedDict gives O(1) removal from the middle.
         self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(1, num_gpu_blocks))
+        # Free cached blocks of applied drops: evicted after the blocks without a hash, before
+        # any other cached block (AKV drop-aware eviction).
+        self._dropped: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[bytes, dict[int, None]] = {}
         self._events: list[KVEvent] = []
 
@@ -50,12 +65,12 @@ class KVCacheManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free) + len(self._dropped)
 
     @property
     def usage(self) -> float:
         """Fraction of usable blocks held by requests (``vllm:kv_cache_usage_perc``)."""
-        return 1.0 - len(self._free) / (self.num_gpu_blocks - 1)
+        return 1.0 - self.num_free_blocks / (self.num_gpu_blocks - 1)
 
     @property
     def num_cached_blocks(self) -> int:
@@ -86,12 +101,58 @@ class KVCacheManager:
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[int] = []
         cached = self._cached
-        for h in request.block_hashes[:max_blocks]:
+        dropped = request.dropped_blocks
+        if not dropped:
+            for h in request.block_hashes[:max_blocks]:
+                ids = cached.get(h)
+                if not ids:
+                    break
+                hits.append(next(iter(ids)))
+            return hits
+        bs = self.block_size
+        best = 0
+        worst = -1  # the latest op offset among the dropped blocks skipped so far
+        for k, h in enumerate(request.block_hashes[:max_blocks]):
             ids = cached.get(h)
-            if not ids:
+            at = dropped.get(k)
+            if ids:
+                hits.append(next(iter(ids)))
+            elif at is not None and at <= max_blocks * bs:
+                hits.append(NULL_BLOCK)  # missing, and not needed once the drop applies
+                worst = max(worst, at)
+            else:
                 break
-            hits.append(next(iter(ids)))
-        return hits
+            if worst <= (k + 1) * bs:
+                best = k + 1
+        hits = hits[:best]
+        # A dropped block whose drop lies within the hit is not needed: do not hold it.
+        return [
+            NULL_BLOCK if (at := dropped.get(k)) is not None and at <= best * bs else b
+            for k, b in enumerate(hits)
+        ]
+
+    def release_dropped(self, request: SimRequest) -> None:
+        """Release the blocks of the drops `request` has computed past (evicted first)."""
+        history = request.history
+        if history is None:
+            return
+        points = history.points
+        done = request.num_computed_tokens
+        bs = self.block_size
+        ref = self._ref_cnt
+        applied = request.num_applied_ops
+        while applied < len(points) and points[applied].offset <= done:
+            for start, end in points[applied].dropped:
+                for k in range(-(-start // bs), min(end // bs, len(request.block_ids))):
+                    b = request.block_ids[k]
+                    if b == NULL_BLOCK:
+                        continue
+                    request.block_ids[k] = NULL_BLOCK
+                    ref[b] -= 1
+                    if ref[b] == 0:
+                        self._dropped[b] = None
+            applied += 1
+        request.num_applied_ops = applied
 
     def allocate_slots(
         self, request: SimRequest, num_new_tokens: int, new_computed_blocks: list[int] | None = None
@@ -111,12 +172,17 @@ class KVCacheManager:
         num_required = -(-total // bs)
         num_new = num_required - len(request.block_ids) - len(computed)
         ref = self._ref_cnt
-        evictable_hits = sum(1 for b in computed if ref[b] == 0)
-        if num_new > len(self._free) - evictable_hits:
+        evictable_hits = sum(1 for b in computed if b != NULL_BLOCK and ref[b] == 0)
+        if num_new > self.num_free_blocks - evictable_hits:
             return False
         for b in computed:
+            if b == NULL_BLOCK:
+                continue
             if ref[b] == 0:
-                del self._free[b]
+                if b in self._dropped:
+                    del self._dropped[b]
+                else:
+                    del self._free[b]
             ref[b] += 1
         request.block_ids.extend(computed)
         if not request.num_cached_blocks:
@@ -133,6 +199,8 @@ class KVCacheManager:
         free = self._free
         evict_first: list[int] = []
         for b in reversed(request.block_ids):
+            if b == NULL_BLOCK:
+                continue
             ref[b] -= 1
             if ref[b] == 0:
                 if self._hash[b] is None or not self.enable_caching:
@@ -144,11 +212,14 @@ class KVCacheManager:
             free.move_to_end(b, last=False)
         request.block_ids = []
         request.num_cached_blocks = 0
+        request.num_applied_ops = 0
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached hash; refused (False) while a request holds blocks."""
-        if len(self._free) != self.num_gpu_blocks - 1:
+        if self.num_free_blocks != self.num_gpu_blocks - 1:
             return False
+        self._free.update(self._dropped)
+        self._dropped.clear()
         self._cached.clear()
         self._hash = [None] * self.num_gpu_blocks
         self._events.append(AllBlocksCleared())
@@ -159,8 +230,12 @@ class KVCacheManager:
     def _get_new_blocks(self, n: int) -> list[int]:
         free = self._free
         out: list[int] = []
+        dropped = self._dropped
         for _ in range(n):
-            b, _unused = free.popitem(last=False)
+            if dropped and (not free or self._hash[next(iter(free))] is not None):
+                b, _unused = dropped.popitem(last=False)
+            else:
+                b, _unused = free.popitem(last=False)
             h = self._hash[b]
             if h is not None:
                 holders = self._cached[h]

@@ -11,6 +11,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from kvgate.prefix import PromptError
+from kvgate.prefix.cache_ops import (
+    CacheOpsError,
+    OpHistory,
+    completion_segments,
+    parse_cache_ops,
+)
 from kvgate.sim.text import TextCodec
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # vLLM and OpenAI default for /v1/completions
@@ -40,6 +47,7 @@ class ParsedRequest:
     include_usage: bool
     continuous_usage: bool
     cache_salt: str | None
+    history: OpHistory | None = None  # AKV cache ops (--sim-akv only)
 
 
 def _int_field(body: dict[str, Any], name: str) -> int | None:
@@ -60,7 +68,37 @@ def _bool_field(body: dict[str, Any], name: str) -> bool:
     return value
 
 
-def parse_request(raw: bytes, chat: bool, codec: TextCodec) -> ParsedRequest:
+def _op_history(
+    body: dict[str, Any], chat: bool, tokens: list[int], codec: TextCodec
+) -> OpHistory | None:
+    """The `cache` field in token terms: message (or `cache.segments`) ends, then the ops."""
+    raw = body.get("cache")
+    if raw is None:
+        return None
+    try:
+        if chat:
+            if isinstance(raw, dict) and "segments" in raw:
+                raise CacheOpsError("`cache.segments` is for /v1/completions only")
+            ops = parse_cache_ops(raw, len(body["messages"]))
+            if ops is None:
+                return None
+            ends: dict[int, int] | list[int] = codec.message_ends(body, tokens, ops.needed_ends())
+        else:
+            if not isinstance(raw, dict):
+                raise CacheOpsError("`cache` must be an object with `drop` and/or `reposition`")
+            ends = completion_segments(raw.get("segments"), len(tokens))
+            ops = parse_cache_ops(raw, len(ends))
+            if ops is None:
+                return None
+    except (CacheOpsError, PromptError) as exc:
+        raise BadRequest(str(exc)) from None
+    return OpHistory.from_ops(ops, ends)
+
+
+def parse_request(
+    raw: bytes, chat: bool, codec: TextCodec, *, cache_ops: bool = False
+) -> ParsedRequest:
+    """``cache_ops`` (``--sim-akv``): honour the ``cache`` field; otherwise it is ignored."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -100,6 +138,7 @@ def parse_request(raw: bytes, chat: bool, codec: TextCodec) -> ParsedRequest:
     salt = body.get("cache_salt")
     if salt is not None and (not isinstance(salt, str) or not salt):
         raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
+    history = _op_history(body, chat, tokens, codec) if cache_ops else None
     return ParsedRequest(
         chat=chat,
         model=model or "",
@@ -109,6 +148,7 @@ def parse_request(raw: bytes, chat: bool, codec: TextCodec) -> ParsedRequest:
         include_usage=_bool_field(options, "include_usage"),
         continuous_usage=_bool_field(options, "continuous_usage_stats"),
         cache_salt=salt,
+        history=history,
     )
 
 

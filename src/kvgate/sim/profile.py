@@ -88,6 +88,15 @@ class PerformanceProfile:
         )
         return self.step_overhead_s + max(compute, memory)
 
+    def reposition_seconds(self, active_tokens: int) -> float:
+        """AKV reposition: re-apply the rotary embedding to the keys of `active_tokens` (read and
+        write half of each token's KV once, memory bound); no prefill."""
+        return (
+            self.kv_bytes_per_token
+            * active_tokens
+            / (self.hbm_bytes_per_s * self.bandwidth_efficiency)
+        )
+
     def num_gpu_blocks(self, block_size: int, gpu_memory_utilization: float) -> int:
         """KV cache blocks that fit in the memory vLLM may use, as vLLM sizes them."""
         budget = (

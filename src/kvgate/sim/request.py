@@ -2,7 +2,8 @@
 
 Block hashes follow vLLM's ``Request.block_hashes``: one chained hash per full block of
 ``prompt + output`` tokens, extended as tokens are appended, with the request's ``cache_salt`` as
-the extra key of block 0 only.
+the extra key of block 0 only. A request with AKV cache ops (``--sim-akv``) carries its op
+history: the blocks holding an op also carry the op's record (``kvgate.prefix.cache_ops``).
 """
 
 from __future__ import annotations
@@ -12,12 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from kvgate.prefix.cache_ops import OpHistory, block_extra_keys
+
 
 class BlockHasher(Protocol):
     """vLLM's ``hash_block_tokens`` for one pool configuration (algorithm and seed)."""
 
-    def prompt_hashes(self, token_ids: Sequence[int], cache_salt: str | None) -> list[bytes]:
-        """Hashes of every full block of a prompt."""
+    def prompt_hashes(
+        self, token_ids: Sequence[int], cache_salt: str | None, history: OpHistory | None = None
+    ) -> list[bytes]:
+        """Hashes of every full block of a prompt (with its op history, if any)."""
         ...
 
     def __call__(
@@ -53,6 +58,9 @@ class SimRequest:
     num_preemptions: int = 0
     block_ids: list[int] = field(default_factory=list)
     num_cached_blocks: int = 0
+    history: OpHistory | None = None  # AKV cache ops, in token terms
+    # Ops whose drops were applied (their dropped blocks released) while computing this request.
+    num_applied_ops: int = 0
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
@@ -62,6 +70,19 @@ class SimRequest:
     def __post_init__(self) -> None:
         if not self.all_token_ids:
             self.all_token_ids = list(self.prompt_token_ids)
+        self._op_records: dict[int, tuple[tuple[Any, ...], ...]] = {}
+        self.dropped_blocks: dict[int, int] = {}  # block index -> offset of the dropping op
+
+    def set_history(self, history: OpHistory, block_size: int) -> None:
+        self.history = history
+        self._op_records = history.records_by_block(block_size)
+        self.dropped_blocks = history.dropped_blocks(block_size)
+
+    def active_tokens(self, position: int) -> int:
+        """Tokens before `position` that attention still reads (drops applied by then)."""
+        if self.history is None:
+            return position
+        return position - self.history.dropped_before(position)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -76,23 +97,21 @@ class SimRequest:
         return self.status is Status.FINISHED
 
     def extra_keys(self, block_index: int) -> tuple[Any, ...] | None:
-        """The hash extra keys of a block (``cache_salt`` on block 0 only)."""
-        if block_index == 0 and self.cache_salt:
-            return (("cache_salt", self.cache_salt),)
-        return None
+        """The hash extra keys of a block (``cache_salt`` on block 0 only, then op records)."""
+        return block_extra_keys(block_index, None, self.cache_salt, self._op_records)
 
     def event_extra_keys(self, block_index: int) -> tuple[Any, ...] | None:
         """The untagged form of :meth:`extra_keys` published in KV events."""
-        if block_index == 0 and self.cache_salt:
-            return (self.cache_salt,)
-        return None
+        salt = (self.cache_salt,) if block_index == 0 and self.cache_salt else ()
+        ops = self._op_records.get(block_index, ())
+        return (*salt, *ops) if salt or ops else None
 
     def update_block_hashes(self, hasher: BlockHasher, block_size: int) -> None:
         """Hash every full block of ``all_token_ids`` not hashed yet."""
         tokens = self.all_token_ids
         hashes = self.block_hashes
         if not hashes and len(tokens) >= 2 * block_size:
-            hashes.extend(hasher.prompt_hashes(tokens, self.cache_salt))
+            hashes.extend(hasher.prompt_hashes(tokens, self.cache_salt, self.history))
             return
         while (len(hashes) + 1) * block_size <= len(tokens):
             i = len(hashes)

@@ -170,7 +170,11 @@ class SimApp:
                     "max_num_seqs": cfg.engine.max_num_seqs,
                     "max_num_batched_tokens": cfg.engine.max_num_batched_tokens,
                 },
-                "simulator": {"profile": self.pod.profile.name, "time_scale": cfg.time_scale},
+                "simulator": {
+                    "profile": self.pod.profile.name,
+                    "time_scale": cfg.time_scale,
+                    "cache_ops": cfg.akv,
+                },
             },
             "vllm_env": {},
             "system_env": {},
@@ -195,16 +199,23 @@ class SimApp:
         except ConnectionError:
             return
         try:
-            req = parse_request(raw, chat, self.pod.codec)
+            req = parse_request(raw, chat, self.pod.codec, cache_ops=self.pod.config.akv)
             if req.model and req.model not in self._names:
                 raise BadRequest(f"The model `{req.model}` does not exist.", 404, "NotFoundError")
             max_tokens = req.max_tokens
             if max_tokens is None:  # chat without a limit: stop where vLLM would hit EOS
-                room = self.pod.config.engine.max_model_len - len(req.prompt_token_ids)
+                used = len(req.prompt_token_ids)
+                if req.history is not None:  # repositions renumber what is left
+                    used = req.history.positions(used)
+                room = self.pod.config.engine.max_model_len - used
                 max_tokens = max(1, min(self.pod.config.chat_output_tokens, room))
             request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
             stream = self.pod.driver.submit(
-                request_id, req.prompt_token_ids, max_tokens, cache_salt=req.cache_salt
+                request_id,
+                req.prompt_token_ids,
+                max_tokens,
+                cache_salt=req.cache_salt,
+                history=req.history,
             )
         except BadRequest as exc:
             await _respond(send, exc.status, error_body(exc.message, exc.status, exc.err_type))

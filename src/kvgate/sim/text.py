@@ -11,7 +11,7 @@ identical text; chat messages are rendered with a fixed template.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,6 +41,12 @@ class TextCodec(Protocol):
         """Token ids of a ``/v1/chat/completions`` body."""
         ...
 
+    def message_ends(
+        self, body: Mapping[str, Any], token_ids: Sequence[int], indices: Iterable[int]
+    ) -> dict[int, int]:
+        """Message index → the token offset where that message ends in ``token_ids``."""
+        ...
+
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
 
@@ -62,15 +68,19 @@ class ChunkCodec:
         return [self.encode(p) if isinstance(p, str) else p for p in prompts]
 
     def chat_token_ids(self, body: Mapping[str, Any]) -> list[int]:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ValueError("messages must be a non-empty list")
-        parts = []
-        for m in messages:
-            if not isinstance(m, dict):
-                raise ValueError("each message must be an object with 'role' and 'content'")
-            parts.append(f"<|{m.get('role', 'user')}|>\n{_content_text(m.get('content'))}\n")
-        return self.encode("".join(parts) + "<|assistant|>\n")
+        return self.encode("".join(_chunk_parts(body.get("messages"))) + "<|assistant|>\n")
+
+    def message_ends(
+        self, body: Mapping[str, Any], token_ids: Sequence[int], indices: Iterable[int]
+    ) -> dict[int, int]:
+        """The chunks wholly inside the first i+1 rendered messages (a chunk can straddle two
+        messages: it belongs to the later one)."""
+        ends: list[int] = []
+        total = 0
+        for part in _chunk_parts(body["messages"]):
+            total += len(part)
+            ends.append(total // CHUNK_CHARS)
+        return {i: ends[i] for i in indices}
 
     def decode(self, token_ids: Sequence[int]) -> str:
         return "".join(_WORDS[t % len(_WORDS)] for t in token_ids)
@@ -92,6 +102,11 @@ class PrefixCodec:
             raise PromptError("the tokenizer has no chat template")
         return self.requests.chat_token_ids(body)
 
+    def message_ends(
+        self, body: Mapping[str, Any], token_ids: Sequence[int], indices: Iterable[int]
+    ) -> dict[int, int]:
+        return self.requests.message_ends(body, token_ids, indices)
+
     def decode(self, token_ids: Sequence[int]) -> str:
         return self.tokenizer.decode(token_ids)
 
@@ -103,6 +118,18 @@ def load_codec(tokenizer: str | None, model: str, vocab_size: int) -> TextCodec:
     if (Path(model) / "tokenizer.json").is_file():
         return PrefixCodec(model)
     return ChunkCodec(vocab_size)
+
+
+def _chunk_parts(messages: Any) -> list[str]:
+    """The fallback template's rendering of each message."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list")
+    parts = []
+    for m in messages:
+        if not isinstance(m, dict):
+            raise ValueError("each message must be an object with 'role' and 'content'")
+        parts.append(f"<|{m.get('role', 'user')}|>\n{_content_text(m.get('content'))}\n")
+    return parts
 
 
 def _content_text(content: Any) -> str:

@@ -64,11 +64,12 @@ class RequestKeys:
     block_tokens: int  # tokens per block (estimated for approximate keys)
     exact: bool
     token_ids: list[int] | None = None  # exact mode only
-    # Requests with drops: what to ask the directory (the blocks the final state needs).
+    # Requests with drops: the blocks the final state needs (a second directory lookup).
     lookup: LookupPlan | None = None
 
     @property
     def lookup_keys(self) -> list[bytes]:
+        """What the routing history records: the blocks the pod keeps."""
         return self.block_keys if self.lookup is None else self.lookup.keys
 
     def path_blocks(self, held: int) -> int:

@@ -290,10 +290,15 @@ class Router:
         matched: dict[str, int] = {}
         for pool, pods in by_pool.items():
             index = self.indexes.get(pool)
-            if index is not None:
-                matched.update(await index.lookup(keys.lookup_keys, pods))
-        if keys.lookup is not None:  # drops: counts of needed blocks → restorable path blocks
-            matched = {pod: n for pod, held in matched.items() if (n := keys.path_blocks(held))}
+            if index is None:
+                continue
+            matched.update(await index.lookup(keys.block_keys, pods))
+            if keys.lookup is not None:
+                # Drops: a pod may have evicted dropped blocks and kept what follows them;
+                # the blocks the final state needs, mapped back to restorable path blocks.
+                needed = await index.lookup(keys.lookup.keys, pods)
+                for pod, held in needed.items():
+                    matched[pod] = max(matched.get(pod, 0), keys.path_blocks(held))
         return matched
 
 
