@@ -25,6 +25,7 @@ from kvgate.api.base import (
 from kvgate.api.pool import PullPolicy
 from kvgate.api.sections import (
     BorrowingConfig,
+    CacheOpsConfig,
     ClassesConfig,
     DirectorySettings,
     PolicyConfig,
@@ -114,6 +115,7 @@ class RoutingPolicySpec(ApiModel):
     borrowing: BorrowingConfig = section(BorrowingConfig, "Batch borrowing limits.")
     scoring: PolicyConfig = section(PolicyConfig, "Scoring policy and parameters.")
     sessions: SessionsConfig = section(SessionsConfig, "Session recognition.")
+    cache_ops: CacheOpsConfig = section(CacheOpsConfig, "AKV cache ops the router adds.")
     tenants: TenantsSpec = section(TenantsSpec, "Tenants.")
     directory: DirectorySpec = section(DirectorySpec, "Directory backend.")
     router: RouterSpec = section(RouterSpec, "Router Deployment settings.")

@@ -139,6 +139,12 @@ class CacheSettings(ApiModel):
         le=4294967295,
         description="PYTHONHASHSEED of the engines; seeds the hash chain (NONE_HASH).",
     )
+    cache_ops: bool = Field(
+        default=False,
+        description="The engines accept AKV cache ops (a request's `cache` field: drop, "
+        "reposition), e.g. the simulator with --sim-akv in engine.extraArgs. Off: the router "
+        "strips `cache` before forwarding (vLLM ignores it) and keys prompts without ops.",
+    )
 
 
 class TokenizerSource(ApiModel):

@@ -28,6 +28,7 @@ from pydantic import Field, field_validator, model_validator
 
 from kvgate.api.sections import (
     BorrowingConfig,
+    CacheOpsConfig,
     ClassesConfig,
     ClassRule,
     ConfigModel,
@@ -43,6 +44,7 @@ from kvgate.api.sections import (
 __all__ = [
     "AdminConfig",
     "BorrowingConfig",
+    "CacheOpsConfig",
     "ClassRule",
     "ClassesConfig",
     "DirectoryConfig",
@@ -377,6 +379,7 @@ class RouterConfig(ConfigModel):
     borrowing: BorrowingConfig = BorrowingConfig()
     policy: PolicyConfig = PolicyConfig()
     sessions: SessionsConfig = SessionsConfig()
+    cache_ops: CacheOpsConfig = CacheOpsConfig()
     keying: KeyingConfig = KeyingConfig()
     tenants: TenantsConfig = TenantsConfig()
     directory: DirectoryConfig = DirectoryConfig()

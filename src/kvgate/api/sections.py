@@ -180,6 +180,24 @@ class SessionsConfig(ConfigModel):
         return header or None
 
 
+class CacheOpsConfig(ConfigModel):
+    """AKV cache ops the router adds for clients that send none (only toward pools whose
+    engines accept them, `engine.cacheOps`)."""
+
+    rolling_drop: bool = Field(
+        default=False,
+        description="Tool-response rolling drop: on a chat request without `cache`, keep every "
+        "reasoning message and the last `keepToolResponses` tool responses (role `tool`), and "
+        "drop the KV of older ones when a newer one arrives (default off).",
+    )
+    keep_tool_responses: int = Field(
+        default=12,
+        ge=0,
+        le=4096,
+        description="Tool responses whose KV the rolling drop keeps (default 12).",
+    )
+
+
 # ---------------------------------------------------------------------------------------------
 # Tenants
 

@@ -96,7 +96,7 @@ def test_a_minimal_pool_passes_and_defaults_fill_in() -> None:
     schema = _spec_schema(POOL)
     defaulted = apply_defaults(schema, copy.deepcopy(spec))
     assert defaulted["engine"]["blockSize"] == 16
-    assert defaulted["cache"] == {"hashAlgo": "sha256", "hashSeed": 0}
+    assert defaulted["cache"] == {"hashAlgo": "sha256", "hashSeed": 0, "cacheOps": False}
     assert defaulted["command"] == ["vllm", "serve"]
     assert cel_failures(schema, defaulted) == []
     # The pydantic model fills in exactly the same defaults.

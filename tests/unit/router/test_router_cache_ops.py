@@ -7,12 +7,21 @@ import random
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
+from tests.unit.router.fakes import make_config
 
-from kvgate.api.router_config import EngineConfig, TokenizerConfig
+from kvgate.api.router_config import CacheOpsConfig, EngineConfig, PoolConfig, TokenizerConfig
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
 from kvgate.prefix.cache_ops import OpHistory, history_block_keys, parse_cache_ops
+from kvgate.router.core.cache_policy import added_cache_ops
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keys import Keyer
+from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.tokenize import load_request_tokenizer
+from kvgate.router.metrics import RouterMetrics
+from kvgate.router.runtime import build_state
 from kvgate.router.server.app import _forward_body
 
 TOKENIZER = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
@@ -101,3 +110,70 @@ def test_forward_body_strips_ops_for_pods_without_them() -> None:
     assert _forward_body(raw, body, None, False, cache_ops=True) == raw
     stripped = json.loads(_forward_body(raw, body, None, False, cache_ops=False))
     assert "cache" not in stripped and stripped["prompt"] == [1, 2]
+
+
+def _tool_session(turns: int) -> list[dict[str, str]]:
+    history = [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "go"}]
+    for turn in range(turns):
+        history.append({"role": "assistant", "content": f"run {turn}"})
+        history.append({"role": "tool", "content": f"output {turn} " * 20})
+    return history
+
+
+def test_rolling_drop_is_added_only_toward_pools_with_ops() -> None:
+    config = CacheOpsConfig(rolling_drop=True, keep_tool_responses=2)
+    akv = PoolConfig.model_validate(
+        {"name": "a", "model": "m", "engine": {"cache_ops": True}, "endpoints": {"static": []}}
+    )
+    plain = PoolConfig.model_validate({"name": "b", "model": "m", "endpoints": {"static": []}})
+    body = {"messages": _tool_session(4)}  # tool responses at 3, 5, 7, 9
+    assert added_cache_ops(body, "chat", akv, config) == {"drop": {"7": [3], "9": [5]}}
+    assert added_cache_ops(body, "chat", plain, config) is None
+    assert added_cache_ops(body, "chat", akv, CacheOpsConfig()) is None  # opt-in
+    own = {**body, "cache": {"drop": {"9": [3]}}}
+    assert added_cache_ops(own, "chat", akv, config) is None  # the client's ops win
+    assert added_cache_ops({"messages": _tool_session(2)}, "chat", akv, config) is None
+
+
+async def test_the_router_keys_and_forwards_the_ops_it_adds() -> None:
+    tokenizer = {"path": str(TOKENIZER)}
+    config = make_config(
+        1,
+        pools=[
+            {
+                "name": "p",
+                "model": "m",
+                "engine": {"cache_ops": True, "tokenizer": tokenizer},
+                "endpoints": {"static": [{"url": "http://pod0:8000"}]},
+            }
+        ],
+        cache_ops={"rolling_drop": True, "keep_tool_responses": 2},
+    )
+    endpoints = EndpointSet(lambda: 0.0)
+    pool = config.pools[0]
+    core = RoutingCore(
+        build_state(config),
+        endpoints,
+        {pool.key: MemoryBlockIndex()},
+        RouterMetrics(),
+        DirectoryMetrics(CollectorRegistry()).fallback_errors,
+        clock=lambda: 0.0,
+    )
+    await endpoints.replace_pool(
+        pool.key, [EndpointSpec("pod0:8000", pool.key, "http://pod0:8000")]
+    )
+    core.endpoints_changed(endpoints.in_pool(pool.key), [])
+    body = {"model": "m", "messages": _tool_session(5)}
+    plan = await core.plan(ClientRequest(body, {}, "chat", request_id="r"))
+    assert plan.added_cache == {"drop": {"7": [3], "9": [5], "11": [7]}}
+    client_sent = {**body, "cache": plan.added_cache}
+    same = await core.plan(ClientRequest(client_sent, {}, "chat", request_id="s"))
+    assert same.added_cache is None
+    assert plan.keys.block_keys == same.keys.block_keys
+    assert plan.keys.lookup is not None
+    raw = json.dumps(body).encode()
+    forwarded = json.loads(
+        _forward_body(raw, client_sent, None, False, cache_ops=True, changed=True)
+    )
+    assert forwarded["cache"] == plan.added_cache
+    core.router.keying.close()

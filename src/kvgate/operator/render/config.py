@@ -77,6 +77,7 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
             hash_seed=str(spec.cache.hash_seed),
             tokenizer=_tokenizer(pool),
             kv_events=True,
+            cache_ops=spec.cache.cache_ops,
         ),
         endpoints=rc.EndpointsConfig(
             kubernetes=rc.KubernetesDiscovery(
@@ -110,6 +111,7 @@ def router_config(spec: RoutingPolicySpec, pools: list[SelectedPool]) -> rc.Rout
         borrowing=spec.borrowing,
         policy=spec.scoring,
         sessions=spec.sessions,
+        cache_ops=spec.cache_ops,
         tenants=rc.TenantsConfig.model_validate(_router_secrets(spec.tenants)),
         directory=rc.DirectoryConfig.model_validate(_router_secrets(spec.directory)),
         admin=rc.AdminConfig(

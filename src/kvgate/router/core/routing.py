@@ -27,6 +27,7 @@ from kvgate.directory.base import BlockIndex
 from kvgate.discovery.endpoints import Endpoint, EndpointSet
 from kvgate.prefix import LoraKey
 from kvgate.router.core.accounting import Accounting
+from kvgate.router.core.cache_policy import added_cache_ops
 from kvgate.router.core.classify import Classification, Classifier
 from kvgate.router.core.errors import RouterError, unavailable
 from kvgate.router.core.keying import KeyingPool
@@ -54,6 +55,8 @@ class RoutePlan:
     endpoint: Endpoint
     pool: PoolConfig
     decision_seconds: float
+    # `cache` ops the router added for this pool (cache_policy.py); None: the body as sent.
+    added_cache: dict[str, Any] | None = None
 
     @property
     def uncached_tokens(self) -> int:
@@ -128,13 +131,20 @@ class Router:
         groups = self._candidate_groups(cls, now, excluded)
         if not groups:
             raise unavailable(f"no ready endpoint serves model `{cls.model}`")
-        best: tuple[Decision, RequestKeys] | None = None
+        best: tuple[Decision, RequestKeys, dict[str, Any] | None] | None = None
         for keyer, lora, members in groups:
             pool_key = members[0].spec.pool
+            added = added_cache_ops(body, kind, state.pools[pool_key], state.config.cache_ops)
             keys = keys_by_pool.get(pool_key) if keys_by_pool else None
             if keys is None:
                 keys = await self._keys(
-                    keyer, body, kind, cls.cache_salt, lora, body_bytes, cls.session_id
+                    keyer,
+                    body if added is None else {**body, "cache": added},
+                    kind,
+                    cls.cache_salt,
+                    lora,
+                    body_bytes,
+                    cls.session_id,
                 )
                 if keys_by_pool is not None:
                     keys_by_pool[pool_key] = keys
@@ -157,10 +167,10 @@ class Router:
             except NoEligibleEndpointError:
                 continue
             if best is None or decision.predicted_ttft_seconds < best[0].predicted_ttft_seconds:
-                best = (decision, keys)
+                best = (decision, keys, added)
         if best is None:
             raise unavailable(f"no eligible endpoint for model `{cls.model}`")
-        decision, keys = best
+        decision, keys, added = best
         endpoint = self.endpoints.get(decision.endpoint_id)
         if endpoint is None:  # the policy returned an id it was not given: a bug, not the client's
             raise RouterError(500, "policy chose an unknown endpoint", type="server_error")
@@ -174,6 +184,7 @@ class Router:
             endpoint=endpoint,
             pool=state.pools[endpoint.pool],
             decision_seconds=time.perf_counter() - started,
+            added_cache=added,
         )
 
     async def _keys(

@@ -143,16 +143,21 @@ class RouterApp:
         plan = await core.plan(request)
         stream = body.get("stream") is True
         strip_usage = _needs_usage(body, stream)
-        bodies: dict[bool, bytes] = {}
+        bodies: dict[tuple[bool, bool], bytes] = {}
 
         def forward(plan: RoutePlan) -> bytes:
             """The body for the pool `plan` chose (a retry may go to another pool)."""
-            ops = plan.pool.engine.cache_ops
-            if ops not in bodies:
-                bodies[ops] = _forward_body(
-                    raw, body, plan.classification.cache_salt, strip_usage, cache_ops=ops
+            ops, added = plan.pool.engine.cache_ops, plan.added_cache
+            if (ops, added is not None) not in bodies:
+                bodies[ops, added is not None] = _forward_body(
+                    raw,
+                    body if added is None else {**body, "cache": added},
+                    plan.classification.cache_salt,
+                    strip_usage,
+                    cache_ops=ops,
+                    changed=added is not None,
                 )
-            return bodies[ops]
+            return bodies[ops, added is not None]
 
         # One watcher task per request: on client disconnect it cancels this task, and the
         # cancellation closes the upstream connection (the pod aborts the request).
@@ -213,12 +218,17 @@ def _needs_usage(body: dict[str, Any], stream: bool) -> bool:
 
 
 def _forward_body(
-    raw: bytes, body: dict[str, Any], salt: str | None, add_usage: bool, *, cache_ops: bool
+    raw: bytes,
+    body: dict[str, Any],
+    salt: str | None,
+    add_usage: bool,
+    *,
+    cache_ops: bool,
+    changed: bool = False,
 ) -> bytes:
     """The body sent to the pod: tenant salt injected, usage requested for streams, `cache`
     ops removed for engines that do not support them (vLLM would ignore them; the router keyed
-    the prompt without them)."""
-    changed = False
+    the prompt without them). `changed`: `body` is no longer what `raw` holds."""
     if salt is not None and body.get("cache_salt") != salt:
         body = {**body, "cache_salt": salt}
         changed = True
