@@ -3,6 +3,7 @@
     kvgate bench run --workload shared-prefix --pods 4 --targets round-robin,kvgate --out out/
     kvgate bench run --trace trace.jsonl --speedup 4 --targets kvgate,sglang-cache-aware --out out/
     kvgate bench run --workload hot-prefix --mode des --pods 64 --param num_requests=100000 ...
+    kvgate bench context --pods 2 --param num_sessions=8   # full vs summarised vs AKV drop
 
 ``--mode live`` (default) starts ``kvgate sim fleet`` and each target as real processes on
 loopback and sends real HTTP; ``--mode des`` runs the simulator's discrete-event mode with the
@@ -31,6 +32,8 @@ from rich.progress import (
 )
 
 from kvgate.bench.agent_sessions import ChatTokenizer, Message, render_chat_text
+from kvgate.bench.context_compare import add_arguments as add_context_arguments
+from kvgate.bench.context_compare import run as run_context
 from kvgate.bench.harness import BenchResult, HarnessSettings, run_live, write_outputs
 from kvgate.bench.plots import write_plots
 from kvgate.bench.processes import StartError
@@ -57,6 +60,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     capacity.add_argument("--sample", type=int, default=1500, help="requests simulated")
     capacity.add_argument("--tokenizer", default=None)
     capacity.set_defaults(speedup=None, jitter=None)
+    context = sub.add_parser(
+        "context", help="long agent sessions: full history vs summarised vs AKV rolling drop"
+    )
+    add_context_arguments(context)
     sweep = sub.add_parser(
         "sweep", help="one workload at several loads, every target, discrete-event (sweep.md)"
     )
@@ -177,6 +184,8 @@ def run(args: argparse.Namespace) -> int:
         return run_sweep(args, lambda text: console.print(text, markup=False))
     if args.action == "capacity":
         return run_capacity(args, console)
+    if args.action == "context":
+        return run_context(args, lambda text: console.print(text, markup=False, soft_wrap=True))
     try:
         targets = validate_targets([t.strip() for t in args.targets.split(",") if t.strip()])
         workload = load_workload(args)

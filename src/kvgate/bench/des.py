@@ -46,6 +46,7 @@ from kvgate.directory.subscriber import PodEndpoint, PodSubscriber
 from kvgate.discovery.endpoints import Endpoint, EndpointSet, EndpointSpec
 from kvgate.discovery.endpoints import LoadSample as ScrapedLoad
 from kvgate.kvevents import EventBatch, KVEvent, encode_batch
+from kvgate.prefix.cache_ops import token_prompt_history
 from kvgate.router.core.accounting import Attempt
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.learn import Usage
@@ -72,6 +73,7 @@ class DesResult:
     decisions: list[tuple[str, str, str, int]] = field(default_factory=list)
     # (request id, endpoint, reason, predicted hit tokens), in decision order
     health: GeneratorHealth = field(default_factory=GeneratorHealth)
+    peak_kv_usage: float = 0.0  # the largest KV-cache usage of any pod at a scrape tick
 
 
 @dataclass
@@ -96,6 +98,8 @@ class RouterDriver(FleetDriver):
         sample_interval_s: float = 1.0,
         progress: ProgressFn | None = None,
     ) -> None:
+        """With ``fleet.cache_ops`` the pool's engines accept AKV cache ops (the bodies'
+        `cache` fields reach the pods; the router keys them)."""
         self.fleet = fleet
         self.now = 0.0
         self._zmq = zmq.asyncio.Context()  # replay sockets only; never used: no seq gaps here
@@ -115,6 +119,12 @@ class RouterDriver(FleetDriver):
         config = config.model_copy(
             update={"keying": config.keying.model_copy(update={"inline_max_chars": 1 << 62})}
         )
+        if fleet.cache_ops:
+            pool = config.pools[0]
+            engine = pool.engine.model_copy(update={"cache_ops": True})
+            config = config.model_copy(
+                update={"pools": [pool.model_copy(update={"engine": engine})]}
+            )
         self.config = config
         pool = config.pools[0]
         self.index = MemoryBlockIndex()
@@ -152,6 +162,7 @@ class RouterDriver(FleetDriver):
         self.samples: list[LoadSample] = []
         self.decisions: list[tuple[str, str, str, int]] = []
         self._progress = progress
+        self.peak_kv_usage = 0.0
         self._done = 0
 
     def clock(self) -> float:
@@ -187,8 +198,18 @@ class RouterDriver(FleetDriver):
         self, at: float, bench: BenchRequest, turns: tuple[BenchRequest, ...], turn: int
     ) -> TraceRequest:
         self._bench[bench.request_id] = (bench, turns, turn)
+        cache = bench.body.get("cache")
+        history = None
+        if cache is not None:  # what a pod with --sim-akv makes of the field
+            history = token_prompt_history(cache, len(bench.prefix_units))
         return TraceRequest(
-            bench.request_id, at, bench.prefix_units, bench.max_tokens, None, bench.session_id
+            bench.request_id,
+            at,
+            bench.prefix_units,
+            bench.max_tokens,
+            None,
+            bench.session_id,
+            history,
         )
 
     # -- hooks ---------------------------------------------------------------------------
@@ -214,6 +235,8 @@ class RouterDriver(FleetDriver):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        if "cache" in bench.body:
+            body["cache"] = bench.body["cache"]
         client = ClientRequest(body, headers, "completion", request_id=bench.request_id)
         try:
             plan = self._complete(self.core.plan(client))
@@ -295,6 +318,7 @@ class RouterDriver(FleetDriver):
         sample = self._ticks % self._sample_every == 0
         self._ticks += 1
         for engine, ep in zip(fleet.engines, self._endpoints, strict=True):
+            self.peak_kv_usage = max(self.peak_kv_usage, engine.kv_cache.usage)
             self.core.load_scraped(
                 ep,
                 ScrapedLoad(
@@ -321,19 +345,28 @@ def run_des(
     progress: ProgressFn | None = None,
     policy_params: dict[str, Any] | None = None,
     pod_names: list[str] | None = None,
+    cache_ops: bool = False,
 ) -> DesResult:
     """One policy over one workload on ``pods`` simulated engines, named ``pod-<i>`` or
-    ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id)."""
+    ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id); ``cache_ops``: the
+    engines accept AKV cache ops (``--sim-akv``)."""
     known = default_registry().names("policy")
     if policy not in known:
         raise ValueError(f"policy {policy!r} cannot run in des mode ({', '.join(known)})")
-    fleet = DESFleet(pods, engine or EngineConfig(), load_profile(profile), names=pod_names)
+    fleet = DESFleet(
+        pods, engine or EngineConfig(), load_profile(profile), names=pod_names, cache_ops=cache_ops
+    )
     driver = RouterDriver(fleet, policy, seed=seed, policy_params=policy_params, progress=progress)
     try:
         fleet.run(driver.trace(workload), driver)
     finally:
         driver.close()
-    return DesResult(records=driver.records, samples=driver.samples, decisions=driver.decisions)
+    return DesResult(
+        records=driver.records,
+        samples=driver.samples,
+        decisions=driver.decisions,
+        peak_kv_usage=driver.peak_kv_usage,
+    )
 
 
 def des_report(

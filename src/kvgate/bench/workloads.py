@@ -1,4 +1,4 @@
-"""The named workloads of ``kvgate bench run --workload NAME`` and their parameters.
+r"""The named workloads of ``kvgate bench run --workload NAME`` and their parameters.
 
 Every workload has a pydantic ``Params`` model whose defaults are the published profile; any
 field can be overridden (``--param num_groups=8``) to scale a workload down for tests and the demo.
@@ -10,6 +10,7 @@ field can be overridden (``--param num_groups=8``) to scale a workload down for 
 | agent-sessions  | :func:`agent_sessions.build_agent_sessions` | 32 SWE-agent sessions         |
 | hot-prefix      | :func:`synthetic.build_hot_prefix`        | 90% of requests on one prefix   |
 | mixed           | :func:`synthetic.build_mixed`             | online chat + batch documents   |
+| long-agent-sessions | :func:`long_agent.build_long_agent_sessions` | 8 x 300-turn sessions, context=full, summarise or akv |
 
 Mooncake traces are read with ``--trace FILE`` (:mod:`kvgate.bench.mooncake`).
 """
@@ -21,12 +22,20 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.bench.agent_sessions import AgentSessionParams, ChatTokenizer, build_agent_sessions
+from kvgate.bench.long_agent import LongAgentParams, build_long_agent_sessions
 from kvgate.bench.mooncake import TraceParams, build_trace_workload, read_trace_file
 from kvgate.bench.shared_prefix import LLMD_PRECISE_PREFIX, SharedPrefixParams, build_shared_prefix
 from kvgate.bench.synthetic import HotPrefixParams, MixedParams, build_hot_prefix, build_mixed
 from kvgate.bench.workload import Workload
 
-WORKLOAD_NAMES = ("shared-prefix", "precise-prefix", "agent-sessions", "hot-prefix", "mixed")
+WORKLOAD_NAMES = (
+    "shared-prefix",
+    "precise-prefix",
+    "agent-sessions",
+    "hot-prefix",
+    "mixed",
+    "long-agent-sessions",
+)
 
 
 class UnknownWorkloadError(ValueError):
@@ -66,6 +75,8 @@ def build_workload(
         return build_hot_prefix(HotPrefixParams.model_validate(values), name)
     if name == "mixed":
         return build_mixed(MixedParams.model_validate(values), name)
+    if name == "long-agent-sessions":
+        return build_long_agent_sessions(LongAgentParams.model_validate(values), name)
     raise UnknownWorkloadError(
         f"unknown workload {name!r}; choose from {', '.join(WORKLOAD_NAMES)}"
     )

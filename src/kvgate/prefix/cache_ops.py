@@ -29,8 +29,9 @@ an offset ≤ c·block_size (`restorable`).
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvgate.prefix.completion_prompt import PromptError
@@ -171,6 +172,16 @@ def completion_segments(raw: Any, num_tokens: int) -> list[int]:
     return ends
 
 
+def token_prompt_history(raw: Any, num_tokens: int) -> OpHistory | None:
+    """The `cache` field of a token prompt (`/v1/completions`) in token terms: its
+    `segments`, then its ops; None when it names no op. Raises CacheOpsError."""
+    if not isinstance(raw, Mapping):
+        raise CacheOpsError("`cache` must be an object with `drop` and/or `reposition`")
+    ends = completion_segments(raw.get("segments"), num_tokens)
+    ops = parse_cache_ops(raw, len(ends))
+    return None if ops is None else OpHistory.from_ops(ops, ends)
+
+
 @dataclass(frozen=True, slots=True)
 class OpPoint:
     """One boundary's ops in token terms."""
@@ -188,6 +199,25 @@ class OpHistory:
     """A request's ops in token terms, sorted by offset."""
 
     points: tuple[OpPoint, ...]
+    # offsets of the points, and the tokens dropped by the first k points (k = 0 … len)
+    _offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _dropped_upto: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    reposition_offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        totals = [0]
+        for point in self.points:
+            totals.append(totals[-1] + sum(end - start for start, end in point.dropped))
+        object.__setattr__(self, "_offsets", tuple(p.offset for p in self.points))
+        object.__setattr__(self, "_dropped_upto", tuple(totals))
+        repositions = tuple(p.offset for p in self.points if p.reposition)
+        object.__setattr__(self, "reposition_offsets", repositions)
+
+    def repositions_in(self, start: int, end: int) -> tuple[int, ...]:
+        """Offsets of the repositions in (start, end]."""
+        offsets = self.reposition_offsets
+        lo = bisect.bisect_right(offsets, start)
+        return offsets[lo : bisect.bisect_right(offsets, end, lo)]
 
     @classmethod
     def from_ops(cls, ops: CacheOps, segment_ends: Mapping[int, int] | Sequence[int]) -> OpHistory:
@@ -222,17 +252,13 @@ class OpHistory:
 
     def dropped_before(self, position: int) -> int:
         """Tokens dropped by ops at offsets ≤ `position` (what attention no longer reads)."""
-        return sum(
-            end - start
-            for point in self.points
-            if point.offset <= position
-            for start, end in point.dropped
-        )
+        return self._dropped_upto[bisect.bisect_right(self._offsets, position)]
 
     def positions(self, num_tokens: int) -> int:
         """The position the next token gets: repositions renumber what is left."""
-        last = max((p.offset for p in self.points if p.reposition), default=None)
-        return num_tokens if last is None else num_tokens - self.dropped_before(last)
+        if not self.reposition_offsets:
+            return num_tokens
+        return num_tokens - self.dropped_before(self.reposition_offsets[-1])
 
 
 def block_extra_keys(

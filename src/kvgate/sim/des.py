@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 
 from kvgate.kvevents import KVEvent
 from kvgate.prefix import HashAlgo
+from kvgate.prefix.cache_ops import OpHistory
 from kvgate.sim.engine import EngineConfig, SimEngine, StepResult
 from kvgate.sim.hashing import PrefixBlockHasher
 from kvgate.sim.profile import PerformanceProfile
@@ -45,6 +46,7 @@ class TraceRequest:
     max_tokens: int
     cache_salt: str | None = None
     session_id: str | None = None
+    history: OpHistory | None = None  # AKV cache ops; used by a fleet with cache_ops only
 
 
 class PodState:
@@ -203,7 +205,10 @@ class DESFleet:
         hash_algo: HashAlgo = "sha256",
         hash_seed: str | None = None,
         names: Sequence[str] | None = None,
+        cache_ops: bool = False,
     ) -> None:
+        """``cache_ops``: the pods run with ``--sim-akv`` (they apply a request's op history;
+        other pods ignore it, as vLLM ignores the `cache` field)."""
         if num_pods < 1:
             raise ValueError("a fleet needs at least one pod")
         self.hasher = PrefixBlockHasher(hash_algo, config.block_size, hash_seed)
@@ -213,6 +218,7 @@ class DESFleet:
         ]
         self.names = list(names) if names else [f"pod-{i}" for i in range(num_pods)]
         self.block_size = config.block_size
+        self.cache_ops = cache_ops
 
     def pod_states(self, block_hashes: Sequence[bytes], max_hit_blocks: int) -> list[PodState]:
         return [
@@ -322,6 +328,7 @@ class DESFleet:
                 now,
                 item.cache_salt,
                 block_hashes=list(known) if known is not None else None,  # the engine extends it
+                history=item.history if self.cache_ops else None,
             )
         except ValueError as exc:  # RequestRejected
             result.rejected.append(item.request_id)

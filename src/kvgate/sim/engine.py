@@ -30,11 +30,7 @@ def _rotated_tokens(req: SimRequest, start: int, end: int) -> int:
     """Active tokens re-rotated by the repositions at offsets in (start, end]: a step that
     computes up to a reposition then renumbers the positions of what is left."""
     assert req.history is not None
-    return sum(
-        req.active_tokens(p.offset)
-        for p in req.history.points
-        if p.reposition and start < p.offset <= end
-    )
+    return sum(req.active_tokens(at) for at in req.history.repositions_in(start, end))
 
 
 class RequestRejected(ValueError):

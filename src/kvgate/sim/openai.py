@@ -15,8 +15,8 @@ from kvgate.prefix import PromptError
 from kvgate.prefix.cache_ops import (
     CacheOpsError,
     OpHistory,
-    completion_segments,
     parse_cache_ops,
+    token_prompt_history,
 )
 from kvgate.sim.text import TextCodec
 
@@ -82,17 +82,11 @@ def _op_history(
             ops = parse_cache_ops(raw, len(body["messages"]))
             if ops is None:
                 return None
-            ends: dict[int, int] | list[int] = codec.message_ends(body, tokens, ops.needed_ends())
-        else:
-            if not isinstance(raw, dict):
-                raise CacheOpsError("`cache` must be an object with `drop` and/or `reposition`")
-            ends = completion_segments(raw.get("segments"), len(tokens))
-            ops = parse_cache_ops(raw, len(ends))
-            if ops is None:
-                return None
+            ends = codec.message_ends(body, tokens, ops.needed_ends())
+            return OpHistory.from_ops(ops, ends)
+        return token_prompt_history(raw, len(tokens))
     except (CacheOpsError, PromptError) as exc:
         raise BadRequest(str(exc)) from None
-    return OpHistory.from_ops(ops, ends)
 
 
 def parse_request(

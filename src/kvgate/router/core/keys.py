@@ -47,10 +47,10 @@ from kvgate.prefix.cache_ops import (
     CacheOpsError,
     LookupPlan,
     OpHistory,
-    completion_segments,
     history_block_keys,
     lookup_plan,
     parse_cache_ops,
+    token_prompt_history,
 )
 from kvgate.prefix.hashing import INT_KEY_SIZE
 from kvgate.router.core.errors import RouterError
@@ -242,17 +242,13 @@ class Keyer:
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             over = PromptTooLong(max_prompt_tokens, len(ids), exact=True)
             raise too_long(over, "prompt", self.max_tokens)
-        raw = body.get("cache")
         try:
-            if not isinstance(raw, Mapping):
-                raise CacheOpsError("`cache` must be an object with `drop` and/or `reposition`")
-            ends = completion_segments(raw.get("segments"), len(ids))
-            ops = parse_cache_ops(raw, len(ends))
+            history = token_prompt_history(body.get("cache"), len(ids))
         except CacheOpsError as exc:
             raise RouterError(400, str(exc), param="cache") from None
-        if ops is None:
+        if history is None:
             return self._exact(ids, cache_salt, lora)
-        return self._branched(ids, OpHistory.from_ops(ops, ends), cache_salt, lora)
+        return self._branched(ids, history, cache_salt, lora)
 
     def _branched(
         self, ids: list[int], history: OpHistory, cache_salt: str | None, lora: LoraKey | None
