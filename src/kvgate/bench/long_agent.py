@@ -15,7 +15,8 @@ do not depend on its neighbours) and, per ``context``:
 - ``full``: the whole history, resent every turn (the prefix cache serves all but the new turn);
 - ``summarise``: when the prompt exceeds ``summarise_at_tokens``, every tool response but the
   last ``keep_tool_responses`` is replaced by a summary of ``summary_tokens`` tokens (its first
-  characters), as agents compact their context; the summaries stay until the next compaction.
+  characters), and older kept ones too until the prompt is at most half the threshold, as agents
+  compact their context; the summaries stay (the next compaction adds to them).
   Each compaction rewrites the prompt from the first newly summarised message: the prefix cache
   misses from there;
 - ``akv``: the whole history plus AKV cache ops in ``cache`` (``segments``: one per message;
@@ -115,31 +116,42 @@ def tool_responses(messages: Sequence[Message]) -> list[int]:
 
 
 class _Compactor:
-    """The summarise mode's state: which tool responses are summarised so far."""
+    """The summarise mode's state: which tool responses are summarised so far.
+
+    Past the threshold, every tool response but the last ``keep_tool_responses`` is summarised,
+    then older kept ones too until the prompt is at most half the threshold (agents compact to
+    well under their limit, or they would compact, and miss the cache, on every turn)."""
 
     def __init__(self, params: LongAgentParams) -> None:
         self.params = params
         self.summarised: set[int] = set()
 
     def prompt(self, messages: list[Message], units: list[list[int]]) -> list[list[int]]:
-        chars = self.params.summary_tokens * CHARS_PER_TOKEN
-        current = [
-            self._summary(i, m, chars) if i in self.summarised else units[i]
-            for i, m in enumerate(messages)
-        ]
-        if sum(map(len, current)) > self.params.summarise_at_tokens:
-            tools = tool_responses(messages)
-            keep = self.params.keep_tool_responses
-            self.summarised.update(tools[: max(0, len(tools) - keep)])
-            current = [
-                self._summary(i, m, chars) if i in self.summarised else units[i]
-                for i, m in enumerate(messages)
-            ]
+        current = self._render(messages, units)
+        threshold = self.params.summarise_at_tokens
+        if sum(map(len, current)) <= threshold:
+            return current
+        tools = [i for i in tool_responses(messages) if i not in self.summarised]
+        keep = self.params.keep_tool_responses
+        for k, index in enumerate(tools):
+            size = sum(map(len, current))
+            if k >= len(tools) - keep and size <= threshold // 2:
+                break
+            self.summarised.add(index)
+            current[index] = self._summary(index, messages[index])
         return current
 
-    @staticmethod
-    def _summary(index: int, message: Message, chars: int) -> list[int]:
-        text = f"[summary of output {index}] " + message["content"][:chars]
+    def _render(self, messages: list[Message], units: list[list[int]]) -> list[list[int]]:
+        return [
+            self._summary(i, m) if i in self.summarised else units[i]
+            for i, m in enumerate(messages)
+        ]
+
+    def _summary(self, index: int, message: Message) -> list[int]:
+        text = (
+            f"[summary of output {index}] "
+            + message["content"][: self.params.summary_tokens * CHARS_PER_TOKEN]
+        )
         return message_units({"role": message["role"], "content": text})
 
 
