@@ -24,6 +24,7 @@ from typing import Any, Literal
 from kvgate.prefix.chat import ChatTemplate, ChatTemplateError
 from kvgate.prefix.completion_prompt import PromptError, completion_prompts
 from kvgate.prefix.content_format import ContentFormat
+from kvgate.prefix.message_ends import MessageEnds
 from kvgate.prefix.tokenizer import PromptTooLong, Tokenizer
 
 
@@ -69,6 +70,7 @@ class RequestTokenizer:
             else None
         )
         self._request_templates: dict[str, ChatTemplate] = {}
+        self._message_ends = MessageEnds()
 
     def completion_token_ids(
         self,
@@ -158,27 +160,10 @@ class RequestTokenizer:
         self, body: Mapping[str, Any], ids: Sequence[int], indices: Iterable[int]
     ) -> dict[int, int]:
         """For each message index i, the token offset in `ids` (the body's own ids) where
-        message i ends: the ids of the first i+1 messages rendered without a generation prompt.
-        Raises PromptError where those ids are not a prefix of `ids` (a template that renders
-        a message differently once others follow it): cache ops cannot be placed there."""
-        messages = body["messages"]
-        out: dict[int, int] = {}
-        for i in sorted(set(indices)):
-            head = {
-                **body,
-                "messages": messages[: i + 1],
-                "add_generation_prompt": False,
-                "continue_final_message": False,
-            }
-            head_ids = self.chat_token_ids(head)
-            n = len(head_ids)
-            if list(ids[:n]) != head_ids:
-                raise PromptError(
-                    f"the chat template renders message {i} differently once later messages "
-                    "follow it, so cache ops cannot name it"
-                )
-            out[i] = n
-        return out
+        message i ends: the ids of the first i+1 messages rendered without a generation prompt
+        (remembered across turns: `kvgate.prefix.message_ends`). Raises PromptError where those
+        ids are not a prefix of `ids`: cache ops cannot be placed there."""
+        return self._message_ends.ends(body, ids, indices, self.chat_token_ids)
 
     def _template_for(self, body: Mapping[str, Any]) -> ChatTemplate:
         source = body.get("chat_template")
