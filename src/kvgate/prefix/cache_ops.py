@@ -108,8 +108,10 @@ def parse_cache_ops(raw: Any, num_segments: int) -> CacheOps | None:
     unknown = set(raw) - {"drop", "reposition", "segments"}
     if unknown:
         raise CacheOpsError(f"`cache`: unknown field(s) {sorted(unknown)}")
-    raw_drop = raw.get("drop") or {}
-    raw_repo = raw.get("reposition") or []
+    raw_drop = raw.get("drop")
+    raw_repo = raw.get("reposition")
+    raw_drop = {} if raw_drop is None else raw_drop
+    raw_repo = [] if raw_repo is None else raw_repo
     if not isinstance(raw_drop, Mapping):
         raise CacheOpsError("`cache.drop` must be an object: boundary → list of segments")
     if not isinstance(raw_repo, list):

@@ -85,6 +85,10 @@ def test_validation_errors() -> None:
         parse_cache_ops({"drop": {"-1": [0]}}, 5)
     with pytest.raises(CacheOpsError, match="must be an object"):
         parse_cache_ops([1], 5)
+    with pytest.raises(CacheOpsError, match="boundary → list"):
+        parse_cache_ops({"drop": []}, 5)
+    with pytest.raises(CacheOpsError, match="list of boundaries"):
+        parse_cache_ops({"reposition": {}}, 5)
     with pytest.raises(CacheOpsError, match="more than"):
         parse_cache_ops({"reposition": list(range(5000))}, 6000)
     ops = parse_cache_ops({"drop": {"1": [0], "2": [1]}, "reposition": [2]}, 3)
