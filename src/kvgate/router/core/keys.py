@@ -181,8 +181,7 @@ class Keyer:
                     return self._tokens_with_ops(first, body, cache_salt, lora, max_prompt_tokens)
                 return self._exact(first, cache_salt, lora)
         if self.requests is None:
-            salt = cache_salt if lora is None else f"{cache_salt or ''}\0lora:{lora.name}"
-            return self._approximate(body, salt)
+            return self._approximate(body, _approximate_salt(cache_salt, lora))
         param = "messages" if kind == "chat" else "prompt"
         try:
             if kind == "chat" and self.reuse is not None and _plain_chat(body):
@@ -217,8 +216,7 @@ class Keyer:
         part every branch shares)."""
         if self.requests is None:
             head = {**body, "messages": body["messages"][: ops.boundaries[0] + 1]}
-            salt = cache_salt if lora is None else f"{cache_salt or ''}\0lora:{lora.name}"
-            approx = self._approximate(head, salt)
+            approx = self._approximate(head, _approximate_salt(cache_salt, lora))
             tokens = max(1, int(len(request_text(body)) / CHARS_PER_TOKEN))
             return RequestKeys(tokens, approx.block_keys, approx.block_tokens, False)
         try:
@@ -299,3 +297,8 @@ def _chat_ops(body: Mapping[str, Any], num_messages: int) -> CacheOps | None:
         return parse_cache_ops(raw, num_messages)
     except CacheOpsError as exc:
         raise RouterError(400, str(exc), param="cache") from None
+
+
+def _approximate_salt(cache_salt: str | None, lora: LoraKey | None) -> str | None:
+    """Approximate keys carry the LoRA adapter in their salt (vLLM hashes it into every block)."""
+    return cache_salt if lora is None else f"{cache_salt or ''}\0lora:{lora.name}"
