@@ -1,6 +1,7 @@
 """AKV cache ops end to end: `kvgate sim serve --sim-akv` pods publish KV events whose keys
 carry each request's op history, a real `kvgate router` process keys the same history the same
-way and routes a session's next turn onto its own dropped history; a pool whose engines do not
+way and routes a session's next turn onto its own dropped history (ops the client sends, or
+the router's rolling drop); a pool whose engines do not
 support ops never receives the `cache` field (a recording HTTP proxy in front of its pod sees
 every body the router sends)."""
 
@@ -179,5 +180,60 @@ async def test_sessions_hit_their_own_dropped_history_and_plain_pods_never_see_o
         assert len(proxy.bodies) == 2
         assert all("cache" not in body for body in proxy.bodies)
         assert all(len(body["prompt"]) >= 4 * SEG for body in proxy.bodies)
+    finally:
+        router.stop()
+
+
+async def test_the_routers_rolling_drop_reaches_the_pod_and_its_next_turns_hit(
+    sim_fleet, tmp_path: Path
+) -> None:
+    tokenizer = str(Path(__file__).parents[2] / "data" / "prefix" / "tokenizer")
+    akv, events, replay = sim_fleet(1, "--sim-akv", "--tokenizer", tokenizer)
+    config = {
+        "pools": [
+            {
+                "name": "akv",
+                "model": "m",
+                "engine": {"hash_seed": "0", "cache_ops": True, "tokenizer": {"path": tokenizer}},
+                "endpoints": {
+                    "static": [
+                        {
+                            "url": akv.url,
+                            "kv_events": f"tcp://127.0.0.1:{events}",
+                            "kv_replay": f"tcp://127.0.0.1:{replay}",
+                        }
+                    ]
+                },
+            }
+        ],
+        "cache_ops": {"rolling_drop": True, "keep_tool_responses": 2},
+        "policy": {"seed": 1},
+    }
+    router = RouterProcess(config, tmp_path)
+    try:
+        await router.wait_ready()
+        await asyncio.sleep(0.3)
+        history: list[dict[str, str]] = [
+            {"role": "system", "content": "You fix bugs in a repository. " * 20},
+            {"role": "user", "content": "The tests fail; find out why."},
+        ]
+        async with httpx.AsyncClient(base_url=router.url, timeout=30) as client:
+            previous_prompt = 0
+            for turn in range(6):
+                history.append({"role": "assistant", "content": f"run step {turn} " * 8})
+                history.append({"role": "tool", "content": f"output of step {turn} " * 60})
+                body = {"model": "m", "messages": history, "max_tokens": 2}
+                if turn >= 3:  # drops from turn 2 on; the pod's events of the last turn arrived
+                    await _predicted(client, body, previous_prompt // 2)
+                response = await client.post("/v1/chat/completions", json=body)
+                assert response.status_code == 200, response.text
+                usage = response.json()["usage"]
+                cached = usage["prompt_tokens_details"]["cached_tokens"]
+                if turn >= 3:
+                    # the whole previous prompt but its generation prompt's last block is a hit:
+                    # the ops the router added last turn are resent, extended, this turn
+                    assert cached >= previous_prompt - 32, (turn, cached, previous_prompt)
+                    assert int(response.headers["x-kvgate-prefix-hit-tokens"]) == cached
+                previous_prompt = usage["prompt_tokens"]
     finally:
         router.stop()
