@@ -1,4 +1,5 @@
-"""AKV cache ops end to end: `kvgate sim serve --sim-akv` pods publish KV events whose keys
+"""AKV cache ops end to end: `kvgate sim serve --sim-akv` pods (and a `kvgate sim fleet` of
+them) publish KV events whose keys
 carry each request's op history, a real `kvgate router` process keys the same history the same
 way and routes a session's next turn onto its own dropped history (ops the client sends, or
 the router's rolling drop); a pool whose engines do not
@@ -111,9 +112,16 @@ async def _predicted(client: httpx.AsyncClient, body: dict[str, Any], at_least: 
 
 
 async def test_sessions_hit_their_own_dropped_history_and_plain_pods_never_see_ops(
-    sim_fleet, sim_pods, recording_proxy, tmp_path: Path
+    sim_pods, recording_proxy, tmp_path: Path
 ) -> None:
-    akv, events, replay = sim_fleet(1, "--sim-akv")
+    events, replay = free_port(), free_port()
+    kv_config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{events}",
+        "replay_endpoint": f"tcp://*:{replay}",
+    }
+    (akv,) = sim_pods(1, "--sim-akv", "--kv-events-config", json.dumps(kv_config))
     (plain,) = sim_pods(1, "--served-model-name", "plain")
     proxy = recording_proxy(plain.url)
     config = {
