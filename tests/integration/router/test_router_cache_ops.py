@@ -1,10 +1,9 @@
 """AKV cache ops end to end: `kvgate sim serve --sim-akv` pods (and a `kvgate sim fleet` of
-them) publish KV events whose keys
-carry each request's op history, a real `kvgate router` process keys the same history the same
-way and routes a session's next turn onto its own dropped history (ops the client sends, or
-the router's rolling drop); a pool whose engines do not
-support ops never receives the `cache` field (a recording HTTP proxy in front of its pod sees
-every body the router sends)."""
+them) publish KV events whose keys carry each request's op history; a real `kvgate router`
+process keys the same history the same way and routes a session's next turn onto its own
+dropped history (ops the client sends, or the router's rolling drop); a pool whose engines do
+not support ops never receives the `cache` field (a recording HTTP proxy in front of its pod
+sees every body the router sends)."""
 
 from __future__ import annotations
 
