@@ -11,9 +11,11 @@ from __future__ import annotations
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -36,17 +38,73 @@ def free_port() -> int:
         return port
 
 
-class RedisServer:
-    """One `redis-server` process on 127.0.0.1, data in `workdir`, no persistence."""
+@dataclass(frozen=True)
+class TlsFiles:
+    """A CA and a server certificate for 127.0.0.1 / localhost it signed (PEM files)."""
 
-    def __init__(self, workdir: Path) -> None:
+    ca: Path
+    cert: Path
+    key: Path
+
+    def context(self) -> ssl.SSLContext:
+        """A client context that trusts only this CA."""
+        return ssl.create_default_context(cafile=str(self.ca))
+
+
+def make_tls_files(directory: Path) -> TlsFiles:
+    """Make a throwaway CA and a server certificate with openssl (EC keys, 1 day)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.fail("openssl is not installed")
+    directory.mkdir(parents=True, exist_ok=True)
+    files = TlsFiles(directory / "ca.crt", directory / "server.crt", directory / "server.key")
+    ca_key, csr, ext = directory / "ca.key", directory / "server.csr", directory / "server.ext"
+    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+
+    def run(*args: str) -> None:
+        subprocess.run([openssl, *args], check=True, capture_output=True, timeout=60)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(files.ca), "-days", "1",
+        "-subj", "/CN=kvgate test CA")  # fmt: skip
+    run("req", *ec, "-keyout", str(files.key), "-out", str(csr), "-subj", "/CN=127.0.0.1")
+    run("x509", "-req", "-in", str(csr), "-CA", str(files.ca), "-CAkey", str(ca_key),
+        "-CAcreateserial", "-out", str(files.cert), "-days", "1", "-extfile", str(ext))  # fmt: skip
+    return files
+
+
+class RedisServer:
+    """One `redis-server` process on 127.0.0.1, data in `workdir`, no persistence.
+
+    With `tls`, it listens only on a TLS port (no client certificates required); `extra_args`
+    go to redis-server as given (e.g. cluster mode, with a `{bus_port}` placeholder for a second
+    free port).
+    """
+
+    def __init__(
+        self, workdir: Path, *, tls: TlsFiles | None = None, extra_args: Sequence[str] = ()
+    ) -> None:
         self.workdir = workdir
+        self.tls = tls
+        self.extra_args = list(extra_args)
         self.port = 0
+        self.bus_port = 0
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"{'rediss' if self.tls else 'redis'}://127.0.0.1:{self.port}/0"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _listen_args(self) -> list[str]:
+        if self.tls is None:
+            return ["--port", str(self.port)]
+        return ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(self.tls.cert),
+                "--tls-key-file", str(self.tls.key), "--tls-ca-cert-file", str(self.tls.ca),
+                "--tls-auth-clients", "no"]  # fmt: skip
 
     def start(self) -> None:
         binary = shutil.which("redis-server")
@@ -55,19 +113,36 @@ class RedisServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for _attempt in range(5):  # the free port may be taken between probe and bind
             self.port = self.port or free_port()
+            self.bus_port = self.bus_port or free_port()
+            extra = [a.replace("{bus_port}", str(self.bus_port)) for a in self.extra_args]
             log = (self.workdir / "redis.log").open("ab")
             self._proc = subprocess.Popen(
-                [binary, "--bind", "127.0.0.1", "--port", str(self.port), "--dir",
+                [binary, "--bind", "127.0.0.1", *self._listen_args(), "--dir",
                  str(self.workdir), "--save", "", "--appendonly", "no", "--daemonize", "no",
-                 "--protected-mode", "no", "--logfile", ""],
+                 "--protected-mode", "no", "--logfile", "", *extra],
                 stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
             )  # fmt: skip
             log.close()
             if self._wait_ready():
                 return
             self.stop()
-            self.port = 0
+            self.port = self.bus_port = 0
         pytest.fail(f"redis-server did not start; see {self.workdir / 'redis.log'}")
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def command(self, *words: str, timeout: float = 5.0) -> bytes:
+        """Send one inline command and return the start of the reply (TLS when configured)."""
+        with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as raw:
+            sock = (
+                self.tls.context().wrap_socket(raw, server_hostname="127.0.0.1")
+                if self.tls
+                else raw
+            )
+            sock.sendall(" ".join(words).encode() + b"\r\n")
+            return sock.recv(4096)
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + _START_TIMEOUT_SECONDS
@@ -76,19 +151,22 @@ class RedisServer:
             if self._proc.poll() is not None:
                 return False
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(64).startswith(b"+PONG"):
-                        return True
+                if self.command("PING", timeout=0.5).startswith(b"+PONG"):
+                    return True
             except OSError:
                 pass
             time.sleep(0.02)
         return False
 
     def flushall(self) -> None:
-        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as sock:
-            sock.sendall(b"FLUSHALL\r\n")
-            assert sock.recv(64).startswith(b"+OK")
+        assert self.command("FLUSHALL").startswith(b"+OK")
+
+    def kill(self) -> None:
+        """SIGKILL the server: no shutdown, as when its node dies."""
+        assert self._proc is not None
+        self._proc.kill()
+        self._proc.wait(timeout=5)
+        self._proc = None
 
     def pause(self) -> None:
         """Freeze the server (SIGSTOP): connections stay open and nothing answers, as in a stall."""
