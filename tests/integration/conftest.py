@@ -136,13 +136,12 @@ class RedisServer:
     def command(self, *words: str, timeout: float = 5.0) -> bytes:
         """Send one inline command and return the start of the reply (TLS when configured)."""
         with socket.create_connection(("127.0.0.1", self.port), timeout=timeout) as raw:
-            sock = (
-                self.tls.context().wrap_socket(raw, server_hostname="127.0.0.1")
-                if self.tls
-                else raw
-            )
-            sock.sendall(" ".join(words).encode() + b"\r\n")
-            return sock.recv(4096)
+            if self.tls is None:
+                raw.sendall(" ".join(words).encode() + b"\r\n")
+                return raw.recv(4096)
+            with self.tls.context().wrap_socket(raw, server_hostname="127.0.0.1") as sock:
+                sock.sendall(" ".join(words).encode() + b"\r\n")
+                return sock.recv(4096)
 
     def _wait_ready(self) -> bool:
         deadline = time.monotonic() + _START_TIMEOUT_SECONDS
@@ -151,7 +150,7 @@ class RedisServer:
             if self._proc.poll() is not None:
                 return False
             try:
-                if self.command("PING", timeout=0.5).startswith(b"+PONG"):
+                if self.command("PING", timeout=0.5).startswith((b"+PONG", b"-NOAUTH")):
                     return True
             except OSError:
                 pass

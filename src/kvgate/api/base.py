@@ -14,7 +14,14 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "kvgate.io"
@@ -164,6 +171,31 @@ class SecretKeyRef(ApiModel):
 
     name: str = Field(min_length=1, description="Secret name (same namespace).")
     key: str = Field(min_length=1, description="Key within the Secret.")
+
+
+class FileKeyRef(ApiModel):
+    """A key of a Secret or of a ConfigMap in the resource's namespace, mounted as a file."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.secret) != has(self.configMap)",
+                    "give exactly one of secret and configMap",
+                )
+            ]
+        }
+    )
+
+    secret: str | None = Field(default=None, min_length=1, description="Secret name.")
+    config_map: str | None = Field(default=None, min_length=1, description="ConfigMap name.")
+    key: str = Field(min_length=1, description="Key within it (the file's name).")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> FileKeyRef:
+        if (self.secret is None) == (self.config_map is None):
+            raise ValueError("give exactly one of secret and configMap")
+        return self
 
 
 class PodTemplateOverrides(ApiModel):

@@ -16,6 +16,7 @@ from pydantic import ConfigDict, Field
 from kvgate.api.base import (
     ApiModel,
     Condition,
+    FileKeyRef,
     PodTemplateOverrides,
     ResourceRequirements,
     SecretKeyRef,
@@ -49,8 +50,8 @@ class PoolSelector(ApiModel):
 # The sections shared with the router's configuration, with Secrets named by name and key.
 TenantSpec = TenantSettings[SecretKeyRef]
 TenantsSpec = TenantsSettings[SecretKeyRef]
-RedisSpec = RedisSettings[SecretKeyRef]
-DirectorySpec = DirectorySettings[SecretKeyRef]
+RedisSpec = RedisSettings[SecretKeyRef, FileKeyRef]
+DirectorySpec = DirectorySettings[SecretKeyRef, FileKeyRef]
 
 
 class RouterSpec(ApiModel):

@@ -253,7 +253,7 @@ class PoolConfig(ConfigModel):
 
 TenantConfig = TenantSettings[SecretRef]
 TenantsConfig = TenantsSettings[SecretRef]
-RedisConfig = RedisSettings[SecretRef]
+RedisConfig = RedisSettings[SecretRef, str]
 
 
 class KvEventsConfig(ConfigModel):
@@ -274,7 +274,7 @@ class KvEventsConfig(ConfigModel):
     receive_queue_messages: int = Field(default=1000, ge=1)
 
 
-class DirectoryConfig(DirectorySettings[SecretRef]):
+class DirectoryConfig(DirectorySettings[SecretRef, str]):
     """The directory section of the router config: the RoutingPolicy's, plus KV-event bounds."""
 
     kv_events: KvEventsConfig = KvEventsConfig()

@@ -10,6 +10,8 @@ and in docs/crds.md at once.
 Sections holding secrets are generic in how a secret is named: the router reads
 `SecretRef` (an inline value, a file or an environment variable), a RoutingPolicy names a key
 of a Secret (`SecretKeyRef`) that the operator hands to the router as an environment variable.
+Files (a CA bundle) are likewise a path for the router and a Secret or ConfigMap key
+(`FileKeyRef`) in a RoutingPolicy, which the operator mounts and names by its path.
 
 Every default lives here, documented in the field's description (docs/configuration.md is the
 prose version). Cross-field rules are written twice, side by side: as a Python validator (the
@@ -29,6 +31,9 @@ RequestClass = Literal["online", "batch"]
 
 #: How a section names a secret: `router_config.SecretRef` or `base.SecretKeyRef`.
 SecretT = TypeVar("SecretT", bound=BaseModel)
+#: How a section names a file the process reads (a CA bundle): a path in the router's file, a
+#: Secret or ConfigMap key (`base.FileKeyRef`) that the operator mounts in a RoutingPolicy.
+FileT = TypeVar("FileT")
 
 
 class ConfigModel(BaseModel):
@@ -256,16 +261,35 @@ class TenantsSettings(ConfigModel, Generic[SecretT]):
 # Directory
 
 
-class RedisSettings(ConfigModel, Generic[SecretT]):
-    """Connection to the Redis directory."""
+class RedisSettings(ConfigModel, Generic[SecretT, FileT]):
+    """Connection to the Redis directory: one server or a Redis Cluster, optionally over TLS."""
 
     url: str = Field(
         default="redis://127.0.0.1:6379/0",
         min_length=1,
-        description="redis:// URL without password, e.g. redis://kvgate-redis:6379/0.",
+        pattern=r"^rediss?://",
+        description="redis:// URL without password, e.g. redis://kvgate-redis:6379/0; "
+        "rediss:// for TLS. With cluster, any one node of the cluster (database 0).",
+    )
+    url_secret: SecretT | None = Field(
+        default=None,
+        description="The URL from a secret instead of `url` (it may carry credentials, "
+        "rediss://user:password@host:6380/0, as managed Redis services hand it out).",
     )
     key_prefix: str = Field(default="kvgate", min_length=1, description="Prefix of every key.")
-    password: SecretT | None = Field(default=None, description="The Redis password (a secret).")
+    password: SecretT | None = Field(
+        default=None, description="The Redis password (a secret); overrides one in the URL."
+    )
+    cluster: bool = Field(
+        default=False,
+        description="Redis Cluster: the client discovers the nodes from the URL's, routes each "
+        "pool's calls to the master of its hash slot and follows failovers.",
+    )
+    ca_bundle: FileT | None = Field(
+        default=None,
+        description="PEM CA bundle that signs the server's TLS certificate (rediss:// only); "
+        "default: the system's trust store.",
+    )
     socket_timeout_seconds: float = Field(
         default=0.5,
         gt=0.0,
@@ -281,7 +305,7 @@ class RedisSettings(ConfigModel, Generic[SecretT]):
     )
 
 
-class DirectorySettings(ConfigModel, Generic[SecretT]):
+class DirectorySettings(ConfigModel, Generic[SecretT, FileT]):
     """Where the router keeps which pod holds which blocks."""
 
     model_config = ConfigDict(
@@ -301,7 +325,9 @@ class DirectorySettings(ConfigModel, Generic[SecretT]):
         default="memory",
         description="memory (per router replica) or redis (shared by replicas and indexers).",
     )
-    redis: RedisSettings[SecretT] = section(RedisSettings, "Redis connection (backend redis).")
+    redis: RedisSettings[SecretT, FileT] = section(
+        RedisSettings, "Redis connection (backend redis)."
+    )
     embedded_indexer: bool = Field(
         default=True,
         description="Subscribe to KV events inside the router; false when a `kvgate indexer` "
@@ -314,7 +340,7 @@ class DirectorySettings(ConfigModel, Generic[SecretT]):
     )
 
     @model_validator(mode="after")
-    def _indexer_needs_redis(self) -> DirectorySettings[SecretT]:
+    def _indexer_needs_redis(self) -> DirectorySettings[SecretT, FileT]:
         if not self.embedded_indexer and self.backend != "redis":
             raise ValueError(
                 "embedded_indexer: false needs backend: redis (a separate `kvgate indexer` "

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from kvgate import __version__
-from kvgate.api.base import GROUP_VERSION, JsonDict
+from kvgate.api.base import GROUP_VERSION, FileKeyRef, JsonDict
 from kvgate.api.policy import POLICY_KIND, RoutingPolicySpec
 from kvgate.api.pool import POOL_KIND, InferencePoolSpec
 from kvgate.operator import cleanup
@@ -221,7 +221,7 @@ class Reconciler:
                 )
             except Exception as exc:  # Redis down, timeout, auth: never block the deletion
                 message = (
-                    f"could not clear directory entries of {pool_key} at {target.url}: "
+                    f"could not clear directory entries of {pool_key} at {target.display_url}: "
                     f"{type(exc).__name__}: {exc}; stale entries expire or are replaced"
                 )
                 log.warning(message)
@@ -229,21 +229,46 @@ class Reconciler:
                     body, type="Warning", reason="DirectoryCleanupFailed", message=message
                 )
             else:
-                message = f"cleared {pods} pods of {pool_key} from the directory at {target.url}"
+                message = (
+                    f"cleared {pods} pods of {pool_key} from the directory at {target.display_url}"
+                )
                 await self.events(body, type="Normal", reason="DirectoryCleared", message=message)
         self._problems.pop((owner.kind, owner.namespace, owner.name), None)
         self._locks.pop((owner.kind, owner.namespace, owner.name), None)
 
     async def _redis_target(self, namespace: str, spec: RoutingPolicySpec) -> cleanup.RedisTarget:
         redis = spec.directory.redis
-        password = None
+        password = url = ca_pem = None
         if redis.password is not None:
-            secret = await self.kube.get("v1", "Secret", namespace, redis.password.name)
-            data = (secret or {}).get("data") or {}
-            if redis.password.key not in data:
-                raise ValueError(f"Secret {redis.password.name} has no key {redis.password.key}")
-            password = base64.b64decode(data[redis.password.key]).decode()
-        return cleanup.RedisTarget(url=redis.url, key_prefix=redis.key_prefix, password=password)
+            password = await self._secret_value(namespace, redis.password.name, redis.password.key)
+        if redis.url_secret is not None:
+            ref = redis.url_secret
+            url = (await self._secret_value(namespace, ref.name, ref.key)).strip()
+        if redis.ca_bundle is not None:
+            ca_pem = await self._file_value(namespace, redis.ca_bundle)
+        return cleanup.RedisTarget(
+            url=url or redis.url,
+            key_prefix=redis.key_prefix,
+            password=password,
+            cluster=redis.cluster,
+            ca_pem=ca_pem,
+        )
+
+    async def _secret_value(self, namespace: str, name: str, key: str) -> str:
+        secret = await self.kube.get("v1", "Secret", namespace, name)
+        data = (secret or {}).get("data") or {}
+        if key not in data:
+            raise ValueError(f"Secret {name} has no key {key}")
+        return base64.b64decode(data[key]).decode()
+
+    async def _file_value(self, namespace: str, ref: FileKeyRef) -> str:
+        if ref.secret is not None:
+            return await self._secret_value(namespace, ref.secret, ref.key)
+        config_map = await self.kube.get("v1", "ConfigMap", namespace, str(ref.config_map))
+        data = (config_map or {}).get("data") or {}
+        if ref.key not in data:
+            raise ValueError(f"ConfigMap {ref.config_map} has no key {ref.key}")
+        return str(data[ref.key])
 
     # -- policies ------------------------------------------------------------------------------
 

@@ -206,6 +206,30 @@ def test_external_redis_replaces_the_bundled_one() -> None:
     assert "env" not in no_env["containers"][0]
 
 
+@pytest.mark.parametrize(
+    ("tls", "volume"),
+    [
+        ({"caConfigMap": "redis-ca"}, {"configMap": {"name": "redis-ca"}}),
+        ({"caSecret": "redis-tls", "caKey": "ca.pem"}, {"secret": {"secretName": "redis-tls"}}),
+    ],
+)
+def test_managed_redis_cluster_with_url_secret_and_tls(
+    tls: dict[str, str], volume: dict[str, Any]
+) -> None:
+    external = {"urlSecret": "managed", "cluster": True, "tls": tls}
+    docs = render({"redis": {"enabled": False, "external": external}, "indexer": INDEXER})
+    redis = indexer_config(docs).directory.redis
+    assert redis.cluster and redis.url_secret is not None and redis.url_secret.env == "REDIS_URL"
+    key = tls.get("caKey", "ca.crt")
+    assert redis.ca_bundle == f"/var/lib/kvgate/redis-ca/{key}"
+    pod = one(docs, "Deployment", "kvgate-indexer")["spec"]["template"]["spec"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pod["containers"][0]["env"]}
+    assert env == {"REDIS_URL": {"name": "managed", "key": "redis-url"}}
+    assert {"name": "redis-ca", **volume} in pod["volumes"]
+    mount = {"name": "redis-ca", "mountPath": "/var/lib/kvgate/redis-ca", "readOnly": True}
+    assert mount in pod["containers"][0]["volumeMounts"]
+
+
 def test_service_monitors_need_both_the_value_and_the_crd() -> None:
     assert not find(render({"serviceMonitor": {"enabled": True}}), "ServiceMonitor")
     assert not find(render({}, [SERVICE_MONITOR_API]), "ServiceMonitor")

@@ -14,9 +14,13 @@ OWNER = Owner(kind="RoutingPolicy", name="front", namespace="ai", uid="u2")
 POOL = SelectedPool("llama", "ai", InferencePoolSpec.model_validate({"model": "m"}))
 
 
-def render(**spec: Any) -> dict[str, Any]:
+def render(indexer_replicas: int | None = None, **spec: Any) -> dict[str, Any]:
     children, _ = policy_children(
-        OWNER, RoutingPolicySpec.model_validate({"pools": ["llama"], **spec}), [POOL], "img"
+        OWNER,
+        RoutingPolicySpec.model_validate({"pools": ["llama"], **spec}),
+        [POOL],
+        "img",
+        indexer_replicas,
     )
     return {f"{c['kind']}/{c['metadata']['name']}": c for c in children}
 
@@ -90,3 +94,36 @@ def test_tokenizer_config_map_is_mounted_for_the_router() -> None:
     deployment = next(c for c in children if c["kind"] == "Deployment")
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
     assert {"name": "tokenizer-llama", "configMap": {"name": "tok"}} in volumes
+
+
+def test_redis_url_from_a_secret_and_ca_bundle_reach_router_and_indexer() -> None:
+    redis = {
+        "urlSecret": {"name": "managed-redis", "key": "url"},
+        "cluster": True,
+        "caBundle": {"configMap": "redis-ca", "key": "ca.crt"},
+    }
+    objects = render(1, directory={"backend": "redis", "embeddedIndexer": False, "redis": redis})
+    config = parse_router_config(objects["ConfigMap/front-router-config"]["data"]["router.yaml"])
+    assert config.directory.redis.cluster
+    ca_path = "/var/lib/kvgate/files/file-configmap-redis-ca/ca.crt"
+    assert config.directory.redis.ca_bundle == ca_path
+    assert config.directory.redis.url_secret is not None
+    for name in ("Deployment/front-router", "Deployment/front-indexer"):
+        pod = objects[name]["spec"]["template"]["spec"]
+        container = pod["containers"][0]
+        env = {e["name"]: e for e in container["env"]}
+        ref = env[str(config.directory.redis.url_secret.env)]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": "managed-redis", "key": "url"}
+        volume = {"name": "file-configmap-redis-ca", "configMap": {"name": "redis-ca"}}
+        assert volume in pod["volumes"]
+        mount = {"name": volume["name"], "mountPath": ca_path.rpartition("/")[0], "readOnly": True}
+        assert mount in container["volumeMounts"]
+
+
+def test_a_ca_bundle_in_a_secret_is_mounted_once_per_secret() -> None:
+    redis = {"caBundle": {"secret": "redis-tls", "key": "ca.crt"}, "url": "rediss://r:6380/0"}
+    pod = render(directory={"backend": "redis", "redis": redis})["Deployment/front-router"]
+    volumes = pod["spec"]["template"]["spec"]["volumes"]
+    assert [v for v in volumes if v["name"].startswith("file-")] == [
+        {"name": "file-secret-redis-tls", "secret": {"secretName": "redis-tls"}}
+    ]

@@ -3,7 +3,9 @@
 `router_config` translates the policy (Kubernetes conventions) and each selected pool into
 :class:`kvgate.api.router_config.RouterConfig`, which validates the result: the router loads
 exactly what the operator renders. Secrets are never copied: the config names an environment
-variable that the router container fills from the Secret key (`secretKeyRef`). A pool's
+variable that the router container fills from the Secret key (`secretKeyRef`). Files (the
+Redis CA bundle) are Secret or ConfigMap keys mounted under `FILES_DIR`; the config names the
+path. A pool's
 tokenizer ConfigMap is referenced by its mount path, and each pool's engines by the label
 selector of its Deployment.
 """
@@ -19,12 +21,14 @@ import yaml
 from pydantic import BaseModel
 
 from kvgate.api import router_config as rc
-from kvgate.api.base import JsonDict, SecretKeyRef
+from kvgate.api.base import FileKeyRef, JsonDict, SecretKeyRef
 from kvgate.api.policy import RoutingPolicySpec
 from kvgate.api.pool import InferencePoolSpec
+from kvgate.operator.render.common import dns_label
 from kvgate.operator.render.engine import engine_selector_string
 
 TOKENIZERS_DIR = "/var/lib/kvgate/tokenizers"
+FILES_DIR = "/var/lib/kvgate/files"
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +49,37 @@ def secret_env_name(ref: SecretKeyRef) -> str:
 
 def _secret(ref: SecretKeyRef) -> rc.SecretRef:
     return rc.SecretRef(env=secret_env_name(ref))
+
+
+def file_volume_name(ref: FileKeyRef) -> str:
+    """The volume of the Secret or ConfigMap `ref` names (one per object, every key in it)."""
+    if ref.secret is not None:
+        return dns_label("file", "secret", ref.secret)
+    assert ref.config_map is not None
+    return dns_label("file", "configmap", ref.config_map)
+
+
+def file_path(ref: FileKeyRef) -> str:
+    """Where the router reads the file `ref` names."""
+    return f"{FILES_DIR}/{file_volume_name(ref)}/{ref.key}"
+
+
+def file_volumes(spec: RoutingPolicySpec) -> tuple[list[JsonDict], list[JsonDict]]:
+    """Volumes and mounts of every Secret or ConfigMap the config reads files from; whole
+    objects, never `subPath`, so that a renewed certificate reaches the pod."""
+    refs = [r for r in (spec.directory.redis.ca_bundle,) if r is not None]
+    volumes: dict[str, JsonDict] = {}
+    for ref in refs:
+        source: JsonDict
+        if ref.secret is not None:
+            source = {"secret": {"secretName": ref.secret}}
+        else:
+            source = {"configMap": {"name": ref.config_map}}
+        volumes[file_volume_name(ref)] = {"name": file_volume_name(ref), **source}
+    mounts = [
+        {"name": name, "mountPath": f"{FILES_DIR}/{name}", "readOnly": True} for name in volumes
+    ]
+    return list(volumes.values()), mounts
 
 
 def _tokenizer(pool: SelectedPool) -> rc.TokenizerConfig:
@@ -88,9 +123,12 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
 
 def _router_secrets(value: Any) -> Any:
     """A spec section as router-config input: every Secret key becomes the `SecretRef` of the
-    environment variable the router container gets it in; everything else is kept as is."""
+    environment variable the router container gets it in, every mounted file its path;
+    everything else is kept as is."""
     if isinstance(value, SecretKeyRef):
         return _secret(value)
+    if isinstance(value, FileKeyRef):
+        return file_path(value)
     if isinstance(value, BaseModel):
         return {name: _router_secrets(getattr(value, name)) for name in type(value).model_fields}
     if isinstance(value, list):
@@ -136,7 +174,13 @@ def secret_env(spec: RoutingPolicySpec) -> list[JsonDict]:
 def secret_refs(spec: RoutingPolicySpec) -> list[SecretKeyRef]:
     refs = [k for t in spec.tenants.tenants for k in t.api_keys]
     refs += [t.cache_salt for t in spec.tenants.tenants if t.cache_salt]
-    for ref in (spec.tenants.salt_secret, spec.directory.redis.password, spec.router.admin_token):
+    redis = spec.directory.redis
+    for ref in (
+        spec.tenants.salt_secret,
+        redis.password,
+        redis.url_secret,
+        spec.router.admin_token,
+    ):
         if ref is not None:
             refs.append(ref)
     return refs

@@ -36,6 +36,7 @@ from kvgate.operator.render.common import (
 from kvgate.operator.render.config import (
     TOKENIZERS_DIR,
     SelectedPool,
+    file_volumes,
     router_config,
     router_config_yaml,
     secret_env,
@@ -110,7 +111,8 @@ def _volumes(
             mounts.append(
                 {"name": volume, "mountPath": f"{TOKENIZERS_DIR}/{pool.name}", "readOnly": True}
             )
-    return volumes, mounts
+    file_vols, file_mounts = file_volumes(spec)
+    return volumes + file_vols, mounts + file_mounts
 
 
 def _kvgate_deployment(
