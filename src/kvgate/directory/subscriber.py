@@ -25,8 +25,9 @@ Algorithm, with `expected` = the next seq this subscriber needs (None before the
 * seq < expected: the engine restarted (seq went back, normally to 0): new generation, which
   clears the pod at once, then seq > 0 is handled as a first message.
 * Payloads that do not decode, frames that are not `[topic, seq, payload]`, rejected events:
-  counted, logged once, skipped. Events of other KV cache groups than `kv_cache_group` are
-  skipped (hybrid models).
+  counted, logged once, skipped. Only events of full-attention KV cache groups count (hybrid
+  models, `cache_groups.py`): those of sliding-window or mamba groups are skipped quietly,
+  those of a group of unknown kind other than `kv_cache_group` are counted and skipped.
 * If the directory fails (Redis down), the batch's seq becomes `expected` again after a short
   back-off, so the next message triggers a replay and the directory catches up.
 
@@ -51,6 +52,7 @@ import zmq.asyncio
 
 from kvgate.api.router_config import KvEventsConfig
 from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex
+from kvgate.directory.cache_groups import CacheGroupFilter
 from kvgate.directory.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -105,7 +107,7 @@ class PodSubscriber:
         self._pool = pool
         self._metrics = metrics
         self._limits = limits or KvEventsConfig()
-        self._group = kv_cache_group
+        self._groups = CacheGroupFilter(kv_cache_group)
         self._retry = retry_seconds
         self._token = secrets.token_hex(4)
         self._restarts = 0
@@ -266,8 +268,9 @@ class PodSubscriber:
                 ops.append(_Op("clear", DEFAULT_MEDIUM, []))
                 continue
             assert isinstance(event, BlockStored | BlockRemoved)
-            if self._group is not None and event.group_idx not in (None, self._group):
-                self._bad("other_kv_cache_group", f"group {event.group_idx}")
+            if not self._groups.accepts(event):
+                if not self._groups.is_partial_attention(event):
+                    self._bad("other_kv_cache_group", f"group {event.group_idx}")
                 continue
             op = "add" if isinstance(event, BlockStored) else "remove"
             medium = event.medium or DEFAULT_MEDIUM

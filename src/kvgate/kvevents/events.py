@@ -25,6 +25,13 @@ from kvgate.prefix import BlockKey, block_key
 BlockHash = bytes | int
 
 MEDIUM_GPU = "GPU"
+#: vLLM's CPU offloading tier (`--kv-offloading-backend native`, OffloadingConnector events).
+MEDIUM_CPU = "CPU"
+
+#: `kv_cache_spec_kind` values (vLLM's `KVCacheSpecKind`) of groups whose layers attend to the
+#: whole prefix: a block hit there is a hit for the request. Sliding-window, chunked-local and
+#: mamba groups keep only recent state, so their blocks say nothing about a long prefix.
+FULL_ATTENTION_KINDS = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
 
 #: Wire order of each event's fields (vLLM declaration order; the array form uses it too).
 STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
