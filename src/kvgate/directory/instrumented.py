@@ -72,9 +72,13 @@ class InstrumentedBlockIndex:
         return result
 
     async def lookup(
-        self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
+        self,
+        keys: Sequence[BlockKey],
+        pods: Collection[str] | None = None,
+        *,
+        medium: str | None = None,
     ) -> dict[str, int]:
-        result = await self._observe("lookup", self.inner.lookup(keys, pods))
+        result = await self._observe("lookup", self.inner.lookup(keys, pods, medium=medium))
         self._matched.observe(max(result.values(), default=0))
         return result
 

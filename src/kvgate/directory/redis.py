@@ -147,6 +147,7 @@ class RedisBlockIndex:
         self._max_approx = max_approximate_per_pod
         self._clock = clock
         self._lookup = client.register_script(redis_scripts.LOOKUP)
+        self._lookup_medium = client.register_script(redis_scripts.LOOKUP_MEDIUM)
         self._add = client.register_script(redis_scripts.ADD)
         self._remove = client.register_script(redis_scripts.REMOVE)
         self._add_approximate = client.register_script(redis_scripts.ADD_APPROXIMATE)
@@ -226,13 +227,22 @@ class RedisBlockIndex:
         return await script(keys=[self._keys.registry], args=[self._keys.base, *args])
 
     async def lookup(
-        self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
+        self,
+        keys: Sequence[BlockKey],
+        pods: Collection[str] | None = None,
+        *,
+        medium: str | None = None,
     ) -> dict[str, int]:
         if not keys or (pods is not None and not pods):
             return {}
         wanted = [] if pods is None else sorted(set(pods))
         head: list[_Arg] = [repr(float(self._clock())), -1 if pods is None else len(wanted)]
-        flat = await self._run(self._lookup, [*head, *wanted, *_packed(keys)])
+        script = self._lookup
+        if medium is not None:
+            check_medium(medium)
+            script = self._lookup_medium
+            head = [medium, int(medium == DEFAULT_MEDIUM), *head]
+        flat = await self._run(script, [*head, *wanted, *_packed(keys)])
         return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     async def add(
