@@ -144,6 +144,11 @@ class EngineConfig(ConfigModel):
     tokenizer: TokenizerConfig = TokenizerConfig()
     # Events publish real hashes; without them the router records what it routed, with a TTL.
     kv_events: bool = True
+    # The engines offload KV blocks to CPU memory (vLLM `--kv-offloading-backend native
+    # --kv-offloading-size GiB`): their CPU-tier events are indexed and a hit there is priced as
+    # a copy back to the GPU (cost model `cpu_load_tokens_per_second`), cheaper than recomputing
+    # and dearer than a GPU hit. False: only GPU blocks count; events of other media are skipped.
+    cpu_offload: bool = False
 
 
 class StaticEndpoint(ConfigModel):

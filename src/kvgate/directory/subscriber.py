@@ -28,6 +28,9 @@ Algorithm, with `expected` = the next seq this subscriber needs (None before the
   counted, logged once, skipped. Only events of full-attention KV cache groups count (hybrid
   models, `cache_groups.py`): those of sliding-window or mamba groups are skipped quietly,
   those of a group of unknown kind other than `kv_cache_group` are counted and skipped.
+  Events of media other than the GPU (vLLM's CPU offloading tier) are indexed only with
+  `offload_tier` (the pool's `engine.cpu_offload`), so that an unpriced tier never passes for
+  GPU hits.
 * If the directory fails (Redis down), the batch's seq becomes `expected` again after a short
   back-off, so the next message triggers a replay and the directory catches up.
 
@@ -98,6 +101,7 @@ class PodSubscriber:
         metrics: DirectoryMetrics | None = None,
         limits: KvEventsConfig | None = None,
         kv_cache_group: int | None = 0,
+        offload_tier: bool = False,
         retry_seconds: float = 0.5,
         drain_messages: int = 256,
     ) -> None:
@@ -108,6 +112,7 @@ class PodSubscriber:
         self._metrics = metrics
         self._limits = limits or KvEventsConfig()
         self._groups = CacheGroupFilter(kv_cache_group)
+        self._offload_tier = offload_tier
         self._retry = retry_seconds
         self._token = secrets.token_hex(4)
         self._restarts = 0
@@ -274,6 +279,8 @@ class PodSubscriber:
                 continue
             op = "add" if isinstance(event, BlockStored) else "remove"
             medium = event.medium or DEFAULT_MEDIUM
+            if medium != DEFAULT_MEDIUM and not self._offload_tier:
+                continue  # an offloading tier the pool's config does not price: not a GPU hit
             if ops and ops[-1].op == op and ops[-1].medium == medium:
                 ops[-1].keys.extend(event.keys)
             else:

@@ -129,7 +129,11 @@ class RouterRuntime:
         self.endpoints.add_listener(self._endpoints_changed)
         self.indexer = (
             EventIndexer(
-                self.endpoints, self.indexes, self.directory_metrics, config.directory.kv_events
+                self.endpoints,
+                self.indexes,
+                self.directory_metrics,
+                config.directory.kv_events,
+                offload_tier=self._offload_tier,
             )
             if config.directory.embedded_indexer
             else None
@@ -141,6 +145,10 @@ class RouterRuntime:
     @property
     def config(self) -> RouterConfig:
         return self.core.state.config
+
+    def _offload_tier(self, pool: str) -> bool:
+        config = self.core.state.pools.get(pool)
+        return config is not None and config.engine.cpu_offload
 
     async def start(self) -> None:
         await self._sync_pools(self.config)

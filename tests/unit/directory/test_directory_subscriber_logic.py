@@ -103,10 +103,28 @@ async def test_events_apply_in_order_within_and_across_batches(
     assert events == {"BlockStored": 5, "BlockRemoved": 1, "AllBlocksCleared": 1}
 
 
+async def test_cpu_tier_media_with_an_offloading_pool(registry: CollectorRegistry) -> None:
+    ctx = zmq.asyncio.Context()
+    sub = PodSubscriber(
+        PodEndpoint("p", "tcp://127.0.0.1:1", topic="t"), FlakyIndex(), ctx, offload_tier=True
+    )
+    try:
+        index = index_of(sub)
+        await sub.handle(msg(0, stored(h(0), medium="CPU"), stored(h(0)), BlockRemoved([h(0)])))
+        assert await index.lookup([h(0)]) == {"p": 1}  # still in CPU
+        assert await index.lookup([h(0)], medium="GPU") == {}
+        await sub.handle(msg(1, BlockRemoved([h(0)], medium="CPU")))
+        assert await index.lookup([h(0)]) == {}
+    finally:
+        ctx.destroy(linger=0)
+
+
 async def test_media_and_groups(sub: PodSubscriber, registry: CollectorRegistry) -> None:
     index = index_of(sub)
-    await sub.handle(msg(0, stored(h(0), medium="CPU"), stored(h(0)), BlockRemoved([h(0)])))
-    assert await index.lookup([h(0)]) == {"p": 1}  # still in CPU
+    # The pool declares no CPU tier: its events are not GPU hits, and are skipped.
+    await sub.handle(msg(0, stored(h(0), medium="CPU"), stored(h(3))))
+    assert await index.lookup([h(0)]) == {}
+    assert await index.lookup([h(3)]) == {"p": 1}
     await sub.handle(msg(1, stored(h(1), group=1), stored(h(2), group=0)))
     assert await index.lookup([h(1)]) == {}
     assert await index.lookup([h(2)]) == {"p": 1}

@@ -129,3 +129,20 @@ def test_holder_wins_until_its_extra_queue_exceeds_the_hit_prefill_time() -> Non
     below = m.estimate(req, endpoint(0, pending_prefill_tokens=4000), hit_blocks, 0.0)
     above = m.estimate(req, endpoint(0, pending_prefill_tokens=4200), hit_blocks, 0.0)
     assert below.ttft_seconds < idle < above.ttft_seconds
+
+
+def test_a_cpu_tier_hit_costs_its_copy_back_less_than_recompute_more_than_gpu() -> None:
+    m = model(cpu_load_tokens_per_second=40 * RATE)
+    pods = [endpoint(0), endpoint(1), endpoint(2)]
+    # pod-0 holds 200 blocks on the GPU; pod-1 the same 200, 50 on the GPU and 150 in CPU memory;
+    # pod-2 nothing.
+    req = request(4096, gpu_matched_blocks={"pod-0": 200, "pod-1": 50})
+    est = m.estimate_all(req, pods, {"pod-0": 200, "pod-1": 200}, now=0.0)
+    gpu, tiered, cold = est["pod-0"], est["pod-1"], est["pod-2"]
+    assert gpu.hit_tokens == tiered.hit_tokens == 3200 and tiered.cpu_hit_tokens == 2400
+    assert gpu.cpu_hit_tokens == 0 and gpu.prefill_seconds == pytest.approx(896 / RATE)
+    assert tiered.prefill_seconds == pytest.approx(896 / RATE + 2400 / (40 * RATE))
+    assert gpu.ttft_seconds < tiered.ttft_seconds < cold.ttft_seconds
+    # Without a tier (gpu_matched_blocks None) the same match is all on the GPU.
+    plain = m.estimate_all(request(4096), pods, {"pod-1": 200}, now=0.0)["pod-1"]
+    assert plain.cpu_hit_tokens == 0 and plain.prefill_seconds == gpu.prefill_seconds

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.api.router_config import PoolConfig, RouterConfig
-from kvgate.directory.base import BlockIndex
+from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex
 from kvgate.discovery.endpoints import Endpoint, EndpointSet
 from kvgate.prefix import LoraKey
 from kvgate.router.core.accounting import Accounting
@@ -138,7 +138,7 @@ class Router:
                 )
                 if keys_by_pool is not None:
                     keys_by_pool[pool_key] = keys
-            matched = await self._lookup(keys, members)
+            matched, on_gpu = await self._lookup(keys, members)
             request = RoutingRequest(
                 model=cls.model,
                 prompt_tokens=keys.prompt_tokens,
@@ -148,6 +148,7 @@ class Router:
                 request_class=cls.request_class,
                 tenant=cls.tenant,
                 session_id=cls.session_id,
+                gpu_matched_blocks=on_gpu,
             )
             snapshots = self.snapshots(members, now)
             try:
@@ -280,19 +281,33 @@ class Router:
             and running < limits.max_running_requests
         )
 
-    async def _lookup(self, keys: RequestKeys, members: list[Endpoint]) -> dict[str, int]:
+    async def _lookup(
+        self, keys: RequestKeys, members: list[Endpoint]
+    ) -> tuple[dict[str, int], dict[str, int] | None]:
+        """Each pod's leading matched blocks and, when a pool has a CPU offloading tier, how
+        many of them lead on the GPU (a second lookup, for the pods that matched only)."""
         if not keys.block_keys:
-            return {}
+            return {}, None
         by_pool: dict[str, list[str]] = {}
         for ep in members:
             spec = ep.spec
             by_pool.setdefault(spec.pool, []).append(spec.id)
         matched: dict[str, int] = {}
+        on_gpu: dict[str, int] | None = None
         for pool, pods in by_pool.items():
             index = self.indexes.get(pool)
-            if index is not None:
-                matched.update(await index.lookup(keys.block_keys, pods))
-        return matched
+            if index is None:
+                continue
+            found = await index.lookup(keys.block_keys, pods)
+            matched.update(found)
+            config = self.state.pools.get(pool)
+            if found and config is not None and config.engine.cpu_offload:
+                held = await index.lookup(keys.block_keys, found, medium=DEFAULT_MEDIUM)
+                on_gpu = {} if on_gpu is None else on_gpu
+                on_gpu.update({pod: held.get(pod, 0) for pod in found})
+        if on_gpu is not None:  # pools without the tier: all on the GPU
+            on_gpu.update({pod: n for pod, n in matched.items() if pod not in on_gpu})
+        return matched, on_gpu
 
 
 def _lora(pool: PoolConfig, model: str) -> LoraKey | None:
