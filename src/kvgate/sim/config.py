@@ -123,6 +123,13 @@ def add_vllm_arguments(parser: argparse.ArgumentParser, *, single_pod: bool = Tr
         "--gpu-memory-utilization", type=_fraction, default=defaults.gpu_memory_utilization
     )
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    parser.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        default=None,
+        help="GiB of host memory for the CPU offloading tier of the KV cache",
+    )
+    parser.add_argument("--kv-offloading-backend", default=None, help="native (vLLM's own)")
     parser.add_argument("--enable-prompt-tokens-details", action="store_true")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
     parser.add_argument("--seed", type=int, default=0)
@@ -162,6 +169,14 @@ def config_from_args(
         raise ValueError("--sim-time-scale must be > 0")
     if args.tensor_parallel_size < 1:
         raise ValueError("--tensor-parallel-size must be >= 1")
+    offloading = args.kv_offloading_size or 0.0
+    if offloading < 0:
+        raise ValueError("--kv-offloading-size must be >= 0")
+    if args.kv_offloading_backend not in (None, "native"):
+        raise ValueError(
+            f"--kv-offloading-backend {args.kv_offloading_backend!r}: the simulator models "
+            "vLLM's native CPU offloading only"
+        )
     engine = EngineConfig(
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks_override,
@@ -171,6 +186,7 @@ def config_from_args(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len or EngineConfig().max_model_len,
         seed=args.seed if args.sim_seed is None else args.sim_seed,
+        kv_offloading_size_gib=offloading,
     )
     kwargs: dict[str, Any] = {}
     if hasattr(args, "kv_events_config"):  # `serve`; a fleet sets these per pod

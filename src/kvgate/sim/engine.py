@@ -40,6 +40,8 @@ class EngineConfig:
     max_model_len: int = 131072
     seed: int = 0
     vocab_size: int = 32000
+    # vLLM --kv-offloading-size (GiB of host memory for the CPU offloading tier; 0 = none)
+    kv_offloading_size_gib: float = 0.0
 
 
 def kv_cache_blocks(config: EngineConfig, profile: PerformanceProfile) -> int:
@@ -92,7 +94,12 @@ class SimEngine:
 
     def _start_fresh(self) -> None:
         self.kv_cache = KVCacheManager(
-            self.num_gpu_blocks, self.config.block_size, self.config.enable_prefix_caching
+            self.num_gpu_blocks,
+            self.config.block_size,
+            self.config.enable_prefix_caching,
+            num_cpu_blocks=self.profile.num_cpu_blocks(
+                self.config.block_size, self.config.kv_offloading_size_gib
+            ),
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -183,6 +190,8 @@ class SimEngine:
             else:
                 prefill.append((context, num_new))
         end = now + self.profile.step_seconds(prefill, decode)
+        if batch.loaded_tokens:  # copies from the CPU tier, modelled as part of the step
+            end += self.profile.load_seconds(batch.loaded_tokens)
         result = StepResult(start=now, end=end, num_preempted=len(batch.preempted))
         stats = self.stats
         if batch.preempted:
