@@ -95,7 +95,10 @@ class RouterDriver(FleetDriver):
         policy_params: dict[str, Any] | None = None,
         sample_interval_s: float = 1.0,
         progress: ProgressFn | None = None,
+        cpu_offload: bool = False,
     ) -> None:
+        """`cpu_offload`: the pool's `engine.cpu_offload` (the engines' CPU-tier events are
+        indexed and its hits priced; otherwise only GPU blocks count)."""
         self.fleet = fleet
         self.now = 0.0
         self._zmq = zmq.asyncio.Context()  # replay sockets only; never used: no seq gaps here
@@ -115,6 +118,12 @@ class RouterDriver(FleetDriver):
         config = config.model_copy(
             update={"keying": config.keying.model_copy(update={"inline_max_chars": 1 << 62})}
         )
+        if cpu_offload:
+            first = config.pools[0]
+            engine = first.engine.model_copy(update={"cpu_offload": True})
+            config = config.model_copy(
+                update={"pools": [first.model_copy(update={"engine": engine})]}
+            )
         self.config = config
         pool = config.pools[0]
         self.index = MemoryBlockIndex()
@@ -136,7 +145,12 @@ class RouterDriver(FleetDriver):
         self._endpoints: list[Endpoint] = self.endpoints.in_pool(pool.key)
         self.core.endpoints_changed(self._endpoints, [])
         self._subscribers = [
-            PodSubscriber(PodEndpoint(pod_id, f"inproc://{pod_id}"), self.index, self._zmq)
+            PodSubscriber(
+                PodEndpoint(pod_id, f"inproc://{pod_id}"),
+                self.index,
+                self._zmq,
+                offload_tier=cpu_offload,
+            )
             for pod_id in ids
         ]
         for subscriber in self._subscribers:
@@ -321,14 +335,23 @@ def run_des(
     progress: ProgressFn | None = None,
     policy_params: dict[str, Any] | None = None,
     pod_names: list[str] | None = None,
+    cpu_offload: bool = False,
 ) -> DesResult:
     """One policy over one workload on ``pods`` simulated engines, named ``pod-<i>`` or
-    ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id)."""
+    ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id). ``cpu_offload``: the
+    router prices the engines' CPU offloading tier (``engine.kv_offloading_size_gib``)."""
     known = default_registry().names("policy")
     if policy not in known:
         raise ValueError(f"policy {policy!r} cannot run in des mode ({', '.join(known)})")
     fleet = DESFleet(pods, engine or EngineConfig(), load_profile(profile), names=pod_names)
-    driver = RouterDriver(fleet, policy, seed=seed, policy_params=policy_params, progress=progress)
+    driver = RouterDriver(
+        fleet,
+        policy,
+        seed=seed,
+        policy_params=policy_params,
+        progress=progress,
+        cpu_offload=cpu_offload,
+    )
     try:
         fleet.run(driver.trace(workload), driver)
     finally:
