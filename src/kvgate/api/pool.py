@@ -46,6 +46,8 @@ MANAGED_FLAGS = (
     "--max-model-len",
     "--gpu-memory-utilization",
     "--max-num-seqs",
+    "--kv-offloading-backend",
+    "--kv-offloading-size",
 )
 
 
@@ -67,7 +69,8 @@ def _managed_flags_rule() -> JsonDict:
         "extraArgs may not set flags kvgate manages (--model, --served-model-name, --port, "
         "--block-size, --enable-prefix-caching, --prefix-caching-hash-algo, --kv-events-config, "
         "--enable-prompt-tokens-details, --max-model-len, --gpu-memory-utilization, "
-        "--max-num-seqs): use the matching spec.engine field instead",
+        "--max-num-seqs, --kv-offloading-backend, --kv-offloading-size): use the matching "
+        "spec.engine field instead",
     )
 
 
@@ -110,6 +113,13 @@ class EngineSettings(ApiModel):
     )
     max_num_seqs: int | None = Field(
         default=None, ge=1, description="Maximum sequences per scheduler step (--max-num-seqs)."
+    )
+    cpu_offload_gib: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="GiB of host memory for vLLM's CPU offloading tier of the KV cache "
+        "(--kv-offloading-backend native --kv-offloading-size); the router then indexes that "
+        "tier and prices its hits as copies back to the GPU. Unset: no offloading.",
     )
     extra_args: list[str] = Field(
         default_factory=list,

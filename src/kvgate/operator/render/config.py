@@ -112,6 +112,7 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
             hash_seed=str(spec.cache.hash_seed),
             tokenizer=_tokenizer(pool),
             kv_events=True,
+            cpu_offload=spec.engine.cpu_offload_gib is not None,
         ),
         endpoints=rc.EndpointsConfig(
             kubernetes=rc.KubernetesDiscovery(

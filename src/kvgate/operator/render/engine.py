@@ -100,6 +100,9 @@ def engine_args(spec: InferencePoolSpec) -> list[str]:
         args += ["--max-model-len", str(engine.max_model_len)]
     if engine.max_num_seqs is not None:
         args += ["--max-num-seqs", str(engine.max_num_seqs)]
+    if engine.cpu_offload_gib is not None:
+        args += ["--kv-offloading-backend", "native"]
+        args += ["--kv-offloading-size", f"{engine.cpu_offload_gib:g}"]
     return args + list(engine.extra_args)
 
 
