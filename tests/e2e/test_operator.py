@@ -385,3 +385,93 @@ def test_deleting_the_pool_clears_its_directory_entries(cluster: Cluster, stack_
         for p in cluster.get("pods", "-n", stack_ns)["items"]
         if "sim" in p["metadata"]["name"] and pod_ready(p)
     ]
+
+
+REDIS_TLS = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: kvgate-redis-tls}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: kvgate-redis-tls}}
+  template:
+    metadata: {labels: {app: kvgate-redis-tls}}
+    spec:
+      containers:
+      - name: redis
+        image: redis:7
+        args: [redis-server, --port, "0", --tls-port, "6380", --tls-cert-file, /tls/tls.crt,
+               --tls-key-file, /tls/tls.key, --tls-auth-clients, "no", --requirepass, "e2e-pw"]
+        ports: [{name: redis, containerPort: 6380}]
+        readinessProbe: {tcpSocket: {port: redis}, periodSeconds: 2}
+        volumeMounts: [{name: tls, mountPath: /tls, readOnly: true}]
+      volumes: [{name: tls, secret: {secretName: redis-server-tls}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kvgate-redis-tls}
+spec:
+  selector: {app: kvgate-redis-tls}
+  ports: [{name: redis, port: 6380, targetPort: redis}]
+"""
+
+
+def test_a_directory_on_tls_redis_named_by_secrets(
+    cluster: Cluster, stack_ns: str, tmp_path: Path
+) -> None:
+    """Redis as users deploy it: TLS only, a password inside a URL kept in a Secret, the CA in a
+    ConfigMap. The operator mounts and passes them; the router's directory works over TLS, and
+    deleting the pool clears its entries through the same connection settings."""
+    from tests.integration.conftest import make_tls_files
+
+    host = f"kvgate-redis-tls.{stack_ns}.svc"
+    tls = make_tls_files(tmp_path, hosts=[host])
+    kubectl = cluster.kubectl
+    kubectl("create", "secret", "generic", "redis-server-tls", "-n", stack_ns,
+            f"--from-file=tls.crt={tls.cert}", f"--from-file=tls.key={tls.key}")  # fmt: skip
+    kubectl("create", "configmap", "redis-ca", "-n", stack_ns, f"--from-file=ca.crt={tls.ca}")
+    kubectl("create", "secret", "generic", "managed-redis", "-n", stack_ns,
+            f"--from-literal=url=rediss://:e2e-pw@{host}:6380/0")  # fmt: skip
+    cluster.apply(REDIS_TLS, stack_ns)
+    pool = yaml.safe_load(pool_manifest(replicas=1))
+    pool["metadata"]["name"] = "tls-sim"
+    cluster.apply(yaml.safe_dump(pool), stack_ns)
+    policy = yaml.safe_load(policy_manifest(stack_ns))
+    policy["metadata"]["name"] = "tls"
+    policy["spec"]["pools"] = ["tls-sim"]
+    policy["spec"]["directory"]["redis"] = {
+        "urlSecret": {"name": "managed-redis", "key": "url"},
+        "caBundle": {"configMap": "redis-ca", "key": "ca.crt"},
+        "socketTimeoutSeconds": 0.5,
+    }
+    cluster.apply(yaml.safe_dump(policy), stack_ns)
+    selector = "app.kubernetes.io/component=router,app.kubernetes.io/instance=tls"
+    wait_until(lambda: ready_pods(cluster, stack_ns, selector), timeout=120, what="the router")
+    service = cluster.get("services", "-n", stack_ns, "-l", selector)["items"][0]
+    url = f"http://{service['spec']['clusterIP']}:8000"
+    first = wait_until(
+        lambda: (r := try_complete(url, PROMPT + "tls")) is not None and r.status_code == 200 and r,
+        timeout=90,
+        what="a request through the router on the TLS directory",
+    )
+    redis_pod = wait_until(
+        lambda: ready_pods(cluster, stack_ns, "app=kvgate-redis-tls"), timeout=60, what="redis"
+    )[0]
+    store = redis.Redis(
+        host=redis_pod["status"]["podIP"], port=6380, password="e2e-pw", ssl=True,
+        ssl_ca_certs=str(tls.ca), ssl_check_hostname=False, socket_timeout=2,
+    )  # fmt: skip
+    base = f"kvgate:{{{stack_ns}/tls-sim}}:"
+    holder = first.headers["x-kvgate-endpoint"]
+    wait_until(lambda: store.hlen(f"{base}x:{holder}") > 0, timeout=30, what="entries over TLS")
+    second = complete(url, PROMPT + "tls again")
+    assert second.headers["x-kvgate-endpoint"] == holder
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 10
+    # The finalizer reads the same Secret and ConfigMap to reach Redis.
+    kubectl("delete", "inferencepool", "tls-sim", "-n", stack_ns, "--timeout", "60s", timeout=90)
+    assert store.hlen(f"{base}pods") == 0
+    events = cluster.get("events", "-n", stack_ns, "--field-selector", "reason=DirectoryCleared")
+    messages = " ".join(e.get("message", "") for e in events["items"])
+    assert f"rediss://:***@{host}:6380/0" in messages and "e2e-pw" not in messages
+    kubectl("delete", "routingpolicy", "tls", "-n", stack_ns, "--timeout", "60s", timeout=90)
+    store.close()

@@ -51,15 +51,17 @@ class TlsFiles:
         return ssl.create_default_context(cafile=str(self.ca))
 
 
-def make_tls_files(directory: Path) -> TlsFiles:
-    """Make a throwaway CA and a server certificate with openssl (EC keys, 1 day)."""
+def make_tls_files(directory: Path, hosts: Sequence[str] = ("localhost",)) -> TlsFiles:
+    """Make a throwaway CA and a server certificate for 127.0.0.1 and `hosts` with openssl
+    (EC keys, valid 1 day)."""
     openssl = shutil.which("openssl")
     if openssl is None:
         pytest.fail("openssl is not installed")
     directory.mkdir(parents=True, exist_ok=True)
     files = TlsFiles(directory / "ca.crt", directory / "server.crt", directory / "server.key")
     ca_key, csr, ext = directory / "ca.key", directory / "server.csr", directory / "server.ext"
-    ext.write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    names = ",".join(["IP:127.0.0.1", *(f"DNS:{h}" for h in hosts)])
+    ext.write_text(f"subjectAltName={names}\n")
 
     def run(*args: str) -> None:
         subprocess.run([openssl, *args], check=True, capture_output=True, timeout=60)

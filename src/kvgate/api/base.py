@@ -173,8 +173,9 @@ class SecretKeyRef(ApiModel):
     key: str = Field(min_length=1, description="Key within the Secret.")
 
 
-class FileKeyRef(ApiModel):
-    """A key of a Secret or of a ConfigMap in the resource's namespace, mounted as a file."""
+class DataKeyRef(ApiModel):
+    """A key of a Secret or of a ConfigMap in the resource's namespace (data that need not be
+    secret, such as a CA bundle, often lives in a ConfigMap)."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -189,10 +190,10 @@ class FileKeyRef(ApiModel):
 
     secret: str | None = Field(default=None, min_length=1, description="Secret name.")
     config_map: str | None = Field(default=None, min_length=1, description="ConfigMap name.")
-    key: str = Field(min_length=1, description="Key within it (the file's name).")
+    key: str = Field(min_length=1, description="Key within it.")
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> FileKeyRef:
+    def _exactly_one(self) -> DataKeyRef:
         if (self.secret is None) == (self.config_map is None):
             raise ValueError("give exactly one of secret and configMap")
         return self

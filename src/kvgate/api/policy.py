@@ -16,7 +16,7 @@ from pydantic import ConfigDict, Field
 from kvgate.api.base import (
     ApiModel,
     Condition,
-    FileKeyRef,
+    DataKeyRef,
     PodTemplateOverrides,
     ResourceRequirements,
     SecretKeyRef,
@@ -50,8 +50,8 @@ class PoolSelector(ApiModel):
 # The sections shared with the router's configuration, with Secrets named by name and key.
 TenantSpec = TenantSettings[SecretKeyRef]
 TenantsSpec = TenantsSettings[SecretKeyRef]
-RedisSpec = RedisSettings[SecretKeyRef, FileKeyRef]
-DirectorySpec = DirectorySettings[SecretKeyRef, FileKeyRef]
+RedisSpec = RedisSettings[SecretKeyRef, DataKeyRef]
+DirectorySpec = DirectorySettings[SecretKeyRef, DataKeyRef]
 
 
 class RouterSpec(ApiModel):

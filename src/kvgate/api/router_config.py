@@ -258,7 +258,7 @@ class PoolConfig(ConfigModel):
 
 TenantConfig = TenantSettings[SecretRef]
 TenantsConfig = TenantsSettings[SecretRef]
-RedisConfig = RedisSettings[SecretRef, str]
+RedisConfig = RedisSettings[SecretRef, SecretRef]
 
 
 class KvEventsConfig(ConfigModel):
@@ -279,7 +279,7 @@ class KvEventsConfig(ConfigModel):
     receive_queue_messages: int = Field(default=1000, ge=1)
 
 
-class DirectoryConfig(DirectorySettings[SecretRef, str]):
+class DirectoryConfig(DirectorySettings[SecretRef, SecretRef]):
     """The directory section of the router config: the RoutingPolicy's, plus KV-event bounds."""
 
     kv_events: KvEventsConfig = KvEventsConfig()

@@ -10,8 +10,8 @@ and in docs/crds.md at once.
 Sections holding secrets are generic in how a secret is named: the router reads
 `SecretRef` (an inline value, a file or an environment variable), a RoutingPolicy names a key
 of a Secret (`SecretKeyRef`) that the operator hands to the router as an environment variable.
-Files (a CA bundle) are likewise a path for the router and a Secret or ConfigMap key
-(`FileKeyRef`) in a RoutingPolicy, which the operator mounts and names by its path.
+Other data (a CA bundle) is a `SecretRef` for the router too, and a key of a Secret or of a
+ConfigMap (`DataKeyRef`) in a RoutingPolicy, handed over the same way.
 
 Every default lives here, documented in the field's description (docs/configuration.md is the
 prose version). Cross-field rules are written twice, side by side: as a Python validator (the
@@ -31,9 +31,9 @@ RequestClass = Literal["online", "batch"]
 
 #: How a section names a secret: `router_config.SecretRef` or `base.SecretKeyRef`.
 SecretT = TypeVar("SecretT", bound=BaseModel)
-#: How a section names a file the process reads (a CA bundle): a path in the router's file, a
-#: Secret or ConfigMap key (`base.FileKeyRef`) that the operator mounts in a RoutingPolicy.
-FileT = TypeVar("FileT")
+#: How a section names data that need not be secret (a CA bundle): a `router_config.SecretRef`
+#: in the router's file, a Secret or ConfigMap key (`base.DataKeyRef`) in a RoutingPolicy.
+DataT = TypeVar("DataT", bound=BaseModel)
 
 
 class ConfigModel(BaseModel):
@@ -261,7 +261,7 @@ class TenantsSettings(ConfigModel, Generic[SecretT]):
 # Directory
 
 
-class RedisSettings(ConfigModel, Generic[SecretT, FileT]):
+class RedisSettings(ConfigModel, Generic[SecretT, DataT]):
     """Connection to the Redis directory: one server or a Redis Cluster, optionally over TLS."""
 
     url: str = Field(
@@ -285,10 +285,10 @@ class RedisSettings(ConfigModel, Generic[SecretT, FileT]):
         description="Redis Cluster: the client discovers the nodes from the URL's, routes each "
         "pool's calls to the master of its hash slot and follows failovers.",
     )
-    ca_bundle: FileT | None = Field(
+    ca_bundle: DataT | None = Field(
         default=None,
-        description="PEM CA bundle that signs the server's TLS certificate (rediss:// only); "
-        "default: the system's trust store.",
+        description="PEM CA bundle that signs the server's TLS certificate (rediss:// only), "
+        "read when the directory connects; default: the system's trust store.",
     )
     socket_timeout_seconds: float = Field(
         default=0.5,
@@ -305,7 +305,7 @@ class RedisSettings(ConfigModel, Generic[SecretT, FileT]):
     )
 
 
-class DirectorySettings(ConfigModel, Generic[SecretT, FileT]):
+class DirectorySettings(ConfigModel, Generic[SecretT, DataT]):
     """Where the router keeps which pod holds which blocks."""
 
     model_config = ConfigDict(
@@ -325,7 +325,7 @@ class DirectorySettings(ConfigModel, Generic[SecretT, FileT]):
         default="memory",
         description="memory (per router replica) or redis (shared by replicas and indexers).",
     )
-    redis: RedisSettings[SecretT, FileT] = section(
+    redis: RedisSettings[SecretT, DataT] = section(
         RedisSettings, "Redis connection (backend redis)."
     )
     embedded_indexer: bool = Field(
@@ -340,7 +340,7 @@ class DirectorySettings(ConfigModel, Generic[SecretT, FileT]):
     )
 
     @model_validator(mode="after")
-    def _indexer_needs_redis(self) -> DirectorySettings[SecretT, FileT]:
+    def _indexer_needs_redis(self) -> DirectorySettings[SecretT, DataT]:
         if not self.embedded_indexer and self.backend != "redis":
             raise ValueError(
                 "embedded_indexer: false needs backend: redis (a separate `kvgate indexer` "

@@ -9,8 +9,6 @@ the configured server. With a `DirectoryMetrics`, the index is wrapped in
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from kvgate.api.router_config import DirectoryConfig, RedisConfig
 from kvgate.directory.base import (
     DEFAULT_MAX_APPROXIMATE_PER_POD,
@@ -31,9 +29,9 @@ def redis_connection(config: RedisConfig) -> RedisConnection:
     ca_pem = None
     if config.ca_bundle is not None:
         try:
-            ca_pem = Path(config.ca_bundle).read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ValueError(f"cannot read redis.ca_bundle {config.ca_bundle}: {exc}") from exc
+            ca_pem = config.ca_bundle.read()
+        except ValueError as exc:
+            raise ValueError(f"redis.ca_bundle: {exc}") from exc
     try:
         return RedisConnection(
             url,

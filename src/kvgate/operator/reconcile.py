@@ -27,7 +27,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from kvgate import __version__
-from kvgate.api.base import GROUP_VERSION, FileKeyRef, JsonDict
+from kvgate.api.base import GROUP_VERSION, DataKeyRef, JsonDict
 from kvgate.api.policy import POLICY_KIND, RoutingPolicySpec
 from kvgate.api.pool import POOL_KIND, InferencePoolSpec
 from kvgate.operator import cleanup
@@ -261,7 +261,7 @@ class Reconciler:
             raise ValueError(f"Secret {name} has no key {key}")
         return base64.b64decode(data[key]).decode()
 
-    async def _file_value(self, namespace: str, ref: FileKeyRef) -> str:
+    async def _file_value(self, namespace: str, ref: DataKeyRef) -> str:
         if ref.secret is not None:
             return await self._secret_value(namespace, ref.secret, ref.key)
         config_map = await self.kube.get("v1", "ConfigMap", namespace, str(ref.config_map))

@@ -57,7 +57,7 @@ def directory_config(
             "backend": "redis",
             "redis": {
                 "url_secret": {"env": "REDIS_URL_FROM_SECRET"},
-                "ca_bundle": str(ca),
+                "ca_bundle": {"file": str(ca)},
                 "key_prefix": "tls",
             },
         }
@@ -139,6 +139,6 @@ async def test_plain_redis_to_a_tls_port_fails_and_names_no_secret(
     with pytest.raises(ValueError, match="needs a rediss://"):
         redis_connection(
             DirectoryConfig.model_validate(
-                {"redis": {"url": "redis://h:1/0", "ca_bundle": str(tls_files.ca)}}
+                {"redis": {"url": "redis://h:1/0", "ca_bundle": {"file": str(tls_files.ca)}}}
             ).redis
         )

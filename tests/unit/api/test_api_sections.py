@@ -11,12 +11,12 @@ from pydantic import BaseModel, ValidationError
 
 from kvgate.api import router_config as rc
 from kvgate.api import sections
-from kvgate.api.base import FileKeyRef
+from kvgate.api.base import DataKeyRef
 from kvgate.api.policy import RoutingPolicySpec
 from kvgate.api.pool import InferencePoolSpec
 from kvgate.operator.render.config import (
-    FILES_DIR,
     SelectedPool,
+    data_env_name,
     router_config,
     router_config_yaml,
     secret_env_name,
@@ -134,8 +134,8 @@ def test_full_policy_sets_every_shared_field() -> None:
         for name in model.model_fields_set:
             value = getattr(model, name)
             for item in value if isinstance(value, list) else [value]:
-                # a FileKeyRef names a Secret or a ConfigMap, never both
-                if isinstance(item, BaseModel) and not isinstance(item, FileKeyRef):
+                # a DataKeyRef names a Secret or a ConfigMap, never both
+                if isinstance(item, BaseModel) and not isinstance(item, DataKeyRef):
                     out += unset(item, f"{path}.{name}")
         return out
 
@@ -154,23 +154,21 @@ def test_every_policy_field_reaches_the_router_config() -> None:
     assert redis == rc.SecretRef(env=secret_env_name(spec.directory.redis.password))  # type: ignore[arg-type]
     url = config.directory.redis.url_secret
     assert url == rc.SecretRef(env=secret_env_name(spec.directory.redis.url_secret))  # type: ignore[arg-type]
-    # Files arrive at the path their Secret or ConfigMap is mounted at.
+    # Other data (a ConfigMap's key) arrives the same way.
     ca = config.directory.redis.ca_bundle
-    assert ca == f"{FILES_DIR}/file-configmap-redis-ca/ca.crt"
+    assert ca == rc.SecretRef(env=data_env_name(spec.directory.redis.ca_bundle))  # type: ignore[arg-type]
     tenant = config.tenants.tenants[0]
     assert tenant.api_keys[0].env == secret_env_name(spec.tenants.tenants[0].api_keys[0])
 
 
 def _without_secrets(value: Any) -> Any:
     """Replace every secret (a {name, key} Secret key, or a {value, file, env} SecretRef) and
-    every mounted file (a {secret, config_map, key} reference, or its path)."""
-    if isinstance(value, str) and value.startswith(FILES_DIR):
-        return "<file>"
+    every Secret-or-ConfigMap key ({secret, config_map, key})."""
     if isinstance(value, dict):
         if set(value) in ({"name", "key"}, {"value", "file", "env"}):
             return "<secret>"
         if set(value) == {"secret", "config_map", "key"}:
-            return "<file>"
+            return "<secret>"
         return {k: _without_secrets(v) for k, v in value.items()}
     if isinstance(value, list):
         return [_without_secrets(v) for v in value]

@@ -221,7 +221,7 @@ def test_managed_redis_cluster_with_url_secret_and_tls(
     redis = indexer_config(docs).directory.redis
     assert redis.cluster and redis.url_secret is not None and redis.url_secret.env == "REDIS_URL"
     key = tls.get("caKey", "ca.crt")
-    assert redis.ca_bundle == f"/var/lib/kvgate/redis-ca/{key}"
+    assert redis.ca_bundle is not None and redis.ca_bundle.file == f"/var/lib/kvgate/redis-ca/{key}"
     pod = one(docs, "Deployment", "kvgate-indexer")["spec"]["template"]["spec"]
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pod["containers"][0]["env"]}
     assert env == {"REDIS_URL": {"name": "managed", "key": "redis-url"}}

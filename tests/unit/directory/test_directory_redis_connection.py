@@ -27,9 +27,9 @@ def test_ca_bundle_is_read_from_its_file(tmp_path: Path) -> None:
     ca = tmp_path / "ca.crt"
     ca.write_text("-----BEGIN CERTIFICATE-----\n...\n")
     connection = redis_connection(
-        config(url="rediss://r:6380/0", ca_bundle=str(ca), cluster=True).redis
+        config(url="rediss://r:6380/0", ca_bundle={"file": str(ca)}, cluster=True).redis
     )
-    assert connection.ca_pem == ca.read_text() and connection.cluster
+    assert connection.ca_pem == ca.read_text().rstrip("\n") and connection.cluster
     assert isinstance(connection.client(1.0), RedisCluster)
 
 
@@ -38,8 +38,10 @@ def test_bad_settings_are_named_without_the_secret(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ValueError, match=r"redis\.url_secret") as error:
         redis_connection(config(url_secret={"env": "URL"}).redis)
     assert "hunter2" not in str(error.value)
-    with pytest.raises(ValueError, match=r"cannot read redis\.ca_bundle"):
-        redis_connection(config(url="rediss://r:1/0", ca_bundle="/nonexistent/ca.crt").redis)
+    with pytest.raises(ValueError, match=r"redis\.ca_bundle: cannot read"):
+        redis_connection(
+            config(url="rediss://r:1/0", ca_bundle={"file": "/nonexistent/ca.crt"}).redis
+        )
     with pytest.raises(ValueError, match="needs a rediss://"):
         RedisConnection("redis://r:1/0", ca_pem="x")
     with pytest.raises(ValueError, match="rediss"):

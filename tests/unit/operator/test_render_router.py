@@ -105,25 +105,21 @@ def test_redis_url_from_a_secret_and_ca_bundle_reach_router_and_indexer() -> Non
     objects = render(1, directory={"backend": "redis", "embeddedIndexer": False, "redis": redis})
     config = parse_router_config(objects["ConfigMap/front-router-config"]["data"]["router.yaml"])
     assert config.directory.redis.cluster
-    ca_path = "/var/lib/kvgate/files/file-configmap-redis-ca/ca.crt"
-    assert config.directory.redis.ca_bundle == ca_path
-    assert config.directory.redis.url_secret is not None
+    url, ca = config.directory.redis.url_secret, config.directory.redis.ca_bundle
+    assert url is not None and url.env is not None and ca is not None and ca.env is not None
     for name in ("Deployment/front-router", "Deployment/front-indexer"):
-        pod = objects[name]["spec"]["template"]["spec"]
-        container = pod["containers"][0]
-        env = {e["name"]: e for e in container["env"]}
-        ref = env[str(config.directory.redis.url_secret.env)]["valueFrom"]["secretKeyRef"]
-        assert ref == {"name": "managed-redis", "key": "url"}
-        volume = {"name": "file-configmap-redis-ca", "configMap": {"name": "redis-ca"}}
-        assert volume in pod["volumes"]
-        mount = {"name": volume["name"], "mountPath": ca_path.rpartition("/")[0], "readOnly": True}
-        assert mount in container["volumeMounts"]
+        container = objects[name]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+        assert env[url.env] == {"secretKeyRef": {"name": "managed-redis", "key": "url"}}
+        assert env[ca.env] == {"configMapKeyRef": {"name": "redis-ca", "key": "ca.crt"}}
 
 
-def test_a_ca_bundle_in_a_secret_is_mounted_once_per_secret() -> None:
+def test_a_ca_bundle_in_a_secret_comes_by_secret_key_ref() -> None:
     redis = {"caBundle": {"secret": "redis-tls", "key": "ca.crt"}, "url": "rediss://r:6380/0"}
-    pod = render(directory={"backend": "redis", "redis": redis})["Deployment/front-router"]
-    volumes = pod["spec"]["template"]["spec"]["volumes"]
-    assert [v for v in volumes if v["name"].startswith("file-")] == [
-        {"name": "file-secret-redis-tls", "secret": {"secretName": "redis-tls"}}
-    ]
+    objects = render(directory={"backend": "redis", "redis": redis})
+    config = parse_router_config(objects["ConfigMap/front-router-config"]["data"]["router.yaml"])
+    assert config.directory.redis.ca_bundle is not None
+    container = objects["Deployment/front-router"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    ref = env[str(config.directory.redis.ca_bundle.env)]
+    assert ref == {"secretKeyRef": {"name": "redis-tls", "key": "ca.crt"}}

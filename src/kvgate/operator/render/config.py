@@ -3,9 +3,8 @@
 `router_config` translates the policy (Kubernetes conventions) and each selected pool into
 :class:`kvgate.api.router_config.RouterConfig`, which validates the result: the router loads
 exactly what the operator renders. Secrets are never copied: the config names an environment
-variable that the router container fills from the Secret key (`secretKeyRef`). Files (the
-Redis CA bundle) are Secret or ConfigMap keys mounted under `FILES_DIR`; the config names the
-path. A pool's
+variable that the router container fills from the Secret key (`secretKeyRef`); other data
+(the Redis CA bundle) likewise from a Secret or ConfigMap key (`configMapKeyRef`). A pool's
 tokenizer ConfigMap is referenced by its mount path, and each pool's engines by the label
 selector of its Deployment.
 """
@@ -21,14 +20,12 @@ import yaml
 from pydantic import BaseModel
 
 from kvgate.api import router_config as rc
-from kvgate.api.base import FileKeyRef, JsonDict, SecretKeyRef
+from kvgate.api.base import DataKeyRef, JsonDict, SecretKeyRef
 from kvgate.api.policy import RoutingPolicySpec
 from kvgate.api.pool import InferencePoolSpec
-from kvgate.operator.render.common import dns_label
 from kvgate.operator.render.engine import engine_selector_string
 
 TOKENIZERS_DIR = "/var/lib/kvgate/tokenizers"
-FILES_DIR = "/var/lib/kvgate/files"
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,35 +48,13 @@ def _secret(ref: SecretKeyRef) -> rc.SecretRef:
     return rc.SecretRef(env=secret_env_name(ref))
 
 
-def file_volume_name(ref: FileKeyRef) -> str:
-    """The volume of the Secret or ConfigMap `ref` names (one per object, every key in it)."""
+def data_env_name(ref: DataKeyRef) -> str:
+    """The router's environment variable holding a Secret's or a ConfigMap's key."""
     if ref.secret is not None:
-        return dns_label("file", "secret", ref.secret)
-    assert ref.config_map is not None
-    return dns_label("file", "configmap", ref.config_map)
-
-
-def file_path(ref: FileKeyRef) -> str:
-    """Where the router reads the file `ref` names."""
-    return f"{FILES_DIR}/{file_volume_name(ref)}/{ref.key}"
-
-
-def file_volumes(spec: RoutingPolicySpec) -> tuple[list[JsonDict], list[JsonDict]]:
-    """Volumes and mounts of every Secret or ConfigMap the config reads files from; whole
-    objects, never `subPath`, so that a renewed certificate reaches the pod."""
-    refs = [r for r in (spec.directory.redis.ca_bundle,) if r is not None]
-    volumes: dict[str, JsonDict] = {}
-    for ref in refs:
-        source: JsonDict
-        if ref.secret is not None:
-            source = {"secret": {"secretName": ref.secret}}
-        else:
-            source = {"configMap": {"name": ref.config_map}}
-        volumes[file_volume_name(ref)] = {"name": file_volume_name(ref), **source}
-    mounts = [
-        {"name": name, "mountPath": f"{FILES_DIR}/{name}", "readOnly": True} for name in volumes
-    ]
-    return list(volumes.values()), mounts
+        return secret_env_name(SecretKeyRef(name=ref.secret, key=ref.key))
+    readable = re.sub(r"[^A-Z0-9]+", "_", f"{ref.config_map}_{ref.key}".upper()).strip("_")[:48]
+    digest = hashlib.sha256(f"configmap/{ref.config_map}/{ref.key}".encode()).hexdigest()[:6]
+    return f"KVGATE_CONFIG_{readable}_{digest.upper()}"
 
 
 def _tokenizer(pool: SelectedPool) -> rc.TokenizerConfig:
@@ -124,12 +99,12 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
 
 def _router_secrets(value: Any) -> Any:
     """A spec section as router-config input: every Secret key becomes the `SecretRef` of the
-    environment variable the router container gets it in, every mounted file its path;
-    everything else is kept as is."""
+    environment variable the router container gets it in (a Secret's or ConfigMap's key
+    too); everything else is kept as is."""
     if isinstance(value, SecretKeyRef):
         return _secret(value)
-    if isinstance(value, FileKeyRef):
-        return file_path(value)
+    if isinstance(value, DataKeyRef):
+        return rc.SecretRef(env=data_env_name(value))
     if isinstance(value, BaseModel):
         return {name: _router_secrets(getattr(value, name)) for name in type(value).model_fields}
     if isinstance(value, list):
@@ -164,12 +139,23 @@ def router_config_yaml(config: rc.RouterConfig) -> str:
 
 
 def secret_env(spec: RoutingPolicySpec) -> list[JsonDict]:
-    """`env` entries of the router container: one `secretKeyRef` per Secret key the config uses."""
-    refs = {secret_env_name(r): r for r in secret_refs(spec)}
-    return [
-        {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-        for name, ref in sorted(refs.items())
-    ]
+    """`env` entries of the router container: one `secretKeyRef` per Secret key the config uses
+    and one `configMapKeyRef` per ConfigMap key."""
+    sources: dict[str, JsonDict] = {
+        secret_env_name(r): {"secretKeyRef": {"name": r.name, "key": r.key}}
+        for r in secret_refs(spec)
+    }
+    for ref in data_refs(spec):
+        if ref.secret is not None:
+            sources[data_env_name(ref)] = {"secretKeyRef": {"name": ref.secret, "key": ref.key}}
+        else:
+            source = {"name": str(ref.config_map), "key": ref.key}
+            sources[data_env_name(ref)] = {"configMapKeyRef": source}
+    return [{"name": name, "valueFrom": source} for name, source in sorted(sources.items())]
+
+
+def data_refs(spec: RoutingPolicySpec) -> list[DataKeyRef]:
+    return [r for r in (spec.directory.redis.ca_bundle,) if r is not None]
 
 
 def secret_refs(spec: RoutingPolicySpec) -> list[SecretKeyRef]:

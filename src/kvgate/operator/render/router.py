@@ -36,7 +36,6 @@ from kvgate.operator.render.common import (
 from kvgate.operator.render.config import (
     TOKENIZERS_DIR,
     SelectedPool,
-    file_volumes,
     router_config,
     router_config_yaml,
     secret_env,
@@ -111,8 +110,7 @@ def _volumes(
             mounts.append(
                 {"name": volume, "mountPath": f"{TOKENIZERS_DIR}/{pool.name}", "readOnly": True}
             )
-    file_vols, file_mounts = file_volumes(spec)
-    return volumes + file_vols, mounts + file_mounts
+    return volumes, mounts
 
 
 def _kvgate_deployment(
