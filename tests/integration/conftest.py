@@ -3,6 +3,8 @@
 Redis: `redis_url` gives a test an empty database on a redis-server shared by the session
 (started on first use, in a temporary directory, persistence off); `redis_server_factory` starts
 dedicated servers a test may stop, restart or pause (e.g. to check behaviour while Redis is down).
+Redis Cluster (`redis_cluster.py`): `redis_cluster_url` names a node of an emptied three-master
+cluster shared by the session; `redis_cluster_factory` starts dedicated clusters with replicas.
 Every test under tests/integration is marked `integration`.
 """
 
@@ -17,8 +19,12 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:  # the module imports this one (RedisServer)
+    from tests.integration.redis_cluster import RedisClusterNodes
 
 _START_TIMEOUT_SECONDS = 10.0
 
@@ -222,3 +228,39 @@ def redis_server_factory(tmp_path: Path) -> Iterator[Callable[[], RedisServer]]:
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    """Three masters without replicas, shared by the session (prefer `redis_cluster_url`)."""
+    from tests.integration.redis_cluster import RedisClusterNodes
+
+    cluster = RedisClusterNodes(tmp_path_factory.mktemp("redis-cluster"))
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisClusterNodes) -> str:
+    """URL of one node of an emptied three-master Redis Cluster."""
+    redis_cluster.flushall()
+    return redis_cluster.url
+
+
+@pytest.fixture
+def redis_cluster_factory(tmp_path: Path) -> Iterator[Callable[[int], RedisClusterNodes]]:
+    """Start dedicated clusters (`replicas` per master) a test may break; stopped at teardown."""
+    from tests.integration.redis_cluster import RedisClusterNodes
+
+    clusters: list[RedisClusterNodes] = []
+
+    def start(replicas: int) -> RedisClusterNodes:
+        cluster = RedisClusterNodes(tmp_path / f"cluster-{len(clusters)}", replicas=replicas)
+        clusters.append(cluster)
+        cluster.start()
+        return cluster
+
+    yield start
+    for cluster in clusters:
+        cluster.stop()
