@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -54,16 +54,6 @@ from kvgate.prefix import BlockKey
 
 _Arg = str | bytes | int | float
 Client = aioredis.Redis | RedisCluster
-
-
-def redacted_url(url: str) -> str:
-    """`url` with its password (if any) replaced by `***`: for logs and events."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = f"{parts.username}:" if parts.username else ":"
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}***@{host}"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvgate.directory.base import BlockIndex
-from kvgate.directory.redis import RedisBlockIndex, RedisConnection, redacted_url
+from kvgate.directory.redis_url import redacted_url
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,8 @@ IndexFactory = Callable[[RedisTarget, str, float], BlockIndex]
 
 
 def redis_index(target: RedisTarget, pool_key: str, timeout_seconds: float) -> BlockIndex:
+    from kvgate.directory.redis import RedisBlockIndex, RedisConnection
+
     connection = RedisConnection(
         target.url, password=target.password, cluster=target.cluster, ca_pem=target.ca_pem
     )

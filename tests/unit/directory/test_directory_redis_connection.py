@@ -9,7 +9,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from kvgate.api.router_config import DirectoryConfig
 from kvgate.directory.factory import redis_connection
-from kvgate.directory.redis import RedisConnection, redacted_url
+from kvgate.directory.redis import RedisConnection
+from kvgate.directory.redis_url import redacted_url
 
 
 def config(**redis: object) -> DirectoryConfig:
