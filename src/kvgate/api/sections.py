@@ -267,9 +267,9 @@ class RedisSettings(ConfigModel, Generic[SecretT, DataT]):
     url: str = Field(
         default="redis://127.0.0.1:6379/0",
         min_length=1,
-        pattern=r"^rediss?://",
+        pattern=r"^(rediss?|unix)://",
         description="redis:// URL without password, e.g. redis://kvgate-redis:6379/0; "
-        "rediss:// for TLS. With cluster, any one node of the cluster (database 0).",
+        "rediss:// for TLS, unix:// for a socket. With cluster, any one node (database 0).",
     )
     url_secret: SecretT | None = Field(
         default=None,

@@ -61,7 +61,8 @@ class RedisConnection:
     """How to reach the directory's Redis (docs/directory.md, "Redis as deployed")."""
 
     url: str
-    """redis://host:port/db, rediss:// for TLS; may carry user:password@ (then from a Secret)."""
+    """redis://host:port/db, rediss:// for TLS, unix:///path; may carry user:password@ (then
+    from a Secret)."""
     password: str | None = None
     """Overrides a password in the URL."""
     cluster: bool = False
@@ -72,10 +73,12 @@ class RedisConnection:
 
     def __post_init__(self) -> None:
         scheme = urlsplit(self.url).scheme
-        if scheme not in ("redis", "rediss"):
-            raise ValueError(f"Redis URL must start with redis:// or rediss://, got {scheme!r}")
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"Redis URL must be redis://, rediss:// or unix://, got {scheme!r}")
         if self.ca_pem is not None and scheme != "rediss":
             raise ValueError("a CA bundle needs a rediss:// (TLS) URL")
+        if self.cluster and scheme == "unix":
+            raise ValueError("a Redis Cluster is reached over TCP, not unix://")
 
     def client(self, socket_timeout_seconds: float | None) -> Client:
         """A new client (connection pool) for this connection."""

@@ -36,7 +36,7 @@ def test_ca_bundle_is_read_from_its_file(tmp_path: Path) -> None:
 
 def test_bad_settings_are_named_without_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("URL", "http://user:hunter2@h/0")
-    with pytest.raises(ValueError, match=r"redis\.url_secret") as error:
+    with pytest.raises(ValueError, match=r"redis\.url_secret: Redis URL must be") as error:
         redis_connection(config(url_secret={"env": "URL"}).redis)
     assert "hunter2" not in str(error.value)
     with pytest.raises(ValueError, match=r"redis\.ca_bundle: cannot read"):
@@ -47,6 +47,9 @@ def test_bad_settings_are_named_without_the_secret(monkeypatch: pytest.MonkeyPat
         RedisConnection("redis://r:1/0", ca_pem="x")
     with pytest.raises(ValueError, match="rediss"):
         config(url="http://r:1/0")
+    with pytest.raises(ValueError, match="not unix://"):
+        RedisConnection("unix:///run/redis.sock", cluster=True)
+    assert RedisConnection("unix:///run/redis.sock").url.startswith("unix://")
 
 
 @pytest.mark.parametrize(
