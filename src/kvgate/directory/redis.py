@@ -86,8 +86,8 @@ class RedisConnection:
             "socket_timeout": socket_timeout_seconds,
             "socket_connect_timeout": socket_timeout_seconds,
             "decode_responses": False,
-            # The handshake of redis-py's "maintenance notifications" (a managed-Redis feature)
-            # races when many calls open connections at once and loses some (redis-py 8.1).
+            # redis-py's "maintenance notifications" (a managed-Redis feature kvgate does not
+            # use) would add a handshake to every new connection.
             "maint_notifications_config": MaintNotificationsConfig(enabled=False),
         }
         if self.password is not None:
@@ -147,8 +147,9 @@ class RedisBlockIndex:
         self._set_generation = client.register_script(redis_scripts.SET_GENERATION)
         self._clear = client.register_script(redis_scripts.CLEAR)
         self._collect = client.register_script(redis_scripts.COLLECT)
-        # redis-py 8.1's cluster client, used by many tasks before it has read the slot map,
-        # initialises once per task and drops connections others are using: do it once here.
+        # redis-py 8.1's cluster client, first used by many tasks at once, loses connections
+        # ("Connection closed by server", "'NoneType' object has no attribute 'writelines'")
+        # while it reads the slot map: the index initialises it once, under a lock, first.
         self._uninitialised_cluster = isinstance(client, RedisCluster)
         self._initialising = asyncio.Lock()
         self._closed = False
