@@ -28,9 +28,9 @@ Algorithm, with `expected` = the next seq this subscriber needs (None before the
   counted, logged once, skipped. Only events of full-attention KV cache groups count (hybrid
   models, `cache_groups.py`): those of sliding-window or mamba groups are skipped quietly,
   those of a group of unknown kind other than `kv_cache_group` are counted and skipped.
-  Events of media other than the GPU (vLLM's CPU offloading tier) are indexed only with
-  `offload_tier` (the pool's `engine.cpu_offload`), so that an unpriced tier never passes for
-  GPU hits.
+  Events of vLLM's CPU offloading tier (medium `CPU`) are indexed only with `offload_tier`
+  (the pool's `engine.cpu_offload`), and other media (a disk tier) never, so that an unpriced
+  tier never passes for GPU hits.
 * If the directory fails (Redis down), the batch's seq becomes `expected` again after a short
   back-off, so the next message triggers a replay and the directory catches up.
 
@@ -65,6 +65,7 @@ from kvgate.directory.events import (
 )
 from kvgate.directory.metrics import DirectoryMetrics, LogOnce
 from kvgate.directory.replay import ReplayRange
+from kvgate.kvevents import MEDIUM_CPU
 from kvgate.prefix import BlockKey
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ class PodSubscriber:
         self._metrics = metrics
         self._limits = limits or KvEventsConfig()
         self._groups = CacheGroupFilter(kv_cache_group)
-        self._offload_tier = offload_tier
+        self._media = {DEFAULT_MEDIUM, MEDIUM_CPU} if offload_tier else {DEFAULT_MEDIUM}
         self._retry = retry_seconds
         self._token = secrets.token_hex(4)
         self._restarts = 0
@@ -279,8 +280,9 @@ class PodSubscriber:
                 continue
             op = "add" if isinstance(event, BlockStored) else "remove"
             medium = event.medium or DEFAULT_MEDIUM
-            if medium != DEFAULT_MEDIUM and not self._offload_tier:
-                continue  # an offloading tier the pool's config does not price: not a GPU hit
+            if medium not in self._media:
+                continue  # a tier the pool's config does not price is no GPU hit
+
             if ops and ops[-1].op == op and ops[-1].medium == medium:
                 ops[-1].keys.extend(event.keys)
             else:

@@ -115,6 +115,9 @@ async def test_cpu_tier_media_with_an_offloading_pool(registry: CollectorRegistr
         assert await index.lookup([h(0)], medium="GPU") == {}
         await sub.handle(msg(1, BlockRemoved([h(0)], medium="CPU")))
         assert await index.lookup([h(0)]) == {}
+        # A disk tier is priced by nothing: never indexed.
+        await sub.handle(msg(2, stored(h(1), medium="STORAGE")))
+        assert await index.lookup([h(1)]) == {}
     finally:
         ctx.destroy(linger=0)
 
