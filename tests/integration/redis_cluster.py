@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from tests.integration.conftest import RedisServer
+from tests.integration.conftest import RedisServer, TlsFiles
 
 NODE_TIMEOUT_MS = 1000
 _READY_TIMEOUT_SECONDS = 60.0
@@ -23,13 +23,18 @@ _READY_TIMEOUT_SECONDS = 60.0
 class RedisClusterNodes:
     """Three masters (`replicas` replicas each) forming one cluster; `url` names the first."""
 
-    def __init__(self, workdir: Path, *, replicas: int = 0, masters: int = 3) -> None:
+    def __init__(
+        self, workdir: Path, *, replicas: int = 0, masters: int = 3, tls: TlsFiles | None = None
+    ) -> None:
         args = ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
                 "--cluster-node-timeout", str(NODE_TIMEOUT_MS), "--cluster-port", "{bus_port}",
                 "--cluster-replica-validity-factor", "0"]  # fmt: skip
+        if tls is not None:  # clients, the cluster bus and replication all over TLS
+            args += ["--tls-cluster", "yes", "--tls-replication", "yes"]
         self.replicas = replicas
+        self.tls = tls
         self.nodes = [
-            RedisServer(workdir / f"node-{i}", extra_args=args)
+            RedisServer(workdir / f"node-{i}", tls=tls, extra_args=args)
             for i in range(masters * (1 + replicas))
         ]
 
@@ -43,8 +48,9 @@ class RedisClusterNodes:
             pytest.fail("redis-cli is not installed (apt-get install redis-tools)")
         for node in self.nodes:
             node.start()
+        tls = ["--tls", "--cacert", str(self.tls.ca)] if self.tls else []
         subprocess.run(
-            [cli, "--cluster", "create", *(n.address for n in self.nodes),
+            [cli, *tls, "--cluster", "create", *(n.address for n in self.nodes),
              "--cluster-replicas", str(self.replicas), "--cluster-yes"],
             check=True, capture_output=True, timeout=60,
         )  # fmt: skip

@@ -1,13 +1,15 @@
-"""The Redis backend on a real three-master Redis Cluster: the conformance suite (plain and under
-FallbackIndex), pools spread over the masters, and the Lua scripts staying in one slot."""
+"""The Redis backend on a real three-master Redis Cluster: the conformance suite (plain, under
+FallbackIndex, and over TLS), pools spread over the masters, and the Lua scripts staying in one
+slot."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from prometheus_client import CollectorRegistry
 from redis.asyncio.cluster import RedisCluster
+from tests.integration.conftest import make_tls_files
 from tests.integration.redis_cluster import RedisClusterNodes
 from tests.unit.directory.conformance import (
     APPROX_CAP,
@@ -112,3 +114,35 @@ async def test_every_key_of_a_pool_is_in_its_slot(redis_cluster_url: str) -> Non
     finally:
         await index.close()
         await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    """Three masters speaking only TLS (clients, cluster bus), certificates from a test CA."""
+    tls = make_tls_files(tmp_path_factory.mktemp("cluster-tls"))
+    cluster = RedisClusterNodes(tmp_path_factory.mktemp("redis-cluster-tls"), tls=tls)
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+class TestRedisClusterOverTlsConformance(BlockIndexConformance):
+    """A managed Redis Cluster with TLS (rediss://, the CA bundle given): the same semantics."""
+
+    @pytest.fixture
+    async def index(  # type: ignore[override]
+        self, tls_cluster: RedisClusterNodes, clock: FakeClock
+    ) -> AsyncIterator[BlockIndex]:
+        tls_cluster.flushall()
+        assert tls_cluster.tls is not None and tls_cluster.url.startswith("rediss://")
+        idx = RedisBlockIndex.connect(
+            RedisConnection(tls_cluster.url, cluster=True, ca_pem=tls_cluster.tls.ca.read_text()),
+            "ns/pool",
+            key_prefix="test",
+            max_blocks_per_pod=CAP,
+            max_approximate_per_pod=APPROX_CAP,
+            socket_timeout_seconds=2.0,
+            clock=clock,
+        )
+        yield idx
+        await idx.close()
