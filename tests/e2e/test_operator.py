@@ -420,8 +420,9 @@ def test_a_directory_on_tls_redis_named_by_secrets(
     cluster: Cluster, stack_ns: str, tmp_path: Path
 ) -> None:
     """Redis as users deploy it: TLS only, a password inside a URL kept in a Secret, the CA in a
-    ConfigMap. The operator mounts and passes them; the router's directory works over TLS, and
-    deleting the pool clears its entries through the same connection settings."""
+    ConfigMap. The operator passes them; the router's directory works over TLS, and deleting the
+    pool clears its entries through the same connection settings. The pool's engines also run
+    with vLLM's CPU offloading flags, which the router config then prices."""
     from tests.integration.conftest import make_tls_files
 
     host = f"kvgate-redis-tls.{stack_ns}.svc"
@@ -435,6 +436,7 @@ def test_a_directory_on_tls_redis_named_by_secrets(
     cluster.apply(REDIS_TLS, stack_ns)
     pool = yaml.safe_load(pool_manifest(replicas=1))
     pool["metadata"]["name"] = "tls-sim"
+    pool["spec"]["engine"]["cpuOffloadGib"] = 0.25  # vLLM's flags, accepted by the engine pods
     cluster.apply(yaml.safe_dump(pool), stack_ns)
     policy = yaml.safe_load(policy_manifest(stack_ns))
     policy["metadata"]["name"] = "tls"
@@ -445,6 +447,13 @@ def test_a_directory_on_tls_redis_named_by_secrets(
         "socketTimeoutSeconds": 0.5,
     }
     cluster.apply(yaml.safe_dump(policy), stack_ns)
+    config = wait_until(
+        lambda: cluster.get("configmaps", "-n", stack_ns, "--field-selector",
+                            "metadata.name=tls-router-config")["items"],
+        timeout=60,
+        what="the router config",
+    )  # fmt: skip
+    assert "cpu_offload: true" in config[0]["data"]["router.yaml"]
     selector = "app.kubernetes.io/component=router,app.kubernetes.io/instance=tls"
     wait_until(lambda: ready_pods(cluster, stack_ns, selector), timeout=120, what="the router")
     service = cluster.get("services", "-n", stack_ns, "-l", selector)["items"][0]
