@@ -8,6 +8,7 @@ from kvgate.kvevents.decode import HASH_SIZES, EventDecodeError, decode_batch, e
 from kvgate.kvevents.encode import encode_batch, external_hash
 from kvgate.kvevents.events import (
     FULL_ATTENTION_KINDS,
+    KIND_FULL_ATTENTION,
     MEDIUM_CPU,
     MEDIUM_GPU,
     REMOVED_FIELDS,
@@ -24,6 +25,7 @@ from kvgate.kvevents.events import (
 __all__ = [
     "FULL_ATTENTION_KINDS",
     "HASH_SIZES",
+    "KIND_FULL_ATTENTION",
     "MEDIUM_CPU",
     "MEDIUM_GPU",
     "REMOVED_FIELDS",

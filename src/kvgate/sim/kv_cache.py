@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from kvgate.kvevents import (
+    KIND_FULL_ATTENTION,
     MEDIUM_CPU,
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -230,7 +231,15 @@ class KVCacheManager:
             removed.append(cpu.popitem(last=False)[0])
         if stored:  # vLLM's offloading events carry no token ids
             self._events.append(
-                BlockStored(stored, None, [], self.block_size, medium=MEDIUM_CPU, group_idx=0)
+                BlockStored(
+                    stored,
+                    None,
+                    [],
+                    self.block_size,
+                    medium=MEDIUM_CPU,
+                    group_idx=0,
+                    kv_cache_spec_kind=KIND_FULL_ATTENTION,
+                )
             )
         if removed:
             self._events.append(BlockRemoved(removed, medium=MEDIUM_CPU, group_idx=0))
@@ -262,6 +271,7 @@ class KVCacheManager:
                 medium=MEDIUM_GPU,
                 extra_keys=[request.event_extra_keys(i) for i in range(start, full)],
                 group_idx=0,
+                kv_cache_spec_kind=KIND_FULL_ATTENTION,
             )
         )
         request.num_cached_blocks = full
