@@ -79,7 +79,8 @@ class InstrumentedBlockIndex:
         medium: str | None = None,
     ) -> dict[str, int]:
         result = await self._observe("lookup", self.inner.lookup(keys, pods, medium=medium))
-        self._matched.observe(max(result.values(), default=0))
+        if medium is None:  # a tier's share of a match is not another match
+            self._matched.observe(max(result.values(), default=0))
         return result
 
     async def add(
