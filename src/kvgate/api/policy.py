@@ -22,6 +22,7 @@ from kvgate.api.base import (
     cel,
     section,
 )
+from kvgate.api.fleet import WarmupConfig
 from kvgate.api.pool import PullPolicy
 from kvgate.api.sections import (
     BorrowingConfig,
@@ -116,6 +117,7 @@ class RoutingPolicySpec(ApiModel):
     sessions: SessionsConfig = section(SessionsConfig, "Session recognition.")
     tenants: TenantsSpec = section(TenantsSpec, "Tenants.")
     directory: DirectorySpec = section(DirectorySpec, "Directory backend.")
+    warmup: WarmupConfig = section(WarmupConfig, "Warm-up of pods that join a pool.")
     router: RouterSpec = section(RouterSpec, "Router Deployment settings.")
 
 

@@ -26,6 +26,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
+from kvgate.api.fleet import WarmupConfig
 from kvgate.api.sections import (
     BorrowingConfig,
     ClassesConfig,
@@ -67,6 +68,7 @@ __all__ = [
     "TenantConfig",
     "TenantsConfig",
     "TokenizerConfig",
+    "WarmupConfig",
     "load_router_config",
     "parse_router_config",
 ]
@@ -379,6 +381,7 @@ class RouterConfig(ConfigModel):
     admin: AdminConfig = AdminConfig()
     limits: LimitsConfig = LimitsConfig()
     load_metrics: LoadMetricsConfig = LoadMetricsConfig()
+    warmup: WarmupConfig = WarmupConfig()
 
     @model_validator(mode="after")
     def _unique_pools(self) -> RouterConfig:

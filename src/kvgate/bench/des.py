@@ -17,7 +17,12 @@ same code, driven by :class:`RouterDriver`'s hooks:
   :class:`kvgate.directory.subscriber.PodSubscriber` (the indexer's code) into the pool's memory
   directory;
 - **load**: every ``load_metrics.scrape_interval_seconds`` each pod's ``/metrics`` as a scrape
-  would read it (waiting, running, KV usage) goes to ``core.load_scraped``.
+  would read it (waiting, running, KV usage) goes to ``core.load_scraped``;
+- **scale-up** (``scale``: at time t, n more pods): the pods join the fleet with empty caches and
+  the endpoint set, ``core.endpoints_changed`` hears of them, and the warm requests the core
+  hands out (``core.warmup.take``) are sent to their pods at most ``warmup.concurrency`` at a
+  time, as ``http/warmer.py`` sends them live; their answers go to ``core.warmup.request_done``.
+  Warm requests are not client requests: they are left out of the records.
 
 No network latency and no router CPU time: TTFT is the engine's (arrival to first token). Each
 request becomes a :class:`RequestRecord` in simulated seconds, so live and discrete-event runs
@@ -34,6 +39,7 @@ from typing import Any, TypeVar
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
+from kvgate.api.fleet import WarmupConfig
 from kvgate.bench.hit_bounds import fleet_kv_blocks, hit_rate_bounds
 from kvgate.bench.loadgen import CLASS_HEADER, SESSION_HEADER
 from kvgate.bench.records import GeneratorHealth, LoadSample, RequestRecord
@@ -51,6 +57,7 @@ from kvgate.router.core.errors import RouterError
 from kvgate.router.core.learn import Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
+from kvgate.router.core.warmup import WarmRequest
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.runtime import build_state
 from kvgate.router.setup import quickstart_config
@@ -95,6 +102,8 @@ class RouterDriver(FleetDriver):
         policy_params: dict[str, Any] | None = None,
         sample_interval_s: float = 1.0,
         progress: ProgressFn | None = None,
+        scale: Sequence[tuple[float, int]] = (),
+        warmup: WarmupConfig | None = None,
     ) -> None:
         self.fleet = fleet
         self.now = 0.0
@@ -112,9 +121,12 @@ class RouterDriver(FleetDriver):
             endpoint_ids=dict(zip(urls, ids, strict=True)),
         )
         # Simulated time has no event loop to keep responsive: every prompt is keyed inline.
-        config = config.model_copy(
-            update={"keying": config.keying.model_copy(update={"inline_max_chars": 1 << 62})}
-        )
+        update: dict[str, Any] = {
+            "keying": config.keying.model_copy(update={"inline_max_chars": 1 << 62})
+        }
+        if warmup is not None:
+            update["warmup"] = warmup
+        config = config.model_copy(update=update)
         self.config = config
         pool = config.pools[0]
         self.index = MemoryBlockIndex()
@@ -128,21 +140,18 @@ class RouterDriver(FleetDriver):
             DirectoryMetrics(registry).fallback_errors,
             clock=self.clock,
         )
-        specs = [
-            EndpointSpec(pod_id, pool.key, url, kv_events=f"inproc://{pod_id}")
-            for pod_id, url in zip(ids, urls, strict=True)
-        ]
-        self._complete(self.endpoints.replace_pool(pool.key, specs))
-        self._endpoints: list[Endpoint] = self.endpoints.in_pool(pool.key)
-        self.core.endpoints_changed(self._endpoints, [])
-        self._subscribers = [
-            PodSubscriber(PodEndpoint(pod_id, f"inproc://{pod_id}"), self.index, self._zmq)
-            for pod_id in ids
-        ]
-        for subscriber in self._subscribers:
-            self._complete(subscriber.open())
-        self._seq = [0] * len(ids)
-        self._pod_index = {pod_id: i for i, pod_id in enumerate(ids)}
+        self._pool_key = pool.key
+        self._specs: list[EndpointSpec] = []
+        self._endpoints: list[Endpoint] = []
+        self._subscribers: list[PodSubscriber] = []
+        self._seq: list[int] = []
+        self._pod_index: dict[str, int] = {}
+        self._join(ids)
+        self._scale = sorted(scale)
+        self._warm: dict[str, tuple[WarmRequest, int]] = {}  # request id -> (request, pod)
+        self._warm_queue: list[WarmRequest] = []
+        self._warm_sent = 0
+        self._warm_in_flight = 0
         self.tick_interval_s = config.load_metrics.scrape_interval_seconds
         self._sample_every = max(1, round(sample_interval_s / self.tick_interval_s))
         self._ticks = 0
@@ -156,6 +165,24 @@ class RouterDriver(FleetDriver):
 
     def clock(self) -> float:
         return self.now
+
+    def _join(self, ids: list[str]) -> None:
+        """Pods `ids` (already in the fleet) join the pool: endpoints, KV-event subscribers."""
+        for pod_id in ids:
+            url = f"http://{pod_id.replace(':', '-')}:8000"
+            spec = EndpointSpec(pod_id, self._pool_key, url, kv_events=f"inproc://{pod_id}")
+            self._specs.append(spec)
+            subscriber = PodSubscriber(
+                PodEndpoint(pod_id, f"inproc://{pod_id}"), self.index, self._zmq
+            )
+            self._complete(subscriber.open())
+            self._subscribers.append(subscriber)
+            self._seq.append(0)
+            self._pod_index[pod_id] = len(self._pod_index)
+        self._complete(self.endpoints.replace_pool(self._pool_key, self._specs))
+        by_id = {ep.id: ep for ep in self.endpoints.in_pool(self._pool_key)}
+        self._endpoints = [by_id[spec.id] for spec in self._specs]
+        self.core.endpoints_changed([by_id[pod_id] for pod_id in ids], [])
 
     def close(self) -> None:
         self._zmq.term()
@@ -195,6 +222,9 @@ class RouterDriver(FleetDriver):
 
     def route(self, request: TraceRequest, fleet: DESFleet, now: float) -> int | None:
         self.now = now
+        warm = self._warm.get(request.request_id)
+        if warm is not None:
+            return warm[1]
         bench = self._bench[request.request_id][0]
         record = RequestRecord(
             request_id=bench.request_id,
@@ -232,6 +262,9 @@ class RouterDriver(FleetDriver):
 
     def rejected(self, request: TraceRequest, pod: int, error: str, now: float) -> None:
         self.now = now
+        if request.request_id in self._warm:
+            self._warm_done(request.request_id, ok=False, prompt_tokens=0)
+            return
         flight = self._in_flight.pop(request.request_id)
         self.core.first_byte(flight.plan, flight.attempt, streamed=False)
         self.core.finished(
@@ -249,12 +282,18 @@ class RouterDriver(FleetDriver):
 
     def first_token(self, request: SimRequest, pod: int, now: float) -> None:
         self.now = now
+        if request.request_id in self._warm:
+            return
         flight = self._in_flight[request.request_id]
         flight.record.first_byte_s = now
         self.core.first_byte(flight.plan, flight.attempt, streamed=True)
 
     def finished(self, request: SimRequest, pod: int, now: float) -> list[TraceRequest]:
         self.now = now
+        if request.request_id in self._warm:
+            return self._warm_done(
+                request.request_id, ok=True, prompt_tokens=len(request.prompt_token_ids)
+            )
         flight = self._in_flight.pop(request.request_id)
         cached = max(request.num_cached_tokens, 0)
         completion = len(request.output_token_ids)
@@ -290,8 +329,18 @@ class RouterDriver(FleetDriver):
         frames = [b"", seq.to_bytes(8, "big"), encode_batch(EventBatch(now, list(events), 0))]
         self._complete(self._subscribers[pod].handle(frames))
 
-    def tick(self, fleet: DESFleet, now: float) -> None:
+    def tick(self, fleet: DESFleet, now: float) -> list[TraceRequest]:
         self.now = now
+        added = self._next_warm(now)  # any a rejected warm request left waiting
+        while self._scale and self._scale[0][0] <= now:
+            _, count = self._scale.pop(0)
+            first = len(fleet.engines)
+            ids = [f"pod-{first + i}" for i in range(count)]
+            for pod_id in ids:
+                fleet.add_pod(pod_id)
+            self._join(ids)
+            self._warm_queue.extend(self.core.warmup.take())
+            added.extend(self._next_warm(now))
         sample = self._ticks % self._sample_every == 0
         self._ticks += 1
         for engine, ep in zip(fleet.engines, self._endpoints, strict=True):
@@ -308,6 +357,35 @@ class RouterDriver(FleetDriver):
                 self.samples.append(
                     LoadSample(now, ep.id, float(engine.num_running), float(engine.num_waiting))
                 )
+        return added
+
+    # -- warm requests -------------------------------------------------------------------
+
+    def _next_warm(self, now: float) -> list[TraceRequest]:
+        """Warm requests to send now, up to `warmup.concurrency` in flight (as the live warmer)."""
+        out = []
+        warmup = self.core.warmup
+        while self._warm_queue and self._warm_in_flight < warmup.config.concurrency:
+            request = self._warm_queue.pop(0)
+            deadline = warmup.deadline(request.endpoint_id)
+            if deadline is None or deadline <= now:  # its warm-up ended while this one waited
+                warmup.request_done(request, now, ok=False)
+                continue
+            body = request.body()
+            request_id = f"warm-{self._warm_sent}"
+            self._warm_sent += 1
+            self._warm[request_id] = (request, self._pod_index[request.endpoint_id])
+            self._warm_in_flight += 1
+            out.append(
+                TraceRequest(request_id, now, body["prompt"], 1, body.get("cache_salt"), None)
+            )
+        return out
+
+    def _warm_done(self, request_id: str, *, ok: bool, prompt_tokens: int) -> list[TraceRequest]:
+        request, _ = self._warm.pop(request_id)
+        self._warm_in_flight -= 1
+        self.core.warmup.request_done(request, self.now, ok=ok, prompt_tokens=prompt_tokens)
+        return self._next_warm(self.now)
 
 
 def run_des(
@@ -321,14 +399,26 @@ def run_des(
     progress: ProgressFn | None = None,
     policy_params: dict[str, Any] | None = None,
     pod_names: list[str] | None = None,
+    scale: Sequence[tuple[float, int]] = (),
+    warmup: WarmupConfig | None = None,
 ) -> DesResult:
     """One policy over one workload on ``pods`` simulated engines, named ``pod-<i>`` or
-    ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id)."""
+    ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id); ``scale``: at time t,
+    n more pods join (``pod-<i>``); ``warmup``: the router's warm-up settings (default: its
+    config's)."""
     known = default_registry().names("policy")
     if policy not in known:
         raise ValueError(f"policy {policy!r} cannot run in des mode ({', '.join(known)})")
     fleet = DESFleet(pods, engine or EngineConfig(), load_profile(profile), names=pod_names)
-    driver = RouterDriver(fleet, policy, seed=seed, policy_params=policy_params, progress=progress)
+    driver = RouterDriver(
+        fleet,
+        policy,
+        seed=seed,
+        policy_params=policy_params,
+        progress=progress,
+        scale=scale,
+        warmup=warmup,
+    )
     try:
         fleet.run(driver.trace(workload), driver)
     finally:

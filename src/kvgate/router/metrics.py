@@ -179,6 +179,33 @@ class RouterMetrics:
             registry=r,
         )
 
+        # Warm-up of pods that join a pool (core/warmup.py).
+        self.warmups = Counter(
+            "kvgate_router_warmups_total",
+            "Warm-ups of pods that joined a pool, by result (warmed, timed_out, nothing_hot)",
+            ["pool", "result"],
+            registry=r,
+        )
+        self.warm_requests = Counter(
+            "kvgate_router_warm_requests_total",
+            "Warm requests (a hot prefix, max_tokens 1) sent to pods, by result (ok, error)",
+            ["pool", "result"],
+            registry=r,
+        )
+        self.warm_prefill_tokens = Counter(
+            "kvgate_router_warm_prefill_tokens_total",
+            "Prompt tokens of the warm requests pods answered",
+            ["pool"],
+            registry=r,
+        )
+        self.endpoint_warm_phase = Gauge(
+            "kvgate_router_endpoint_warm_phase",
+            "1 while a pod that joined is in this warm-up phase (warming: no client requests; "
+            "ramping: a growing share of them)",
+            ["pool", "endpoint", "phase"],
+            registry=r,
+        )
+
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: `labels()` costs more than the update on the hot path."""
         key = (metric._name, labels)

@@ -207,6 +207,16 @@ def test_external_indexer_needs_the_redis_directory() -> None:
     assert _check(POLICY, spec) == []
 
 
+def test_warm_up_cannot_send_more_prefixes_than_it_remembers() -> None:
+    spec = {"pools": ["p"], "warmup": {"topPrefixes": 300}}  # rememberedPrefixes defaults to 256
+    failures = _check(POLICY, spec)
+    assert len(failures) == 1 and "topPrefixes cannot exceed" in failures[0]
+    assert (
+        _check(POLICY, {"pools": ["p"], "warmup": {"topPrefixes": 300, "rememberedPrefixes": 300}})
+        == []
+    )
+
+
 def _defaults_with_rules(node: Json, path: str = "") -> list[tuple[str, Json, Json]]:
     found = []
     if "default" in node and "x-kubernetes-validations" in node:

@@ -110,6 +110,7 @@ def router_config(spec: RoutingPolicySpec, pools: list[SelectedPool]) -> rc.Rout
         borrowing=spec.borrowing,
         policy=spec.scoring,
         sessions=spec.sessions,
+        warmup=spec.warmup,
         tenants=rc.TenantsConfig.model_validate(_router_secrets(spec.tenants)),
         directory=rc.DirectoryConfig.model_validate(_router_secrets(spec.directory)),
         admin=rc.AdminConfig(

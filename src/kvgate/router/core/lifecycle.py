@@ -16,7 +16,9 @@
   (enough in a row eject it for a while), counted; the caller may plan again.
 - `cancelled(attempt)`: the client went away; nothing is learned.
 - `load_scraped` / `scrape_failed`: the load scraper's findings (engine load, active health).
-- `endpoints_changed(added, removed)`: forget what departed endpoints left behind.
+- `endpoints_changed(added, removed)`: forget what departed endpoints left behind; a pod that
+  joins a pool with other pods is warmed with the pool's hottest prefixes before it takes its
+  full share (`warmup.py`; the I/O side sends what `warmup.take()` hands it).
 
 Only `plan` and `explain` await anything (the directory: a Redis round trip with the redis
 backend); every hook is plain synchronous code. Time comes from the injected clock: monotonic in
@@ -44,6 +46,7 @@ from kvgate.router.core.keys import RequestKeys
 from kvgate.router.core.learn import Learner, Outcome, Usage
 from kvgate.router.core.routing import RoutePlan, Router, RouterState
 from kvgate.router.core.sessions import SessionTracker
+from kvgate.router.core.warmup import Warmup
 from kvgate.router.metrics import RouterMetrics
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
@@ -86,6 +89,7 @@ class RoutingCore:
         self.endpoints = endpoints
         self.accounting = Accounting()
         self.estimator = PrefillRateEstimator()
+        self.warmup = Warmup(config.warmup, metrics)
         self.router = Router(
             state,
             endpoints,
@@ -94,6 +98,7 @@ class RoutingCore:
             estimator=self.estimator,
             rng=rng,
             clock=clock,
+            admits=self.warmup.admits,
         )
         self.learner = Learner(
             metrics,
@@ -121,6 +126,7 @@ class RoutingCore:
         self.router.state = state
         self.learner.ttl = config.directory.approximate_ttl_seconds
         self.learner.access_log = config.server.access_log
+        self.warmup.configure(config.warmup)
         self.sessions.configure(
             config.sessions.max_sessions,
             config.sessions.ttl_seconds,
@@ -146,8 +152,10 @@ class RoutingCore:
         if not first_try:
             self.metrics.child(self.metrics.retries, plan.pool.key).inc()
         await self.learner.routed(plan)
-        if first_try and plan.classification.session_id is not None:
-            self.sessions.observe(plan, request.body)
+        if first_try:
+            self.warmup.hot.observe(plan, self.clock())
+            if plan.classification.session_id is not None:
+                self.sessions.observe(plan, request.body)
         return plan
 
     async def explain(self, request: ClientRequest) -> RoutePlan:
@@ -252,12 +260,18 @@ class RoutingCore:
             log.warning("endpoint %s ejected: /metrics failing (%r)", ep.id, reason)
 
     def endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        now = self.clock()
         for ep in removed:
+            self.warmup.left(ep)
             self.estimator.forget(ep.id)
             self.router.history.forget(ep.id)
             self.accounting.forget(ep.id)
+        joining = {ep.id for ep in added}
         for ep in added:
             self.metrics.init_endpoint(ep.pool, ep.id)
+            # Pods that were there before (not joining with it) are what it is warmed against.
+            others = [m for m in self.endpoints.in_pool(ep.pool) if m.id not in joining]
+            self.warmup.joined(ep, others, now)
 
     def endpoint_load(self) -> MutableMapping[str, int]:
         """Requests in flight per endpoint id (for tests and /debug)."""

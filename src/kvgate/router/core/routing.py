@@ -95,6 +95,7 @@ class Router:
         estimator: PrefillRateEstimator | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        admits: Callable[[str, float, random.Random], bool] | None = None,
     ) -> None:
         self.state = state
         self.endpoints = endpoints
@@ -105,6 +106,8 @@ class Router:
         self.rng = rng or random.Random(state.config.policy.seed)
         self.clock = clock
         self.keying = KeyingPool(state.config.keying)
+        # May a client request go to this endpoint now (pods warming up: `warmup.py`)?
+        self.admits = admits
 
     async def plan(
         self,
@@ -245,7 +248,11 @@ class Router:
             eps = self.endpoints.in_pool(pool.key)
             if excluded:
                 eps = [ep for ep in eps if ep.spec.id not in excluded]
-            return [ep for ep in eps if not ep.draining]
+            eps = [ep for ep in eps if not ep.draining]
+            if self.admits is not None and eps:
+                admitted = [ep for ep in eps if self.admits(ep.spec.id, now, self.rng)]
+                eps = admitted or eps  # every pod warming up: fail open
+            return eps
 
         chosen: list[Endpoint] = [ep for pool in cls.home_pools for ep in usable(pool)]
         if cls.request_class == "batch":

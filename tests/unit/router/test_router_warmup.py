@@ -1,0 +1,172 @@
+"""Warm-up of pods that join: the hot-prefix memory, the phases, and the core's hooks."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from prometheus_client import CollectorRegistry
+from tests.unit.router.fakes import make_config
+
+from kvgate.api.fleet import WarmupConfig
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
+from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
+from kvgate.router.metrics import RouterMetrics
+from kvgate.router.runtime import build_state
+
+SYSTEM = list(range(1000, 1512))  # 512 tokens: 32 blocks of 16
+
+
+def _body(question: int, system: list[int] = SYSTEM) -> dict[str, object]:
+    return {"model": "m", "prompt": system + [question] * 40, "max_tokens": 4}
+
+
+async def _core(n: int = 2, **warmup: object) -> tuple[RoutingCore, EndpointSet, list[float]]:
+    now = [100.0]
+    config = make_config(n, warmup=warmup)
+    endpoints = EndpointSet(lambda: now[0])
+    pool = config.pools[0]
+    core = RoutingCore(
+        build_state(config),
+        endpoints,
+        {pool.key: MemoryBlockIndex()},
+        RouterMetrics(),
+        DirectoryMetrics(CollectorRegistry()).fallback_errors,
+        clock=lambda: now[0],
+    )
+
+    async def changed(added, removed):  # type: ignore[no-untyped-def]
+        core.endpoints_changed(added, removed)
+
+    endpoints.add_listener(changed)
+    await endpoints.replace_pool(pool.key, _specs(pool.key, n))
+    return core, endpoints, now
+
+
+def _specs(pool: str, n: int) -> list[EndpointSpec]:
+    return [EndpointSpec(f"pod{i}:8000", pool, f"http://pod{i}:8000") for i in range(n)]
+
+
+async def _send(core: RoutingCore, count: int, system: list[int] = SYSTEM) -> None:
+    for i in range(count):
+        await core.plan(ClientRequest(_body(i, system), {}, "completion"))
+
+
+async def test_a_prefix_many_requests_share_is_remembered_with_its_tokens_and_ranked_first():
+    core, _, now = await _core()
+    await _send(core, 5)
+    other = list(range(5000, 5100))  # 100 tokens, seen twice: its 4-block prefix is shared
+    await _send(core, 2, other)
+    top = core.warmup.hot.top("default/p", 8, now[0])
+    assert top[0].tokens is not None and top[0].tokens.tolist() == SYSTEM
+    assert top[0].decayed(now[0], 600) == pytest.approx(5)
+    # shorter prefixes of the system prompt are covered by it, not listed again
+    assert all(p.tokens is not None and p.tokens.tolist()[:1] != SYSTEM[:1] for p in top[1:])
+    assert any(p.tokens is not None and p.tokens.tolist() == other[:64] for p in top)
+
+
+async def test_a_prefix_seen_once_is_only_a_candidate():
+    core, _, now = await _core()
+    await _send(core, 1)
+    assert core.warmup.hot.top("default/p", 8, now[0]) == []
+    assert len(core.warmup.hot) == 0
+
+
+async def test_memory_is_bounded_in_entries_and_bytes():
+    core, _, _now = await _core(remembered_prefixes=3, top_prefixes=3, max_bytes=4 * 600)
+    for group in range(10):
+        await _send(core, 2, list(range(group * 1000, group * 1000 + 512)))
+    hot = core.warmup.hot
+    assert len(hot) <= 3
+    assert hot.bytes <= 4 * 600
+
+
+async def test_counts_decay_with_their_half_life():
+    core, _, now = await _core(half_life_seconds=10.0)
+    await _send(core, 4)
+    top = core.warmup.hot.top("default/p", 1, now[0] + 20)
+    assert top[0].decayed(now[0] + 20, 10.0) == pytest.approx(1.0)
+
+
+async def test_a_pod_that_joins_gets_the_hot_prefixes_and_no_client_request_until_warm():
+    core, endpoints, now = await _core(ramp_seconds=10.0)
+    await _send(core, 4)
+    pool = "default/p"
+    await endpoints.replace_pool(pool, _specs(pool, 3))
+    requests = core.warmup.take()
+    assert [r.endpoint_id for r in requests] == ["pod2:8000"]
+    body = requests[0].body()
+    assert body["prompt"] == SYSTEM and body["max_tokens"] == 1 and body["model"] == "m"
+    assert core.warmup.take() == []  # handed out once
+    for i in range(20):
+        plan = await core.plan(ClientRequest(_body(100 + i), {}, "completion"))
+        assert plan.endpoint.id != "pod2:8000"
+    state = core.warmup.debug(now[0], endpoints.all())
+    assert state["endpoints"][2]["phase"] == "warming"
+
+    core.warmup.request_done(requests[0], now[0], ok=True, prompt_tokens=len(SYSTEM))
+    state = core.warmup.debug(now[0], endpoints.all())["endpoints"][2]
+    assert state["phase"] == "ramping" and state["traffic_share"] == 0.0
+    assert state["succeeded"] == 1 and state["prefill_tokens"] == len(SYSTEM)
+    rng = random.Random(0)
+    now[0] += 5.0  # half way through the ramp: about half the requests may go there
+    share = sum(core.warmup.admits("pod2:8000", now[0], rng) for _ in range(1000)) / 1000
+    assert 0.4 < share < 0.6
+    now[0] += 5.0
+    assert core.warmup.admits("pod2:8000", now[0], rng)
+    assert core.warmup.debug(now[0], endpoints.all())["endpoints"][2]["phase"] == "warm"
+
+
+async def test_a_warm_up_that_never_answers_ends_at_its_timeout():
+    core, endpoints, now = await _core(timeout_seconds=30.0, ramp_seconds=0.0)
+    await _send(core, 3)
+    await endpoints.replace_pool("default/p", _specs("default/p", 3))
+    assert core.warmup.take()
+    rng = random.Random(0)
+    assert not core.warmup.admits("pod2:8000", now[0] + 29.0, rng)
+    assert core.warmup.admits("pod2:8000", now[0] + 30.0, rng)
+    assert core.warmup.deadline("pod2:8000") is None
+
+
+async def test_pods_present_at_start_and_pods_with_nothing_hot_are_not_held_back():
+    core, endpoints, now = await _core(ramp_seconds=0.0)
+    assert core.warmup.take() == []  # the first pods of a pool: nothing to shift traffic from
+    await endpoints.replace_pool("default/p", _specs("default/p", 3))  # nothing hot yet
+    assert core.warmup.take() == []
+    assert core.warmup.admits("pod2:8000", now[0], random.Random(0))
+
+
+async def test_a_warming_pod_takes_requests_when_no_other_pod_can():
+    core, endpoints, _ = await _core()
+    await _send(core, 3)
+    await endpoints.replace_pool("default/p", _specs("default/p", 3))
+    assert core.warmup.take()
+    for ep in endpoints.all()[:2]:
+        ep.draining = True
+    plan = await core.plan(ClientRequest(_body(7), {}, "completion"))
+    assert plan.endpoint.id == "pod2:8000"
+
+
+async def test_warm_up_off_sends_nothing():
+    core, endpoints, _ = await _core(enabled=False)
+    await _send(core, 4)
+    await endpoints.replace_pool("default/p", _specs("default/p", 3))
+    assert core.warmup.take() == []
+    assert len(core.warmup.hot) == 0
+
+
+def test_top_prefixes_cannot_exceed_remembered_prefixes():
+    with pytest.raises(ValueError, match="top_prefixes"):
+        WarmupConfig(top_prefixes=10, remembered_prefixes=5)
+
+
+async def test_a_longer_prefix_takes_the_place_of_the_shorter_ones_it_starts_with():
+    core, _, now = await _core()
+    await _send(core, 5)
+    await _send(core, 12, SYSTEM[:256] + list(range(9000, 9300)))  # only the first half shared
+    prefixes = [p.tokens.tolist() for p in core.warmup.hot.top("default/p", 8, now[0]) if p.tokens]
+    assert SYSTEM in prefixes
+    assert all(p[:256] == SYSTEM[:256] for p in prefixes)  # no shorter prefix of either
+    assert all(len(p) > 256 for p in prefixes)
