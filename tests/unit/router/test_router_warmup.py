@@ -6,7 +6,7 @@ import random
 
 import pytest
 from prometheus_client import CollectorRegistry
-from tests.unit.router.fakes import make_config
+from tests.unit.router.fakes import FakePods, make_config
 
 from kvgate.api.fleet import WarmupConfig
 from kvgate.directory.memory import MemoryBlockIndex
@@ -170,3 +170,35 @@ async def test_a_longer_prefix_takes_the_place_of_the_shorter_ones_it_starts_wit
     assert SYSTEM in prefixes
     assert all(p[:256] == SYSTEM[:256] for p in prefixes)  # no shorter prefix of either
     assert all(len(p) > 256 for p in prefixes)
+
+
+async def test_admin_warm_sends_the_top_prefixes_of_a_model_to_every_pod(router_app, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    pods = FakePods()
+    client, _ = await router_app(make_config(2, admin={"token": {"file": str(token)}}), pods)
+    for i in range(4):
+        assert (await client.post("/v1/completions", json=_body(i))).status_code == 200
+    good = {"authorization": "Bearer s3cret"}
+    resp = await client.post("/admin/warm", json={"top": 1, "model": "m"}, headers=good)
+    assert resp.status_code == 200, resp.text
+    (prefix,) = resp.json()["prefixes"]
+    assert prefix["prompt_tokens"] == len(SYSTEM)
+    assert sorted(r["endpoint"] for r in prefix["results"]) == ["pod0:8000", "pod1:8000"]
+    assert all(r["status"] == 200 for r in prefix["results"])
+    warm = [body for _, body in pods.requests[-2:]]
+    assert all(b["prompt"] == SYSTEM and b["max_tokens"] == 1 for b in warm)
+    bad = await client.post("/admin/warm", json={"top": 0, "model": "m"}, headers=good)
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top"
+    bad = await client.post("/admin/warm", json={"top": 1, "model": "m", "x": 1}, headers=good)
+    assert bad.status_code == 400
+
+
+async def test_debug_warm_reports_phases_and_hot_prefixes(router_app):
+    client, _ = await router_app(make_config(2), FakePods())
+    for i in range(3):
+        await client.post("/v1/completions", json=_body(i))
+    debug = (await client.get("/debug/warm")).json()
+    assert [e["phase"] for e in debug["endpoints"]] == ["warm", "warm"]
+    assert debug["top"]["default/p"][0]["tokens"] == len(SYSTEM)
+    assert debug["hot_prefix_bytes"] > 0
