@@ -88,3 +88,47 @@ class WarmupConfig(ConfigModel):
         if self.top_prefixes > self.remembered_prefixes:
             raise ValueError("top_prefixes cannot exceed remembered_prefixes")
         return self
+
+
+class LoadSharingConfig(ConfigModel):
+    """Share each pod's load between router replicas behind one Service.
+
+    Every `interval_seconds` each replica writes what it has in flight and pending prefill on
+    each pod to the directory's Redis (one hash per pool, a field per replica stamped with
+    Redis' clock) and reads the other replicas' fields in the same round trip; a decision adds
+    what the others have queued on each pod to its own counts. Fields older than `ttl_seconds`
+    are ignored and deleted, so a replica that stops is forgotten and, when Redis is down or
+    slow (each exchange gives up after `timeout_seconds`), a replica routes on its own counts
+    until Redis answers again. Needs `directory.backend: redis`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "!has(self.ttlSeconds) || !has(self.intervalSeconds) || "
+                    "self.ttlSeconds > self.intervalSeconds",
+                    "ttlSeconds must be longer than intervalSeconds",
+                )
+            ]
+        }
+    )
+
+    enabled: bool = Field(default=False, description="Exchange load with the other replicas.")
+    interval_seconds: float = Field(
+        default=0.02, gt=0.0, le=10.0, description="How often loads are exchanged."
+    )
+    ttl_seconds: float = Field(
+        default=1.0, gt=0.0, le=60.0, description="A replica's load older than this is ignored."
+    )
+    timeout_seconds: float = Field(
+        default=0.05, gt=0.0, le=5.0, description="Longest wait for one exchange."
+    )
+    max_replicas: int = Field(
+        default=64, ge=1, le=1024, description="Other replicas' loads read per exchange."
+    )
+
+    @model_validator(mode="after")
+    def _ttl_over_interval(self) -> LoadSharingConfig:
+        if self.ttl_seconds <= self.interval_seconds:
+            raise ValueError("ttl_seconds must be longer than interval_seconds")
+        return self

@@ -22,7 +22,7 @@ from kvgate.api.base import (
     cel,
     section,
 )
-from kvgate.api.fleet import WarmupConfig
+from kvgate.api.fleet import LoadSharingConfig, WarmupConfig
 from kvgate.api.pool import PullPolicy
 from kvgate.api.sections import (
     BorrowingConfig,
@@ -97,7 +97,15 @@ class RoutingPolicySpec(ApiModel):
                     "size(self.poolSelector.matchLabels) > 0)",
                     "a RoutingPolicy must name at least one pool: set spec.pools or "
                     "spec.poolSelector.matchLabels",
-                )
+                ),
+                cel(
+                    "!has(self.loadSharing) || !has(self.loadSharing.enabled) || "
+                    "!self.loadSharing.enabled || "
+                    "(has(self.directory) && has(self.directory.backend) && "
+                    "self.directory.backend == 'redis')",
+                    "loadSharing needs directory.backend: redis (replicas exchange load "
+                    "through the directory's Redis)",
+                ),
             ]
         }
     )
@@ -118,6 +126,9 @@ class RoutingPolicySpec(ApiModel):
     tenants: TenantsSpec = section(TenantsSpec, "Tenants.")
     directory: DirectorySpec = section(DirectorySpec, "Directory backend.")
     warmup: WarmupConfig = section(WarmupConfig, "Warm-up of pods that join a pool.")
+    load_sharing: LoadSharingConfig = section(
+        LoadSharingConfig, "Load shared between the router's replicas."
+    )
     router: RouterSpec = section(RouterSpec, "Router Deployment settings.")
 
 

@@ -26,7 +26,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
-from kvgate.api.fleet import WarmupConfig
+from kvgate.api.fleet import LoadSharingConfig, WarmupConfig
 from kvgate.api.sections import (
     BorrowingConfig,
     ClassesConfig,
@@ -54,6 +54,7 @@ __all__ = [
     "KvEventsConfig",
     "LimitsConfig",
     "LoadMetricsConfig",
+    "LoadSharingConfig",
     "LoraAdapter",
     "PolicyConfig",
     "PoolConfig",
@@ -382,12 +383,15 @@ class RouterConfig(ConfigModel):
     limits: LimitsConfig = LimitsConfig()
     load_metrics: LoadMetricsConfig = LoadMetricsConfig()
     warmup: WarmupConfig = WarmupConfig()
+    load_sharing: LoadSharingConfig = LoadSharingConfig()
 
     @model_validator(mode="after")
     def _unique_pools(self) -> RouterConfig:
         keys = [p.key for p in self.pools]
         if len(set(keys)) != len(keys):
             raise ValueError("pool namespace/name pairs must be unique")
+        if self.load_sharing.enabled and self.directory.backend != "redis":
+            raise ValueError("load_sharing needs directory.backend: redis")
         return self
 
 

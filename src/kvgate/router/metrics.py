@@ -206,6 +206,24 @@ class RouterMetrics:
             registry=r,
         )
 
+        # Load shared between router replicas (http/load_sharing.py).
+        self.load_sharing_errors = Counter(
+            "kvgate_router_load_sharing_errors_total",
+            "Load exchanges with the other router replicas that failed or timed out, by pool",
+            ["pool"],
+            registry=r,
+        )
+        self.load_sharing_peers = Gauge(
+            "kvgate_router_load_sharing_peers",
+            "Other router replicas whose load this replica adds to its own",
+            registry=r,
+        )
+        self.load_sharing_degraded = Gauge(
+            "kvgate_router_load_sharing_degraded",
+            "1 while load sharing is on but the other replicas' load is too old to use",
+            registry=r,
+        )
+
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: `labels()` costs more than the update on the hot path."""
         key = (metric._name, labels)

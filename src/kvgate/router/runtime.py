@@ -2,9 +2,11 @@
 
 `RouterRuntime` owns: the routing core (`core/lifecycle.py`: decisions, endpoint accounting and
 learning), the HTTP client to the pods (pooled keep-alive connections, `http/upstream.py`), the
-proxy, the warmer of pods that join (`http/warmer.py`), one directory index per pool, the
-endpoint set fed by discovery, the load scraper, the embedded indexer (KV-event subscriptions, `kvgate.indexer`) and the config-file watcher. `start()` starts
-them; `stop()` cancels and awaits every task and closes every connection.
+proxy, the warmer of pods that join (`http/warmer.py`), the load exchange with the other
+router replicas (`http/load_sharing.py`), one directory index per pool, the endpoint set fed by
+discovery, the load scraper, the embedded indexer (KV-event subscriptions, `kvgate.indexer`)
+and the config-file watcher. `start()` starts them; `stop()` cancels and awaits every task and
+closes every connection.
 
 Reload: a new config builds a new `RouterState` (classifier, keyers, policy) and swaps it in
 atomically; requests already in flight keep the state they started with. Pools that remain keep
@@ -34,6 +36,7 @@ from kvgate.indexer.subscriptions import EventIndexer, refresh_directory_stats
 from kvgate.router.core.keys import Keyer, keyer_identity
 from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.core.routing import RouterState
+from kvgate.router.http.load_sharing import LoadSharer
 from kvgate.router.http.proxy import Proxy
 from kvgate.router.http.scrape import LoadScraper
 from kvgate.router.http.upstream import HttpxUpstream, RawUpstream, RoutingUpstream, Upstream
@@ -118,6 +121,7 @@ class RouterRuntime:
         )
         self.proxy = Proxy(self.upstream, self.core, limits)
         self.warmer = Warmer(self.core, self.upstream, lambda: self.config.limits, clock=clock)
+        self.load_sharer = LoadSharer(self.core, lambda: self.config, self.metrics, clock=clock)
         self.scraper = LoadScraper(
             self.endpoints,
             self.upstream,
@@ -147,6 +151,7 @@ class RouterRuntime:
     async def start(self) -> None:
         await self._sync_pools(self.config)
         self.scraper.start()
+        self.load_sharer.start()
         self._stats_task = asyncio.create_task(
             refresh_directory_stats(self.indexes, self._stats_interval_seconds),
             name="kvgate-directory-stats",
@@ -171,6 +176,7 @@ class RouterRuntime:
             await self.indexer.close()
         await self.scraper.stop()
         await self.warmer.stop()
+        await self.load_sharer.stop()
         for index in self.indexes.values():
             await index.close()
         await self.upstream.aclose()

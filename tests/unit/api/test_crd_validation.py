@@ -217,6 +217,16 @@ def test_warm_up_cannot_send_more_prefixes_than_it_remembers() -> None:
     )
 
 
+def test_load_sharing_needs_the_redis_directory_and_a_ttl_over_its_interval() -> None:
+    spec = {"pools": ["p"], "loadSharing": {"enabled": True}}
+    failures = _check(POLICY, spec)
+    assert len(failures) == 1 and "needs directory.backend: redis" in failures[0]
+    spec["directory"] = {"backend": "redis"}
+    assert _check(POLICY, spec) == []
+    spec["loadSharing"] = {"enabled": True, "intervalSeconds": 1.0, "ttlSeconds": 0.5}
+    assert any("ttlSeconds must be longer" in f for f in _check(POLICY, spec))
+
+
 def _defaults_with_rules(node: Json, path: str = "") -> list[tuple[str, Json, Json]]:
     found = []
     if "default" in node and "x-kubernetes-validations" in node:

@@ -111,6 +111,7 @@ def router_config(spec: RoutingPolicySpec, pools: list[SelectedPool]) -> rc.Rout
         policy=spec.scoring,
         sessions=spec.sessions,
         warmup=spec.warmup,
+        load_sharing=spec.load_sharing,
         tenants=rc.TenantsConfig.model_validate(_router_secrets(spec.tenants)),
         directory=rc.DirectoryConfig.model_validate(_router_secrets(spec.directory)),
         admin=rc.AdminConfig(

@@ -16,6 +16,8 @@
   (enough in a row eject it for a while), counted; the caller may plan again.
 - `cancelled(attempt)`: the client went away; nothing is learned.
 - `load_scraped` / `scrape_failed`: the load scraper's findings (engine load, active health).
+- `peers.update(...)`: the other router replicas' load on each pod (`peer_load.py`), added to
+  this replica's own counts in every decision while it is fresh.
 - `endpoints_changed(added, removed)`: forget what departed endpoints left behind; a pod that
   joins a pool with other pods is warmed with the pool's hottest prefixes before it takes its
   full share (`warmup.py`; the I/O side sends what `warmup.take()` hands it).
@@ -44,6 +46,7 @@ from kvgate.router.core.accounting import Accounting, Attempt
 from kvgate.router.core.classify import Classification
 from kvgate.router.core.keys import RequestKeys
 from kvgate.router.core.learn import Learner, Outcome, Usage
+from kvgate.router.core.peer_load import PeerLoads
 from kvgate.router.core.routing import RoutePlan, Router, RouterState
 from kvgate.router.core.sessions import SessionTracker
 from kvgate.router.core.warmup import Warmup
@@ -90,6 +93,7 @@ class RoutingCore:
         self.accounting = Accounting()
         self.estimator = PrefillRateEstimator()
         self.warmup = Warmup(config.warmup, metrics)
+        self.peers = PeerLoads(config.load_sharing.ttl_seconds)
         self.router = Router(
             state,
             endpoints,
@@ -99,6 +103,7 @@ class RoutingCore:
             rng=rng,
             clock=clock,
             admits=self.warmup.admits,
+            peers=self.peers,
         )
         self.learner = Learner(
             metrics,
@@ -127,6 +132,7 @@ class RoutingCore:
         self.learner.ttl = config.directory.approximate_ttl_seconds
         self.learner.access_log = config.server.access_log
         self.warmup.configure(config.warmup)
+        self.peers.ttl_seconds = config.load_sharing.ttl_seconds
         self.sessions.configure(
             config.sessions.max_sessions,
             config.sessions.ttl_seconds,
@@ -266,6 +272,7 @@ class RoutingCore:
             self.estimator.forget(ep.id)
             self.router.history.forget(ep.id)
             self.accounting.forget(ep.id)
+            self.peers.forget(ep.id)
         joining = {ep.id for ep in added}
         for ep in added:
             self.metrics.init_endpoint(ep.pool, ep.id)

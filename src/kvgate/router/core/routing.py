@@ -4,10 +4,13 @@
 2. Candidates: ready, non-ejected, non-draining endpoints of the class's home pools; plus, for
    batch requests, online endpoints whose load is under the borrowing limits (so online traffic
    never waits behind batch); plus, for online requests with no home endpoint, batch endpoints.
+   Pods warming up take no client request, then a growing share (`warmup.py`).
 3. Pools are grouped by hashing identity (`keys.keyer_identity`); each group's keys are computed
    once, its pools' directories are looked up, and the policy decides over the group. With
    several groups (pools with different tokenizers or block sizes) the decision with the lowest
    predicted TTFT wins.
+   Each endpoint's snapshot counts this router's in-flight and pending prefill, plus the other
+   replicas' while their view is fresh (`peer_load.py`).
 4. The routing core (`lifecycle.py`) records the decision; the proxy sends the request.
 
 Everything here is in memory except the directory lookup (a Redis round trip with the redis
@@ -31,6 +34,7 @@ from kvgate.router.core.classify import Classification, Classifier
 from kvgate.router.core.errors import RouterError, unavailable
 from kvgate.router.core.keying import KeyingPool
 from kvgate.router.core.keys import Keyer, RequestKeys, keyer_identity
+from kvgate.router.core.peer_load import PeerLoads
 from kvgate.scoring.base import (
     ChoiceHistory,
     Decision,
@@ -96,6 +100,7 @@ class Router:
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         admits: Callable[[str, float, random.Random], bool] | None = None,
+        peers: PeerLoads | None = None,
     ) -> None:
         self.state = state
         self.endpoints = endpoints
@@ -108,6 +113,8 @@ class Router:
         self.keying = KeyingPool(state.config.keying)
         # May a client request go to this endpoint now (pods warming up: `warmup.py`)?
         self.admits = admits
+        # The other router replicas' load on each endpoint (`peer_load.py`), added to ours.
+        self.peers = peers
 
     async def plan(
         self,
@@ -197,7 +204,10 @@ class Router:
         """Immutable views of `members` for the policy (hot path: lookups hoisted)."""
         pools = self.state.pools
         stale = self.state.config.load_metrics.stale_after_seconds
-        loads = self.accounting.loads([ep.spec.id for ep in members], now)
+        ids = [ep.spec.id for ep in members]
+        loads = self.accounting.loads(ids, now)
+        if self.peers is not None:
+            loads = self.peers.added(ids, loads, now)
         rates = self._pool_rates(members)
         # Every candidate ejected: fail open (trying a pod beats refusing the request).
         fail_open = all(now < ep.ejected_until for ep in members)
