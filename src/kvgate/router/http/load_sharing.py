@@ -63,6 +63,7 @@ class LoadSharer:
         self.replica = replica or replica_id()
         self._clock = clock
         self._client: aioredis.Redis | None = None
+        self._client_for: tuple[str, float] | None = None  # (url, timeout) it was made for
         self._boards: dict[str, ReplicaLoadBoard] = {}
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
@@ -99,7 +100,7 @@ class LoadSharer:
         """One exchange over every pool; False if any pool's failed."""
         config = self._config()
         sharing = config.load_sharing
-        client = self._redis(config)
+        client = await self._redis(config)
         now = self._clock()
         endpoints = self.core.endpoints
         pools = {pool: [ep.id for ep in endpoints.in_pool(pool)] for pool in endpoints.pools()}
@@ -147,10 +148,14 @@ class LoadSharer:
         self.metrics.load_sharing_degraded.set(0 if self.core.peers.fresh(self._clock()) else 1)
         return failed == 0
 
-    def _redis(self, config: RouterConfig) -> aioredis.Redis:
+    async def _redis(self, config: RouterConfig) -> aioredis.Redis:
+        redis = config.directory.redis
+        timeout = config.load_sharing.timeout_seconds
+        if self._client is not None and self._client_for != (redis.url, timeout):  # reloaded
+            await self._client.aclose()
+            self._client, self._boards = None, {}
         if self._client is None:
-            redis = config.directory.redis
-            timeout = config.load_sharing.timeout_seconds
+            self._client_for = (redis.url, timeout)
             self._client = aioredis.Redis.from_url(
                 redis.url,
                 password=redis.password.read() if redis.password else None,
