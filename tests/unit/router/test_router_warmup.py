@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import random
 
 import pytest
@@ -202,3 +203,39 @@ async def test_debug_warm_reports_phases_and_hot_prefixes(router_app):
     assert [e["phase"] for e in debug["endpoints"]] == ["warm", "warm"]
     assert debug["top"]["default/p"][0]["tokens"] == len(SYSTEM)
     assert debug["hot_prefix_bytes"] > 0
+
+
+async def _join_third_pod(runtime) -> None:  # type: ignore[no-untyped-def]
+    pool = "default/p"
+    specs = [ep.spec for ep in runtime.endpoints.in_pool(pool)]
+    specs.append(EndpointSpec("pod2:8000", pool, "http://pod2:8000"))
+    await runtime.endpoints.replace_pool(pool, specs)
+    for _ in range(100):  # the warmer's tasks run on this loop
+        if not runtime.warmer._tasks:
+            break
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("fails", [False, True])
+async def test_the_warmer_sends_the_hot_prefixes_to_a_pod_that_joins(router_app, fails):
+    pods = FakePods()
+    if fails:
+        pods.fail.add("pod2:8000")
+    config = make_config(2, warmup={"ramp_seconds": 0.0})
+    client, runtime = await router_app(config, pods)
+    for i in range(3):
+        assert (await client.post("/v1/completions", json=_body(i))).status_code == 200
+    await _join_third_pod(runtime)
+    state = next(e for e in (await client.get("/debug/warm")).json()["endpoints"]
+                 if e["endpoint"] == "pod2:8000")  # fmt: skip
+    assert state["phase"] == "warm" and state["warm_requests"] == 1
+    metrics = (await client.get("/metrics")).text
+    if fails:  # a pod that cannot be warmed is not held back
+        assert state["failed"] == 1
+        assert 'kvgate_router_warm_requests_total{pool="default/p",result="error"} 1.0' in metrics
+        return
+    assert state["succeeded"] == 1
+    warm = [body for host, body in pods.requests if host == "pod2:8000"]
+    assert warm == [{"model": "m", "prompt": SYSTEM, "max_tokens": 1, "stream": False}]
+    assert 'kvgate_router_warm_requests_total{pool="default/p",result="ok"} 1.0' in metrics
+    assert 'kvgate_router_warmups_total{pool="default/p",result="warmed"} 1.0' in metrics
