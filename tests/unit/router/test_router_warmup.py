@@ -239,3 +239,19 @@ async def test_the_warmer_sends_the_hot_prefixes_to_a_pod_that_joins(router_app,
     assert warm == [{"model": "m", "prompt": SYSTEM, "max_tokens": 1, "stream": False}]
     assert 'kvgate_router_warm_requests_total{pool="default/p",result="ok"} 1.0' in metrics
     assert 'kvgate_router_warmups_total{pool="default/p",result="warmed"} 1.0' in metrics
+
+
+async def test_an_answer_from_an_earlier_warm_up_does_not_end_the_next_one():
+    core, endpoints, now = await _core(ramp_seconds=0.0)
+    await _send(core, 3)
+    pool = "default/p"
+    await endpoints.replace_pool(pool, _specs(pool, 3))
+    (old,) = core.warmup.take()
+    await endpoints.replace_pool(pool, _specs(pool, 2))  # it left ...
+    now[0] += 1.0
+    await endpoints.replace_pool(pool, _specs(pool, 3))  # ... and came back
+    (new,) = core.warmup.take()
+    core.warmup.request_done(old, now[0], ok=True)
+    assert core.warmup.deadline("pod2:8000") is not None  # still warming
+    core.warmup.request_done(new, now[0], ok=True)
+    assert core.warmup.deadline("pod2:8000") is None

@@ -42,6 +42,7 @@ class WarmRequest:
     endpoint_id: str
     pool: str
     prefix: HotPrefix
+    joined_at: float = 0.0  # its pod's join (a pod that left and came back is another warm-up)
 
     def body(self) -> dict[str, Any]:
         prefix = self.prefix
@@ -126,7 +127,7 @@ class Warmup:
             self._start_ramp(pod, now)
             return
         pod.requests = pod.pending = len(prefixes)
-        requests = [WarmRequest(ep.id, ep.pool, prefix) for prefix in prefixes]
+        requests = [WarmRequest(ep.id, ep.pool, prefix, now) for prefix in prefixes]
         self._ready.extend(requests)
         self._set_phase(pod, "warming")
 
@@ -149,7 +150,7 @@ class Warmup:
         result = "ok" if ok else "error"
         self.metrics.child(self.metrics.warm_requests, request.pool, result).inc()
         pod = self._pods.get(request.endpoint_id)
-        if pod is None or pod.phase != "warming":
+        if pod is None or pod.phase != "warming" or pod.joined_at != request.joined_at:
             return
         pod.pending -= 1
         if ok:
