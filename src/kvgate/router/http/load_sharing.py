@@ -89,7 +89,11 @@ class LoadSharer:
             if not sharing.enabled or config.directory.backend != "redis":
                 await asyncio.sleep(_IDLE_CHECK_SECONDS)
                 continue
-            ok = await self.exchange_once()
+            try:
+                ok = await self.exchange_once()
+            except Exception:  # a bug must not end sharing for the process's life
+                log.exception("load sharing: exchange failed")
+                ok = False
             self._failures = 0 if ok else self._failures + 1
             delay = sharing.interval_seconds
             if self._failures:
