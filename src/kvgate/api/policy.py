@@ -61,7 +61,9 @@ class RouterSpec(ApiModel):
         default=None, description="Router image; default: the operator's --router-image."
     )
     image_pull_policy: PullPolicy | None = Field(
-        default=None, description="Always, IfNotPresent or Never."
+        default=None,
+        description="Image pull policy of the router: Always, IfNotPresent or Never; unset: the "
+        "cluster's default.",
     )
     resources: ResourceRequirements = Field(
         default_factory=ResourceRequirements, description="Router container resources."
@@ -126,10 +128,20 @@ class RoutingPolicyStatus(ApiModel):
         default=None, description="metadata.generation last reconciled."
     )
     pools: list[str] = Field(default_factory=list, description="Pools the router serves.")
+    pool_names: str = Field(
+        default="",
+        description="The same pools as one comma-separated string (the Pools column of kubectl "
+        "get, which cannot print a list).",
+    )
     endpoints: int = Field(default=0, description="Ready engine endpoints of those pools.")
     replicas: int = Field(default=0, description="Router pods that exist.")
     ready_replicas: int = Field(default=0, description="Router pods that are ready.")
     config_hash: str = Field(default="", description="Hash of the rendered router config.")
     conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, Progressing and Degraded."
+        default_factory=list, description="The conditions Ready, Progressing and Degraded."
+    )
+    reason: str = Field(
+        default="",
+        description="Why it is (not) ready, in one word: the Degraded condition's reason while "
+        "Degraded is True, else the Ready condition's (the Reason column of kubectl get).",
     )

@@ -191,14 +191,16 @@ class InferencePoolSpec(ApiModel):
     replicas: int = Field(default=1, ge=0, description="Number of engine pods.")
     pool_class: PoolClass = Field(
         default=PoolClass.ONLINE,
-        description="online (latency-sensitive) or batch (throughput; may borrow idle online "
-        "capacity).",
+        description="Pool class: online (latency-sensitive) or batch (throughput; batch requests "
+        "may borrow idle online capacity).",
     )
     image: str = Field(
         default=DEFAULT_ENGINE_IMAGE, min_length=1, description="Engine container image."
     )
     image_pull_policy: PullPolicy | None = Field(
-        default=None, description="Always, IfNotPresent or Never."
+        default=None,
+        description="Image pull policy of the engines: Always, IfNotPresent or Never; unset: the "
+        "cluster's default.",
     )
     command: list[str] = Field(
         default_factory=lambda: ["vllm", "serve"],
@@ -226,7 +228,9 @@ class InferencePoolSpec(ApiModel):
     )
     max_unavailable: IntOrPercent = Field(
         default=1,
-        description="PodDisruptionBudget maxUnavailable: a count or a percentage such as 25%.",
+        description="Engine pods a voluntary disruption may take down at once (the PodDisruptionBudget's "
+        'maxUnavailable): an integer count such as 1 or a string percentage such as "25%" '
+        "(int-or-string, which kubectl explain shows as <Object>).",
     )
 
     @property
@@ -247,5 +251,10 @@ class InferencePoolStatus(ApiModel):
     selector: str = Field(default="", description="Label selector of the engine pods.")
     served_model_name: str = Field(default="", description="Model name the engines serve.")
     conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, Progressing and Degraded."
+        default_factory=list, description="The conditions Ready, Progressing and Degraded."
+    )
+    reason: str = Field(
+        default="",
+        description="Why it is (not) ready, in one word: the Degraded condition's reason while "
+        "Degraded is True, else the Ready condition's (the Reason column of kubectl get).",
     )

@@ -4,9 +4,9 @@
 render every child with the pure builders, server-side apply them all (which also undoes drift:
 an edited child gets its fields back, a deleted one is recreated), read back what the cluster
 reports and write the status. They never raise for problems a person must fix: an invalid spec,
-a missing pool or a failed API call becomes a `Degraded` condition with a readable message and
-a Warning event (posted once per new problem, not on every resync), and the next resync tries
-again. Calls for the same object are serialised by a per-object lock, because handlers, the
+a missing pool, Secret or ConfigMap (:mod:`kvgate.operator.references`) or a failed API call
+becomes a `Degraded` condition with a readable message and a Warning event (posted once per new
+problem, not on every resync), and the next resync tries again. Calls for the same object are serialised by a per-object lock, because handlers, the
 resync daemon and child watches may all ask for the same reconcile at once.
 
 A pool change cascades to the policies that select it (their router config and endpoint counts
@@ -32,6 +32,7 @@ from kvgate.api.policy import POLICY_KIND, RoutingPolicySpec
 from kvgate.api.pool import POOL_KIND, InferencePoolSpec
 from kvgate.operator import cleanup
 from kvgate.operator.kube import Kube, KubeError
+from kvgate.operator.references import combined, missing_references
 from kvgate.operator.render import (
     Owner,
     SelectedPool,
@@ -330,6 +331,8 @@ class Reconciler:
             except KubeError as exc:
                 problem = Problem("ApplyFailed", f"cannot list InferencePools: {exc.message}")
         if spec is not None and pools:
+            missing = await missing_references(self.kube, owner.namespace, spec, pools)
+            problem = combined(problem, missing)
             indexer_replicas = await self._indexer_replicas(owner, spec)
             try:
                 children, config_hash = policy_children(
