@@ -112,7 +112,6 @@ def condition(obj: dict[str, Any], kind: str) -> str | None:
 @pytest.fixture(scope="module")
 def stack_ns(cluster: Cluster, crds: list[str]) -> Iterator[str]:
     """The operator (deploy/) running as a pod, and a namespace with Redis for the stack."""
-    cluster.kubectl("create", "namespace", "kvgate-system")
     cluster.apply(operator_manifests())
     wait_until(
         lambda: ready_pods(cluster, "kvgate-system", "app.kubernetes.io/component=operator"),

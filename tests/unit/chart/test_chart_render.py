@@ -323,15 +323,22 @@ def test_notes_tell_the_user_what_to_apply_next() -> None:
         "install", "kvgate", str(CHART), "--dry-run=client", "--namespace", "kvgate-system"
     )
     notes = result.stdout.split("NOTES:", 1)[1]
-    assert "examples/pool-simulated.yaml" in notes and "examples/policy.yaml" in notes
+    assert "examples/policy-simulated.yaml" in notes and "examples/policy.yaml" in notes
     assert "redis://kvgate-redis.kvgate-system.svc:6379/0" in notes
     assert "password: {name: kvgate-redis, key: redis-password}" in notes
 
 
-def test_chart_links_resolve_to_the_repository_sources() -> None:
-    assert (CHART / "files" / "crds").resolve() == ROOT / "crds"
-    assert (CHART / "files" / "rbac").resolve() == ROOT / "deploy" / "rbac"
-    assert Path(CHART / "files" / "crds").is_symlink()
+def test_the_repository_paths_link_into_the_chart() -> None:
+    """The chart holds the real files (helm warns about links inside a chart, not outside it)."""
+    assert (ROOT / "crds").resolve() == CHART / "files" / "crds"
+    assert (ROOT / "deploy" / "rbac").resolve() == CHART / "files" / "rbac"
+    assert not (CHART / "files" / "crds").is_symlink()
+    assert not (CHART / "files" / "rbac").is_symlink()
+
+
+def test_helm_prints_nothing_but_the_manifests() -> None:
+    result = helm("template", "kvgate", str(CHART), "--namespace", "kvgate-system")
+    assert result.stderr == ""
 
 
 def test_install_docs_list_every_value() -> None:
@@ -342,7 +349,7 @@ def test_install_docs_list_every_value() -> None:
 
 
 def test_packaged_chart_carries_the_linked_files(tmp_path: Path) -> None:
-    """`helm package` resolves files/crds and files/rbac: the published chart needs no repo."""
+    """`helm package` carries files/crds and files/rbac: the published chart needs no repo."""
     helm("package", str(CHART), "--destination", str(tmp_path))
     (package,) = tmp_path.glob("kvgate-*.tgz")
     packaged = helm("template", "kvgate", str(package), "--namespace", "kvgate-system").stdout
