@@ -4,8 +4,8 @@
 :class:`kvgate.api.router_config.RouterConfig`, which validates the result: the router loads
 exactly what the operator renders. Secrets are never copied: the config names an environment
 variable that the router container fills from the Secret key (`secretKeyRef`). A pool's
-tokenizer ConfigMap is referenced by its mount path, and each pool's engines by the label
-selector of its Deployment.
+tokenizer ConfigMap is referenced by its mount path, and each pool's engines by the
+EndpointSlices of its Service (named after the pool).
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from kvgate.api import router_config as rc
 from kvgate.api.base import JsonDict, SecretKeyRef
 from kvgate.api.policy import RoutingPolicySpec
 from kvgate.api.pool import InferencePoolSpec
-from kvgate.operator.render.engine import engine_selector_string
 
 TOKENIZERS_DIR = "/var/lib/kvgate/tokenizers"
 
@@ -79,9 +78,7 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
             kv_events=True,
         ),
         endpoints=rc.EndpointsConfig(
-            kubernetes=rc.KubernetesDiscovery(
-                namespace=pool.namespace, label_selector=engine_selector_string(pool.name)
-            )
+            kubernetes=rc.KubernetesDiscovery(namespace=pool.namespace, service=pool.name)
         ),
     )
 

@@ -233,7 +233,7 @@ def router_service(owner: Owner, spec: RoutingPolicySpec) -> JsonDict:
 
 
 def router_rbac(owner: Owner) -> list[JsonDict]:
-    """ServiceAccount, Role (read Pods: endpoint discovery) and RoleBinding of the router."""
+    """ServiceAccount, Role (read EndpointSlices: endpoint discovery) and RoleBinding."""
     name = router_name(owner.name)
     labels = router_labels(owner.name)
     return [
@@ -243,7 +243,11 @@ def router_rbac(owner: Owner) -> list[JsonDict]:
             "kind": "Role",
             "metadata": metadata(name, owner, labels),
             "rules": [
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+                {
+                    "apiGroups": ["discovery.k8s.io"],
+                    "resources": ["endpointslices"],
+                    "verbs": ["get", "list", "watch"],
+                }
             ],
         },
         {
