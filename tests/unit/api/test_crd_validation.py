@@ -140,7 +140,7 @@ def test_tokenizer_path_and_configmap_are_exclusive() -> None:
 
 def test_a_policy_must_name_a_pool() -> None:
     message = (
-        "a RoutingPolicy must name at least one pool: set spec.pools or "
+        "a RoutingPolicy must name at least one pool: set spec.pools, spec.poolRefs or "
         "spec.poolSelector.matchLabels"
     )
     assert _check(POLICY, {}) == [message]
@@ -149,6 +149,19 @@ def test_a_policy_must_name_a_pool() -> None:
     assert _check(POLICY, {"poolSelector": {"matchLabels": {}}}) == [message]
     assert _check(POLICY, {"pools": ["llama"]}) == []
     assert _check(POLICY, {"poolSelector": {"matchLabels": {"team": "a"}}}) == []
+    assert _check(POLICY, {"poolRefs": []}) == [message]
+    assert _check(POLICY, {"poolRefs": [{"name": "gie", "model": "m"}]}) == []
+
+
+def test_gateway_pool_refs_name_each_pool_once_with_a_valid_block_size() -> None:
+    refs = [{"name": "gie", "model": "m"}, {"name": "gie", "model": "n"}]
+    assert _check(POLICY, {"poolRefs": refs}) == ["poolRefs must name each InferencePool once"]
+    refs = [{"name": "gie", "model": "m", "blockSize": 12}]
+    assert _check(POLICY, {"poolRefs": refs}) == ["blockSize must be a power of two, 1 to 256"]
+    with pytest.raises(ValidationError):
+        RoutingPolicySpec.model_validate(
+            {"poolRefs": [{"name": "gie", "model": "m", "group": "kvgate.io"}]}
+        )
 
 
 def test_tenant_names_must_be_unique() -> None:

@@ -27,12 +27,30 @@ TOKENIZERS_DIR = "/var/lib/kvgate/tokenizers"
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayTarget:
+    """Where a Gateway API InferencePool's engines are: the headless Service the operator renders
+    for them (`kvgate.operator.render.gateway`)."""
+
+    service: str
+    selector: dict[str, str]
+    port: int
+    kv_events: bool
+
+
+@dataclass(frozen=True, slots=True)
 class SelectedPool:
-    """An InferencePool a policy routes to."""
+    """An InferencePool a policy routes to: kvgate's own, or (with `gateway`) one of the Gateway
+    API Inference Extension, its engines described by the policy's reference."""
 
     name: str
     namespace: str
     spec: InferencePoolSpec
+    gateway: GatewayTarget | None = None
+
+    @property
+    def service(self) -> str:
+        """The Service whose EndpointSlices list the pool's engines."""
+        return self.gateway.service if self.gateway is not None else self.name
 
 
 def secret_env_name(ref: SecretKeyRef) -> str:
@@ -75,10 +93,10 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
             hash_algo=spec.cache.hash_algo,
             hash_seed=str(spec.cache.hash_seed),
             tokenizer=_tokenizer(pool),
-            kv_events=True,
+            kv_events=pool.gateway.kv_events if pool.gateway is not None else True,
         ),
         endpoints=rc.EndpointsConfig(
-            kubernetes=rc.KubernetesDiscovery(namespace=pool.namespace, service=pool.name)
+            kubernetes=rc.KubernetesDiscovery(namespace=pool.namespace, service=pool.service)
         ),
     )
 
