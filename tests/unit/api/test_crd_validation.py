@@ -120,10 +120,25 @@ def test_max_model_len_below_block_size_is_rejected() -> None:
     assert _check(POOL, {"model": "m", "engine": {"maxModelLen": 4096}}) == []
 
 
-@pytest.mark.parametrize("arg", ["--port", "--port=9000", "--kv-events-config={}", "--block-size"])
+@pytest.mark.parametrize(
+    "arg", ["--port", "--port=9000", "--kv-events-config={}", "--block-size", "--max-loras=4"]
+)
 def test_extra_args_cannot_override_managed_flags(arg: str) -> None:
     failures = _check(POOL, {"model": "m", "engine": {"extraArgs": ["--seed", "1", arg]}})
-    assert len(failures) == 1 and "use the matching spec.engine field" in failures[0]
+    assert len(failures) == 1 and "use the matching spec.engine or spec.lora field" in failures[0]
+
+
+def test_lora_adapters_are_unique_and_need_no_equals_sign() -> None:
+    adapters = [{"name": "sql", "path": "/a/sql"}, {"name": "sql", "path": "/a/sql2"}]
+    assert _check(POOL, {"model": "m", "lora": {"adapters": adapters}}) == [
+        "LoRA adapter names must be unique"
+    ]
+    with pytest.raises(ValidationError):
+        InferencePoolSpec.model_validate(
+            {"model": "m", "lora": {"adapters": [{"name": "a=b", "path": "/p"}]}}
+        )
+    with pytest.raises(ValidationError):
+        InferencePoolSpec.model_validate({"model": "m", "lora": {"adapters": []}})
 
 
 def test_other_extra_args_pass() -> None:

@@ -141,6 +141,30 @@ def test_parse_load_sums_label_sets_and_ignores_others():
     assert (load.waiting, load.running, load.kv_cache_usage) == (3.0, 4.0, 0.5)
 
 
+def test_parse_load_reads_the_newest_lora_requests_info():
+    # vLLM sets a new label set to the current time after each step; old ones stay exposed.
+    text = "\n".join(
+        [
+            "# TYPE vllm:lora_requests_info gauge",
+            'vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql,chat",'
+            'waiting_lora_adapters=""} 1.7e9',
+            'vllm:lora_requests_info{max_lora="2",running_lora_adapters="chat",'
+            'waiting_lora_adapters="code, sql"} 1.8e9',
+            'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",'
+            'waiting_lora_adapters=""} 1.75e9',
+            'vllm:num_requests_running{model_name="m"} 3',
+        ]
+    )
+    load = parse_load(text, now=1.0)
+    assert load.running_lora_adapters == {"chat"}
+    assert load.waiting_lora_adapters == {"code", "sql"}
+    assert load.max_lora == 2 and load.running == 3
+    plain = parse_load('vllm:num_requests_running{model_name="m"} 1', now=1.0)
+    assert plain.max_lora == 0 and not plain.running_lora_adapters
+    bad = parse_load('vllm:lora_requests_info{max_lora="x",running_lora_adapters="a"} 1', now=1.0)
+    assert bad.max_lora == 0 and bad.running_lora_adapters == {"a"}
+
+
 def test_quick_start_flags_build_a_config():
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -98,6 +98,10 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
         endpoints=rc.EndpointsConfig(
             kubernetes=rc.KubernetesDiscovery(namespace=pool.namespace, service=pool.service)
         ),
+        lora_adapters=[
+            rc.LoraAdapter(name=a.name, path=a.path)
+            for a in (spec.lora.adapters if spec.lora else [])
+        ],
     )
 
 
