@@ -29,7 +29,14 @@ from kvgate.api.base import (
     cel,
     section,
 )
-from kvgate.api.pool import BLOCK_SIZES, CacheSettings, PoolClass, PullPolicy, TokenizerSource
+from kvgate.api.pool import (
+    BLOCK_SIZES,
+    CacheSettings,
+    LoraAdapterSpec,
+    PoolClass,
+    PullPolicy,
+    TokenizerSource,
+)
 from kvgate.api.sections import (
     BorrowingConfig,
     ClassesConfig,
@@ -101,6 +108,11 @@ class GatewayPoolRef(ApiModel):
         default=False,
         description="The engines publish vLLM KV events on port 5557 (replay 5558) under the "
         "topic kv@<pod IP>@<model>; without them kvgate learns from its own routing history.",
+    )
+    lora_adapters: list[LoraAdapterSpec] = Field(
+        default_factory=list,
+        max_length=256,
+        description="LoRA adapters the engines serve (their --lora-modules name=path).",
     )
 
 

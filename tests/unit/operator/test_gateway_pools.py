@@ -36,6 +36,7 @@ REF = {
     "blockSize": 32,
     "cache": {"hashAlgo": "sha256_cbor", "hashSeed": 7},
     "kvEvents": True,
+    "loraAdapters": [{"name": "sql", "path": "/adapters/sql"}],
 }
 
 
@@ -68,6 +69,7 @@ async def test_a_gateway_pool_becomes_a_headless_service_and_a_router_pool(
     engine = pool.engine
     assert (engine.block_size, engine.hash_algo, engine.hash_seed) == (32, "sha256_cbor", "7")
     assert engine.kv_events is True
+    assert [(a.name, a.path) for a in pool.lora_adapters] == [("sql", "/adapters/sql")]
 
 
 async def test_gateway_pools_route_alongside_kvgate_pools(kube: FakeKube, events: Events) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from kvgate.api.base import JsonDict
 from kvgate.api.policy import GATEWAY_INFERENCE_GROUP, GATEWAY_INFERENCE_VERSION, GatewayPoolRef
-from kvgate.api.pool import EngineSettings, InferencePoolSpec
+from kvgate.api.pool import EngineSettings, InferencePoolSpec, LoraSettings
 from kvgate.operator.render.common import Owner, dns_label, metadata, recommended_labels
 from kvgate.operator.render.config import GatewayTarget, SelectedPool
 from kvgate.operator.render.engine import KV_EVENTS_PORT, KV_REPLAY_PORT
@@ -70,6 +70,7 @@ def gateway_pool(policy: str, namespace: str, ref: GatewayPoolRef, body: JsonDic
         engine=EngineSettings(block_size=ref.block_size, max_model_len=ref.max_model_len),
         cache=ref.cache,
         tokenizer=ref.tokenizer,
+        lora=LoraSettings(adapters=ref.lora_adapters) if ref.lora_adapters else None,
     )
     return SelectedPool(name=ref.name, namespace=namespace, spec=engines, gateway=target)
 
