@@ -111,9 +111,11 @@ async def test_a_request_goes_to_the_pod_already_running_its_adapter(sim_fleet, 
                 break
         assert endpoints[pod_b].load.running_lora_adapters == {"a1"}
         assert endpoints[pod_b].load.max_lora == 1
-        for i in range(6):  # no shared prefix: only the adapter tells the pods apart
-            prompt = list(range(10_000 + 100 * i, 10_000 + 100 * i + 64))
-            for adapter, pod in (("a1", pod_b), ("a0", pod_a)):
+        # No shared prefix, and runs of one adapter (spreading alone would alternate pods):
+        # only the adapter tells the pods apart.
+        for adapter, pod in (("a1", pod_b), ("a0", pod_a), ("a1", pod_b)):
+            for i in range(4):
+                prompt = list(range(10_000 + 100 * i, 10_000 + 100 * i + 64))
                 response = await complete(client, base, adapter, prompt)
                 assert endpoints[pod].spec.id == response.headers["x-kvgate-endpoint"], adapter
         for hog in hogs:
