@@ -109,7 +109,7 @@ def release_namespace(cluster: Cluster, namespace: str) -> Iterator[str]:
     so that its operator cannot compete with the operators of later tests."""
     yield namespace
     if helm(cluster, "status", RELEASE, "-n", namespace, check=False):
-        cluster.kubectl("delete", "routingpolicies,inferencepools", "--all", "-n", namespace,
+        cluster.kubectl("delete", "routingpolicies.kvgate.io,inferencepools.kvgate.io", "--all", "-n", namespace,
                         "--wait=true", timeout=120, check=False)  # fmt: skip
         helm(cluster, "uninstall", RELEASE, "-n", namespace, "--wait", "--timeout", "120s",
              check=False)  # fmt: skip

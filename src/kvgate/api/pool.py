@@ -46,6 +46,10 @@ MANAGED_FLAGS = (
     "--max-model-len",
     "--gpu-memory-utilization",
     "--max-num-seqs",
+    "--enable-lora",
+    "--lora-modules",
+    "--max-loras",
+    "--max-lora-rank",
 )
 
 
@@ -67,7 +71,8 @@ def _managed_flags_rule() -> JsonDict:
         "extraArgs may not set flags kvgate manages (--model, --served-model-name, --port, "
         "--block-size, --enable-prefix-caching, --prefix-caching-hash-algo, --kv-events-config, "
         "--enable-prompt-tokens-details, --max-model-len, --gpu-memory-utilization, "
-        "--max-num-seqs): use the matching spec.engine field instead",
+        "--max-num-seqs, --enable-lora, --lora-modules, --max-loras, --max-lora-rank): use the "
+        "matching spec.engine or spec.lora field instead",
     )
 
 
@@ -177,6 +182,52 @@ class TokenizerSource(ApiModel):
     )
 
 
+class LoraAdapterSpec(ApiModel):
+    """One LoRA adapter the engines load at start (`--lora-modules name=path`)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[^=\s]+$",
+        description="Adapter name: what clients put in the request's `model` field.",
+    )
+    path: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[^=\s]+$",
+        description="Where the engines load it from (a path in the pod or a Hugging Face id); "
+        "vLLM hashes name and path into every block of the adapter's requests.",
+    )
+
+
+class LoraSettings(ApiModel):
+    """Multi-LoRA serving: rendered as --enable-lora, --max-loras, --lora-modules."""
+
+    adapters: list[LoraAdapterSpec] = Field(
+        min_length=1,
+        max_length=256,
+        description="Adapters loaded at start.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.all(a, self.exists_one(b, a.name == b.name))",
+                    "LoRA adapter names must be unique",
+                )
+            ]
+        },
+    )
+    max_loras: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Adapters a batch may use at once (--max-loras; vLLM's default is 1); a "
+        "request for another adapter waits for a slot.",
+    )
+    max_lora_rank: int | None = Field(
+        default=None, ge=1, le=512, description="Largest adapter rank (--max-lora-rank)."
+    )
+
+
 class InferencePoolSpec(ApiModel):
     """Desired state of an InferencePool."""
 
@@ -212,6 +263,9 @@ class InferencePoolSpec(ApiModel):
     cache: CacheSettings = section(CacheSettings, "Prefix-cache hashing settings.")
     tokenizer: TokenizerSource | None = Field(
         default=None, description="Tokenizer the router uses for this pool."
+    )
+    lora: LoraSettings | None = Field(
+        default=None, description="LoRA adapters the engines serve besides the base model."
     )
     gpus: int = Field(
         default=1,

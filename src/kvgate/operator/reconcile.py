@@ -40,6 +40,7 @@ from kvgate.operator.render import (
     policy_children,
     pool_children,
 )
+from kvgate.operator.render.gateway import GATEWAY_POOL_API_VERSION, GATEWAY_POOL_KIND, gateway_pool
 from kvgate.operator.render.router import indexer_name, needs_indexer, router_name
 from kvgate.operator.status import Problem, Rollout, policy_status, pool_status
 
@@ -300,10 +301,41 @@ class Reconciler:
                 continue
             pools.append(SelectedPool(name=name, namespace=owner.namespace, spec=pool_spec))
             endpoints += int((item.get("status") or {}).get("readyReplicas") or 0)
+        if spec.pool_refs:
+            pools += await self._gateway_pools(owner, spec, problems)
         if not pools:
-            problems.append("no valid InferencePool matches spec.pools or spec.poolSelector")
+            problems.append(
+                "no valid InferencePool matches spec.pools, spec.poolRefs or spec.poolSelector"
+            )
         reason = "NoPools" if not pools else "PoolsMissing"
         return pools, endpoints, Problem(reason, "; ".join(problems)) if problems else None
+
+    async def _gateway_pools(
+        self, owner: Owner, spec: RoutingPolicySpec, problems: list[str]
+    ) -> list[SelectedPool]:
+        """The Gateway API InferencePools of `spec.poolRefs`; what is missing goes to `problems`."""
+        what = f"InferencePool ({GATEWAY_POOL_API_VERSION})"
+        try:
+            items = await self.kube.list(
+                GATEWAY_POOL_API_VERSION, GATEWAY_POOL_KIND, owner.namespace
+            )
+        except KubeError as exc:
+            problems.append(f"cannot list {what}s: {exc.message}")
+            return []
+        by_name = {
+            str(_meta(p).get("name")): p for p in items if not _meta(p).get("deletionTimestamp")
+        }
+        pools = []
+        for ref in spec.pool_refs:
+            body = by_name.get(ref.name)
+            if body is None:
+                problems.append(f"{what} {ref.name} not found in namespace {owner.namespace}")
+                continue
+            try:
+                pools.append(gateway_pool(owner.name, owner.namespace, ref, body))
+            except ValueError as exc:
+                problems.append(f"{what} {ref.name} cannot be routed to: {exc}")
+        return pools
 
     async def _indexer_replicas(self, owner: Owner, spec: RoutingPolicySpec) -> int | None:
         """1 when the policy needs `kvgate indexer`; 0 to park one it no longer needs."""

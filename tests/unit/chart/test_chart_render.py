@@ -22,7 +22,6 @@ from chart_render import (
 )
 
 from kvgate.api.router_config import parse_router_config
-from kvgate.operator.render.engine import engine_selector_string
 
 INDEXER = {"enabled": True, "pools": [{"name": "sim", "namespace": "apps", "model": "sim-model"}]}
 
@@ -171,14 +170,16 @@ def test_indexer_config_is_a_valid_router_config_on_the_bundled_redis() -> None:
     (pool,) = config.pools
     assert pool.key == "apps/sim"
     assert pool.endpoints.kubernetes is not None
-    # The indexer finds exactly the pods the operator labels as the pool's engines.
-    assert set(pool.endpoints.kubernetes.label_selector.split(",")) == set(
-        engine_selector_string("sim").split(",")
-    )
+    # The indexer reads the EndpointSlices of the Service the operator renders for the pool.
+    assert pool.endpoints.kubernetes.service == "sim"
     role = one(docs, "Role", "kvgate-indexer")
     assert role["metadata"]["namespace"] == "apps"
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        }
     ]
     container = one(docs, "Deployment", "kvgate-indexer")["spec"]["template"]["spec"]["containers"][
         0
