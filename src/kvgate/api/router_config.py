@@ -184,24 +184,29 @@ class StaticEndpoint(ConfigModel):
 
 
 class PortNames(ConfigModel):
-    """Container port names (or numbers, as strings) on engine pods; DESIGN.md §4 defaults."""
+    """Port names of the pool's Service (the EndpointSlices carry them; a number, as a string,
+    is taken as is); DESIGN.md §4 defaults."""
 
     http: str = "http"
     kv_events: str = "kv-events"
     kv_replay: str = "kv-replay"
-    # Used when a pod does not name its ports.
+    # Used when the EndpointSlices do not name the port.
     http_default: int = 8000
     kv_events_default: int = 5557
     kv_replay_default: int = 5558
 
 
 class KubernetesDiscovery(ConfigModel):
-    """Discover the pool's ready pods from the Kubernetes API (watching Pods)."""
+    """Discover the pool's ready pods from the EndpointSlices of a Service (discovery.k8s.io/v1)."""
 
     namespace: str | None = None  # default: the pool's namespace
-    label_selector: str  # e.g. app.kubernetes.io/instance=llama,app.kubernetes.io/component=engine
+    service: str = Field(min_length=1, max_length=63)  # the Service selecting the engine pods
     ports: PortNames = PortNames()
     scheme: Literal["http", "https"] = "http"
+    # Dual-stack Services have one slice per family; a pod reachable in both is used at this
+    # family's address (None: IPv4 when it has one). The engines' KV-event topic holds their
+    # primary pod IP, so set IPv6 in an IPv6-primary dual-stack cluster.
+    ip_family: Literal["IPv4", "IPv6"] | None = None
 
 
 class EndpointsConfig(ConfigModel):

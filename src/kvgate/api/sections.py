@@ -100,20 +100,22 @@ class BorrowingConfig(ConfigModel):
     max_waiting_requests: int = Field(
         default=0,
         ge=0,
-        description="An online pod is borrowable while at most this many requests wait there "
-        "(vllm:num_requests_waiting).",
+        description="Batch requests may borrow an online pod only while at most this many "
+        "requests wait there (vllm:num_requests_waiting); all three borrowing limits must hold.",
     )
     max_kv_cache_usage: float = Field(
         default=0.7,
         ge=0.0,
         le=1.0,
-        description="...and while its KV cache usage (vllm:kv_cache_usage_perc) is at most this "
-        "fraction, in [0, 1].",
+        description="Batch requests may borrow an online pod only while its KV cache usage "
+        "(vllm:kv_cache_usage_perc) is at most this fraction, in [0, 1]; all three borrowing "
+        "limits must hold.",
     )
     max_running_requests: int = Field(
         default=8,
         ge=0,
-        description="...and while it runs at most this many requests (running + router in-flight).",
+        description="Batch requests may borrow an online pod only while it runs at most this "
+        "many requests (running + this router's in-flight); all three borrowing limits must hold.",
     )
     online_may_use_batch_pools: bool = Field(
         default=True, description="Online requests may use batch pools when no online pod is ready."
@@ -262,7 +264,8 @@ class RedisSettings(ConfigModel, Generic[SecretT]):
     url: str = Field(
         default="redis://127.0.0.1:6379/0",
         min_length=1,
-        description="redis:// URL without password, e.g. redis://kvgate-redis:6379/0.",
+        description="Redis URL without the password (that is `password`), e.g. "
+        "redis://kvgate-redis.kvgate-system.svc:6379/0 for the Helm chart's Redis.",
     )
     key_prefix: str = Field(default="kvgate", min_length=1, description="Prefix of every key.")
     password: SecretT | None = Field(default=None, description="The Redis password (a secret).")
@@ -299,7 +302,8 @@ class DirectorySettings(ConfigModel, Generic[SecretT]):
 
     backend: Literal["memory", "redis"] = Field(
         default="memory",
-        description="memory (per router replica) or redis (shared by replicas and indexers).",
+        description="Directory backend: memory (one per router replica) or redis (shared by "
+        "router replicas and indexers).",
     )
     redis: RedisSettings[SecretT] = section(RedisSettings, "Redis connection (backend redis).")
     embedded_indexer: bool = Field(

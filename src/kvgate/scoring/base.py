@@ -71,6 +71,10 @@ class EngineLoad:
     running: int
     kv_cache_usage: float  # 0..1
     observed_at: float  # clock value (seconds) when scraped; older than the stale limit = ignored
+    running_lora_adapters: frozenset[str] = frozenset()  # vllm:lora_requests_info
+    waiting_lora_adapters: frozenset[str] = frozenset()
+    max_lora: int = 0  # adapters a batch may use (--max-loras); 0 = no LoRA serving reported
+    recent_lora_adapters: frozenset[str] = frozenset()  # likely still in a GPU slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,7 @@ class RoutingRequest:
     request_class: RequestClass = "online"
     tenant: str | None = None
     session_id: str | None = None
+    lora_adapter: str | None = None  # the LoRA adapter the request names, if any
 
 
 class CostEstimate(NamedTuple):

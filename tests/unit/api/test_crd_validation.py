@@ -120,10 +120,25 @@ def test_max_model_len_below_block_size_is_rejected() -> None:
     assert _check(POOL, {"model": "m", "engine": {"maxModelLen": 4096}}) == []
 
 
-@pytest.mark.parametrize("arg", ["--port", "--port=9000", "--kv-events-config={}", "--block-size"])
+@pytest.mark.parametrize(
+    "arg", ["--port", "--port=9000", "--kv-events-config={}", "--block-size", "--max-loras=4"]
+)
 def test_extra_args_cannot_override_managed_flags(arg: str) -> None:
     failures = _check(POOL, {"model": "m", "engine": {"extraArgs": ["--seed", "1", arg]}})
-    assert len(failures) == 1 and "use the matching spec.engine field" in failures[0]
+    assert len(failures) == 1 and "use the matching spec.engine or spec.lora field" in failures[0]
+
+
+def test_lora_adapters_are_unique_and_need_no_equals_sign() -> None:
+    adapters = [{"name": "sql", "path": "/a/sql"}, {"name": "sql", "path": "/a/sql2"}]
+    assert _check(POOL, {"model": "m", "lora": {"adapters": adapters}}) == [
+        "LoRA adapter names must be unique"
+    ]
+    with pytest.raises(ValidationError):
+        InferencePoolSpec.model_validate(
+            {"model": "m", "lora": {"adapters": [{"name": "a=b", "path": "/p"}]}}
+        )
+    with pytest.raises(ValidationError):
+        InferencePoolSpec.model_validate({"model": "m", "lora": {"adapters": []}})
 
 
 def test_other_extra_args_pass() -> None:
@@ -140,7 +155,7 @@ def test_tokenizer_path_and_configmap_are_exclusive() -> None:
 
 def test_a_policy_must_name_a_pool() -> None:
     message = (
-        "a RoutingPolicy must name at least one pool: set spec.pools or "
+        "a RoutingPolicy must name at least one pool: set spec.pools, spec.poolRefs or "
         "spec.poolSelector.matchLabels"
     )
     assert _check(POLICY, {}) == [message]
@@ -149,6 +164,19 @@ def test_a_policy_must_name_a_pool() -> None:
     assert _check(POLICY, {"poolSelector": {"matchLabels": {}}}) == [message]
     assert _check(POLICY, {"pools": ["llama"]}) == []
     assert _check(POLICY, {"poolSelector": {"matchLabels": {"team": "a"}}}) == []
+    assert _check(POLICY, {"poolRefs": []}) == [message]
+    assert _check(POLICY, {"poolRefs": [{"name": "gie", "model": "m"}]}) == []
+
+
+def test_gateway_pool_refs_name_each_pool_once_with_a_valid_block_size() -> None:
+    refs = [{"name": "gie", "model": "m"}, {"name": "gie", "model": "n"}]
+    assert _check(POLICY, {"poolRefs": refs}) == ["poolRefs must name each InferencePool once"]
+    refs = [{"name": "gie", "model": "m", "blockSize": 12}]
+    assert _check(POLICY, {"poolRefs": refs}) == ["blockSize must be a power of two, 1 to 256"]
+    with pytest.raises(ValidationError):
+        RoutingPolicySpec.model_validate(
+            {"poolRefs": [{"name": "gie", "model": "m", "group": "kvgate.io"}]}
+        )
 
 
 def test_tenant_names_must_be_unique() -> None:

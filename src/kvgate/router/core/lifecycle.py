@@ -180,6 +180,9 @@ class RoutingCore:
     def sent(self, request: ClientRequest, plan: RoutePlan, *, streaming: bool) -> Attempt:
         endpoint_id = plan.endpoint.spec.id
         request.tried.append(endpoint_id)
+        adapter = plan.pool.lora_for(plan.classification.model)
+        if adapter is not None:
+            plan.endpoint.note_lora_adapters([adapter.name])
         attempt = self.accounting.sent(
             endpoint_id,
             self.clock(),
@@ -254,6 +257,7 @@ class RoutingCore:
         """A fresh /metrics scrape: engine load, and active health (an ejected endpoint that
         answers is back in rotation)."""
         ep.load = sample
+        ep.note_lora_adapters(sorted(sample.running_lora_adapters))
         if not ep.healthy(self.clock()):
             log.info("endpoint %s answers again; back in rotation", ep.id)
             ep.ejected_until = 0.0

@@ -158,6 +158,7 @@ class Router:
                 request_class=cls.request_class,
                 tenant=cls.tenant,
                 session_id=cls.session_id,
+                lora_adapter=lora.name if lora is not None else None,
             )
             snapshots = self.snapshots(members, now)
             try:
@@ -227,7 +228,14 @@ class Router:
                     pending_prefill_requests=mine.pending_prefill_requests,
                     pending_prefill_tokens=mine.pending_prefill_tokens,
                     engine=EngineLoad(
-                        int(load.waiting), int(load.running), load.kv_cache_usage, scraped
+                        int(load.waiting),
+                        int(load.running),
+                        load.kv_cache_usage,
+                        scraped,
+                        load.running_lora_adapters,
+                        load.waiting_lora_adapters,
+                        load.max_lora,
+                        frozenset(ep.recent_lora_adapters),
                     )
                     if scraped > 0 and now - scraped <= stale
                     else None,
