@@ -69,7 +69,7 @@ def test_a_minimal_pool_is_accepted_and_defaulted(
     cluster: Cluster, crds: list[str], namespace: str
 ) -> None:
     cluster.apply(pool({"model": "Qwen/Qwen3-0.6B"}), namespace)
-    stored = cluster.get("inferencepool", "p", "-n", namespace)
+    stored = cluster.get("inferencepools.kvgate.io", "p", "-n", namespace)
     assert stored["spec"]["engine"]["blockSize"] == 16
     assert stored["spec"]["cache"]["hashAlgo"] == "sha256"
 

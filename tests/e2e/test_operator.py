@@ -112,7 +112,6 @@ def condition(obj: dict[str, Any], kind: str) -> str | None:
 @pytest.fixture(scope="module")
 def stack_ns(cluster: Cluster, crds: list[str]) -> Iterator[str]:
     """The operator (deploy/) running as a pod, and a namespace with Redis for the stack."""
-    cluster.kubectl("create", "namespace", "kvgate-system")
     cluster.apply(operator_manifests())
     wait_until(
         lambda: ready_pods(cluster, "kvgate-system", "app.kubernetes.io/component=operator"),
@@ -126,7 +125,7 @@ def stack_ns(cluster: Cluster, crds: list[str]) -> Iterator[str]:
     # Custom resources go before the operator, so that their finalizers can run.
     cluster.kubectl(
         "delete",
-        "routingpolicies,inferencepools",
+        "routingpolicies.kvgate.io,inferencepools.kvgate.io",
         "--all",
         "-n",
         name,
@@ -176,7 +175,7 @@ def test_pool_becomes_a_ready_deployment_of_simulated_pods(cluster: Cluster, sta
     cluster.apply(pool_manifest(replicas=2), stack_ns)
     pool = wait_until(
         lambda: (
-            (p := cluster.get("inferencepool", "sim", "-n", stack_ns))
+            (p := cluster.get("inferencepools.kvgate.io", "sim", "-n", stack_ns))
             and condition(p, "Ready") == "True"
             and p["status"].get("readyReplicas") == 2
             and p
@@ -196,7 +195,7 @@ def test_pool_becomes_a_ready_deployment_of_simulated_pods(cluster: Cluster, sta
 
 
 def test_kubectl_scale_on_the_pool(cluster: Cluster, stack_ns: str) -> None:
-    cluster.kubectl("scale", "inferencepool", "sim", "-n", stack_ns, "--replicas=3")
+    cluster.kubectl("scale", "inferencepools.kvgate.io", "sim", "-n", stack_ns, "--replicas=3")
     wait_until(
         lambda: len(ready_pods(cluster, stack_ns, POOL_SELECTOR)) == 3,
         timeout=90,
@@ -204,7 +203,10 @@ def test_kubectl_scale_on_the_pool(cluster: Cluster, stack_ns: str) -> None:
     )
     wait_until(
         lambda: (
-            cluster.get("inferencepool", "sim", "-n", stack_ns)["status"].get("readyReplicas") == 3
+            cluster.get("inferencepools.kvgate.io", "sim", "-n", stack_ns)["status"].get(
+                "readyReplicas"
+            )
+            == 3
         ),
         timeout=60,
         what="status.readyReplicas == 3",
@@ -241,7 +243,7 @@ def test_policy_runs_a_router_that_routes_to_pool_pods(cluster: Cluster, stack_n
 
 
 def test_router_finds_pods_added_by_a_scale_up(cluster: Cluster, stack_ns: str) -> None:
-    cluster.kubectl("scale", "inferencepool", "sim", "-n", stack_ns, "--replicas=4")
+    cluster.kubectl("scale", "inferencepools.kvgate.io", "sim", "-n", stack_ns, "--replicas=4")
     pods = wait_until(
         lambda: (p := ready_pods(cluster, stack_ns, POOL_SELECTOR)) and len(p) == 4 and p,
         timeout=90,
@@ -371,7 +373,7 @@ def test_deleting_the_pool_clears_its_directory_entries(cluster: Cluster, stack_
     complete(router_url(cluster, stack_ns), PROMPT + "before delete")
     wait_until(lambda: store.hlen(f"{base}pods") > 0, timeout=20, what="pool entries in Redis")
     cluster.kubectl(
-        "delete", "inferencepool", "sim", "-n", stack_ns, "--timeout", "60s", timeout=90
+        "delete", "inferencepools.kvgate.io", "sim", "-n", stack_ns, "--timeout", "60s", timeout=90
     )
     assert list(store.scan_iter(match=f"{base}x:*")) == []
     assert store.hlen(f"{base}pods") == 0

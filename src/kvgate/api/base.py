@@ -115,7 +115,7 @@ class Condition(ApiModel):
     """A standard Kubernetes condition (``metav1.Condition``)."""
 
     type: str = Field(description="Condition type: Ready, Progressing or Degraded.")
-    status: ConditionStatus = Field(description="True, False or Unknown.")
+    status: ConditionStatus = Field(description="Condition status: True, False or Unknown.")
     reason: str = Field(
         default="", description="CamelCase machine-readable reason for the last transition."
     )
@@ -149,10 +149,14 @@ class Toleration(ApiModel):
     """A pod toleration, as in ``corev1.Toleration``."""
 
     key: str | None = Field(default=None, description="Taint key; empty matches all keys.")
-    operator: TolerationOperator | None = Field(default=None, description="Exists or Equal.")
+    operator: TolerationOperator | None = Field(
+        default=None, description="How the taint key matches: Exists (any value) or Equal (value)."
+    )
     value: str | None = Field(default=None, description="Taint value for operator Equal.")
     effect: str | None = Field(
-        default=None, description="NoSchedule, PreferNoSchedule or NoExecute; empty matches all."
+        default=None,
+        description="Taint effect tolerated: NoSchedule, PreferNoSchedule or NoExecute; empty "
+        "matches all.",
     )
     toleration_seconds: int | None = Field(
         default=None, description="How long a NoExecute taint is tolerated."

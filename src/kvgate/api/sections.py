@@ -105,20 +105,22 @@ class BorrowingConfig(ConfigModel):
     max_waiting_requests: int = Field(
         default=0,
         ge=0,
-        description="An online pod is borrowable while at most this many requests wait there "
-        "(vllm:num_requests_waiting).",
+        description="Batch requests may borrow an online pod only while at most this many "
+        "requests wait there (vllm:num_requests_waiting); all three borrowing limits must hold.",
     )
     max_kv_cache_usage: float = Field(
         default=0.7,
         ge=0.0,
         le=1.0,
-        description="...and while its KV cache usage (vllm:kv_cache_usage_perc) is at most this "
-        "fraction, in [0, 1].",
+        description="Batch requests may borrow an online pod only while its KV cache usage "
+        "(vllm:kv_cache_usage_perc) is at most this fraction, in [0, 1]; all three borrowing "
+        "limits must hold.",
     )
     max_running_requests: int = Field(
         default=8,
         ge=0,
-        description="...and while it runs at most this many requests (running + router in-flight).",
+        description="Batch requests may borrow an online pod only while it runs at most this "
+        "many requests (running + this router's in-flight); all three borrowing limits must hold.",
     )
     online_may_use_batch_pools: bool = Field(
         default=True, description="Online requests may use batch pools when no online pod is ready."
@@ -268,8 +270,9 @@ class RedisSettings(ConfigModel, Generic[SecretT, DataT]):
         default="redis://127.0.0.1:6379/0",
         min_length=1,
         pattern=r"^(rediss?|unix)://",
-        description="redis:// URL without password, e.g. redis://kvgate-redis:6379/0; "
-        "rediss:// for TLS, unix:// for a socket. With cluster, any one node (database 0).",
+        description="Redis URL without the password (that is `password`), e.g. "
+        "redis://kvgate-redis.kvgate-system.svc:6379/0 for the Helm chart's Redis; rediss:// "
+        "for TLS, unix:// for a socket. With cluster, any one node (database 0).",
     )
     url_secret: SecretT | None = Field(
         default=None,
@@ -323,7 +326,8 @@ class DirectorySettings(ConfigModel, Generic[SecretT, DataT]):
 
     backend: Literal["memory", "redis"] = Field(
         default="memory",
-        description="memory (per router replica) or redis (shared by replicas and indexers).",
+        description="Directory backend: memory (one per router replica) or redis (shared by "
+        "router replicas and indexers).",
     )
     redis: RedisSettings[SecretT, DataT] = section(
         RedisSettings, "Redis connection (backend redis)."

@@ -4,9 +4,9 @@
 render every child with the pure builders, server-side apply them all (which also undoes drift:
 an edited child gets its fields back, a deleted one is recreated), read back what the cluster
 reports and write the status. They never raise for problems a person must fix: an invalid spec,
-a missing pool or a failed API call becomes a `Degraded` condition with a readable message and
-a Warning event (posted once per new problem, not on every resync), and the next resync tries
-again. Calls for the same object are serialised by a per-object lock, because handlers, the
+a missing pool, Secret or ConfigMap (:mod:`kvgate.operator.references`) or a failed API call
+becomes a `Degraded` condition with a readable message and a Warning event (posted once per new
+problem, not on every resync), and the next resync tries again. Calls for the same object are serialised by a per-object lock, because handlers, the
 resync daemon and child watches may all ask for the same reconcile at once.
 
 A pool change cascades to the policies that select it (their router config and endpoint counts
@@ -32,6 +32,7 @@ from kvgate.api.policy import POLICY_KIND, RoutingPolicySpec
 from kvgate.api.pool import POOL_KIND, InferencePoolSpec
 from kvgate.operator import cleanup
 from kvgate.operator.kube import Kube, KubeError
+from kvgate.operator.references import combined, missing_references
 from kvgate.operator.render import (
     Owner,
     SelectedPool,
@@ -39,6 +40,7 @@ from kvgate.operator.render import (
     policy_children,
     pool_children,
 )
+from kvgate.operator.render.gateway import GATEWAY_POOL_API_VERSION, GATEWAY_POOL_KIND, gateway_pool
 from kvgate.operator.render.router import indexer_name, needs_indexer, router_name
 from kvgate.operator.status import Problem, Rollout, policy_status, pool_status
 
@@ -324,10 +326,41 @@ class Reconciler:
                 continue
             pools.append(SelectedPool(name=name, namespace=owner.namespace, spec=pool_spec))
             endpoints += int((item.get("status") or {}).get("readyReplicas") or 0)
+        if spec.pool_refs:
+            pools += await self._gateway_pools(owner, spec, problems)
         if not pools:
-            problems.append("no valid InferencePool matches spec.pools or spec.poolSelector")
+            problems.append(
+                "no valid InferencePool matches spec.pools, spec.poolRefs or spec.poolSelector"
+            )
         reason = "NoPools" if not pools else "PoolsMissing"
         return pools, endpoints, Problem(reason, "; ".join(problems)) if problems else None
+
+    async def _gateway_pools(
+        self, owner: Owner, spec: RoutingPolicySpec, problems: list[str]
+    ) -> list[SelectedPool]:
+        """The Gateway API InferencePools of `spec.poolRefs`; what is missing goes to `problems`."""
+        what = f"InferencePool ({GATEWAY_POOL_API_VERSION})"
+        try:
+            items = await self.kube.list(
+                GATEWAY_POOL_API_VERSION, GATEWAY_POOL_KIND, owner.namespace
+            )
+        except KubeError as exc:
+            problems.append(f"cannot list {what}s: {exc.message}")
+            return []
+        by_name = {
+            str(_meta(p).get("name")): p for p in items if not _meta(p).get("deletionTimestamp")
+        }
+        pools = []
+        for ref in spec.pool_refs:
+            body = by_name.get(ref.name)
+            if body is None:
+                problems.append(f"{what} {ref.name} not found in namespace {owner.namespace}")
+                continue
+            try:
+                pools.append(gateway_pool(owner.name, owner.namespace, ref, body))
+            except ValueError as exc:
+                problems.append(f"{what} {ref.name} cannot be routed to: {exc}")
+        return pools
 
     async def _indexer_replicas(self, owner: Owner, spec: RoutingPolicySpec) -> int | None:
         """1 when the policy needs `kvgate indexer`; 0 to park one it no longer needs."""
@@ -355,6 +388,8 @@ class Reconciler:
             except KubeError as exc:
                 problem = Problem("ApplyFailed", f"cannot list InferencePools: {exc.message}")
         if spec is not None and pools:
+            missing = await missing_references(self.kube, owner.namespace, spec, pools)
+            problem = combined(problem, missing)
             indexer_replicas = await self._indexer_replicas(owner, spec)
             try:
                 children, config_hash = policy_children(

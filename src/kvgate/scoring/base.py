@@ -71,6 +71,10 @@ class EngineLoad:
     running: int
     kv_cache_usage: float  # 0..1
     observed_at: float  # clock value (seconds) when scraped; older than the stale limit = ignored
+    running_lora_adapters: frozenset[str] = frozenset()  # vllm:lora_requests_info
+    waiting_lora_adapters: frozenset[str] = frozenset()
+    max_lora: int = 0  # adapters a batch may use (--max-loras); 0 = no LoRA serving reported
+    recent_lora_adapters: frozenset[str] = frozenset()  # likely still in a GPU slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +110,7 @@ class RoutingRequest:
     # on the GPU; the rest of its `matched_blocks` is in the CPU tier and must be loaded back
     # (priced by the cost model's `cpu_load_tokens_per_second`). None: every match is on the GPU.
     gpu_matched_blocks: Mapping[str, int] | None = None
+    lora_adapter: str | None = None  # the LoRA adapter the request names, if any
 
 
 class CostEstimate(NamedTuple):

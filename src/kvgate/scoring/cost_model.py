@@ -13,6 +13,11 @@ For endpoint *p* with prefill rate *r_p* (tokens/s):
     queue_p    = queued_tokens_p / r_eff                               (prefills ahead of us)
                + slot_wait_seconds * max(0, running + queued + 1 - max_num_seqs)   (batch full)
                + kv_pressure_seconds * max(0, kv_usage - kv_pressure_threshold) / (1 - threshold)
+               + lora_load_seconds      if the request names a LoRA adapter that none of the
+                                        pod's running or waiting requests uses and that is
+                                        not among the max_lora it used last (its GPU slots)
+               + lora_slot_wait_seconds if no running request uses it and the running ones
+                                        already use max_lora adapters (vLLM keeps it waiting)
     prefill_p  = uncached_p / r_eff + cpu_hit_p / cpu_load_tokens_per_second
     ttft_p     = queue_p + prefill_p
 
@@ -69,6 +74,13 @@ class CostModelParams(BaseModel):
     """How fast a CPU-tier hit is copied back to the GPU (pools with `cpu_offload`): host-to-
     device bandwidth over KV bytes per token. Default: PCIe Gen5 x16 at ~50 GB/s over
     Llama-3.1-8B's 128 KiB a token, 38x the default prefill prior (docs/scoring.md)."""
+    lora_load_seconds: float = Field(default=0.05, ge=0)
+    """Added on a pod whose running and waiting requests do not use the request's LoRA adapter
+    (``vllm:lora_requests_info``) and that did not use it among its last ``max_lora`` adapters:
+    it has to load the adapter into a GPU slot first."""
+    lora_slot_wait_seconds: float = Field(default=1.0, ge=0)
+    """Added when no running request of the pod uses the adapter and its batch already uses
+    ``max_lora`` others: vLLM keeps the request waiting until one of them has none left."""
 
 
 class CostModel:
@@ -80,6 +92,8 @@ class CostModel:
         "_foreign",
         "_kv_seconds",
         "_kv_threshold",
+        "_lora_load",
+        "_lora_slot_wait",
         "_max_batched",
         "_min_fraction",
         "_prior",
@@ -101,6 +115,8 @@ class CostModel:
         self._approx = p.approximate_hit_discount
         self._stale = p.stale_after_seconds
         self._cpu_rate = p.cpu_load_tokens_per_second
+        self._lora_load = p.lora_load_seconds
+        self._lora_slot_wait = p.lora_slot_wait_seconds
 
     def hit_tokens(self, request: RoutingRequest, matched_blocks: int) -> int:
         """Prompt tokens the pod would serve from cache, given its leading matched blocks."""
@@ -168,6 +184,17 @@ class CostModel:
             if usage > self._kv_threshold:
                 excess = (usage - self._kv_threshold) / (1.0 - self._kv_threshold)
                 queue += (excess if excess < 1.0 else 1.0) * self._kv_seconds
+            adapter = request.lora_adapter
+            if adapter is not None and engine.max_lora > 0:
+                running_loras = engine.running_lora_adapters
+                if adapter not in running_loras:
+                    if (
+                        adapter not in engine.waiting_lora_adapters
+                        and adapter not in engine.recent_lora_adapters
+                    ):
+                        queue += self._lora_load
+                    if len(running_loras) >= engine.max_lora:
+                        queue += self._lora_slot_wait
         queue += queued_tokens / rate
         prefill = uncached / rate
         if cpu_hit:

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvgate.prefix import HASH_ALGOS, HashAlgo
 from kvgate.sim.engine import EngineConfig
+from kvgate.sim.lora import lora_config, parse_lora_module
 from kvgate.sim.profile import DEFAULT_PROFILE
 
 
@@ -132,6 +133,10 @@ def add_vllm_arguments(parser: argparse.ArgumentParser, *, single_pod: bool = Tr
     parser.add_argument("--kv-offloading-backend", default=None, help="native (vLLM's own)")
     parser.add_argument("--enable-prompt-tokens-details", action="store_true")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
+    parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None)
+    parser.add_argument("--max-loras", type=int, default=1)
+    parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
@@ -152,6 +157,12 @@ def add_vllm_arguments(parser: argparse.ArgumentParser, *, single_pod: bool = Tr
         type=int,
         default=64,
         help="answer length of a chat request without max_tokens (where vLLM stops at EOS)",
+    )
+    sim.add_argument(
+        "--sim-lora-load-seconds",
+        type=float,
+        default=0.05,
+        help="simulated seconds to load a LoRA adapter into one of the --max-loras GPU slots",
     )
 
 
@@ -187,6 +198,9 @@ def config_from_args(
         max_model_len=args.max_model_len or EngineConfig().max_model_len,
         seed=args.seed if args.sim_seed is None else args.sim_seed,
         kv_offloading_size_gib=offloading,
+        lora=lora_config(
+            args.enable_lora, args.lora_modules, args.max_loras, args.sim_lora_load_seconds
+        ),
     )
     kwargs: dict[str, Any] = {}
     if hasattr(args, "kv_events_config"):  # `serve`; a fleet sets these per pod

@@ -269,6 +269,8 @@ class KVCacheManager:
                 token_ids=request.all_token_ids[start * bs : full * bs],
                 block_size=bs,
                 medium=MEDIUM_GPU,
+                lora_id=request.lora.id if request.lora is not None else None,
+                lora_name=request.lora.name if request.lora is not None else None,
                 extra_keys=[request.event_extra_keys(i) for i in range(start, full)],
                 group_idx=0,
                 kv_cache_spec_kind=KIND_FULL_ATTENTION,

@@ -30,6 +30,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 131072
+    max_loras: int | None = None  # distinct LoRA adapters per batch; None: LoRA off
 
 
 @dataclass
@@ -105,10 +106,21 @@ class Scheduler:
     ) -> None:
         kv = self.kv_cache
         bs = kv.block_size
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
+        max_loras = self.config.max_loras
+        loras = {r.lora.name for r in self.running if r.lora is not None}
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[i]
             if req.arrival_time > now:
                 break
+            if (
+                req.lora is not None
+                and max_loras is not None
+                and req.lora.name not in loras
+                and len(loras) >= max_loras
+            ):
+                i += 1  # vLLM skips it (no free adapter slot) and keeps its place
+                continue
             first = req.num_computed_tokens == 0
             computed = kv.get_computed_blocks(req) if first else []
             # Blocks after the GPU hit that the CPU tier holds: new GPU blocks, filled by a copy.
@@ -120,7 +132,9 @@ class Scheduler:
             if loaded:
                 kv.touch_cpu(req, len(computed), loaded)
                 batch.loaded_tokens += loaded * bs
-            self.waiting.popleft()
+            del self.waiting[i]
+            if req.lora is not None:
+                loras.add(req.lora.name)
             self.running.append(req)
             req.status = Status.RUNNING
             req.num_computed_tokens += num_hit

@@ -200,7 +200,7 @@ async def test_policy_renders_router_and_config(kube: FakeKube, events: Events) 
     config = parse_router_config(config_map["data"]["router.yaml"])
     assert [p.model for p in config.pools] == ["llama-8b"]
     assert config.pools[0].endpoints.kubernetes is not None
-    assert "kvgate.io/pool=llama" in config.pools[0].endpoints.kubernetes.label_selector
+    assert config.pools[0].endpoints.kubernetes.service == "llama"
     deployment = kube.find("Deployment", "front-router")
     assert deployment is not None
     container = deployment["spec"]["template"]["spec"]["containers"][0]

@@ -137,3 +137,36 @@ def test_cpu_offloading_renders_vllm_flags_and_tells_the_router() -> None:
     plain = spec()
     assert "--kv-offloading-size" not in engine_args(plain)
     assert not pool_config(SelectedPool("p", "ns", plain)).engine.cpu_offload
+
+
+def test_lora_adapters_become_vllm_flags_and_router_config() -> None:
+    from kvgate.operator.render.config import SelectedPool, pool_config
+    from kvgate.sim.config import add_vllm_arguments
+
+    lora = {
+        "adapters": [{"name": "sql", "path": "/adapters/sql"}, {"name": "chat", "path": "org/c"}],
+        "maxLoras": 2,
+        "maxLoraRank": 64,
+    }
+    pool = spec(lora=lora)
+    args = engine_args(pool)
+    assert "--enable-lora" in args
+    assert flag(args, "--max-loras") == "2" and flag(args, "--max-lora-rank") == "64"
+    at = args.index("--lora-modules")
+    assert args[at + 1 : at + 3] == ["sql=/adapters/sql", "chat=org/c"]
+    # The simulator (and vLLM) parse exactly these flags.
+    parser = argparse.ArgumentParser()
+    add_vllm_arguments(parser, single_pod=True)
+    parsed = parser.parse_args(args)
+    assert parsed.enable_lora and parsed.max_loras == 2
+    assert parsed.lora_modules == [
+        ("sql", "/adapters/sql"),
+        ("chat", "org/c"),
+    ]
+    config = pool_config(SelectedPool("llama", "ai", pool))
+    assert [(a.name, a.path) for a in config.lora_adapters] == [
+        ("sql", "/adapters/sql"),
+        ("chat", "org/c"),
+    ]
+    assert config.lora_for("chat") is not None and "sql" in config.model_names
+    assert "--enable-lora" not in engine_args(spec())

@@ -146,3 +146,40 @@ def test_a_cpu_tier_hit_costs_its_copy_back_less_than_recompute_more_than_gpu() 
     # Without a tier (gpu_matched_blocks None) the same match is all on the GPU.
     plain = m.estimate_all(request(4096), pods, {"pod-1": 200}, now=0.0)["pod-1"]
     assert plain.cpu_hit_tokens == 0 and plain.prefill_seconds == gpu.prefill_seconds
+
+
+def test_a_pod_without_the_requests_lora_adapter_pays_to_load_it() -> None:
+    m = model(lora_load_seconds=0.2, lora_slot_wait_seconds=1.0)
+
+    def queue(adapter: str | None, running: set[str], waiting: set[str], max_lora: int) -> float:
+        engine = EngineLoad(
+            0, len(running), 0.0, 0.0, frozenset(running), frozenset(waiting), max_lora
+        )
+        ep = endpoint(0, engine=engine)
+        return m.estimate(request(1024, lora_adapter=adapter), ep, 0, now=0.0).queue_seconds
+
+    assert queue("sql", {"sql"}, set(), 2) == 0.0  # running there: loaded
+    assert queue("sql", set(), {"sql"}, 2) == 0.0  # queued there, a slot is free
+    assert queue("sql", {"chat"}, set(), 2) == pytest.approx(0.2)  # a free slot: load only
+    assert queue("sql", {"chat", "code"}, set(), 2) == pytest.approx(1.2)  # every slot taken
+    assert queue("sql", {"chat", "code"}, {"sql"}, 2) == pytest.approx(1.0)  # waits behind its own
+    assert queue(None, {"chat", "code"}, set(), 2) == 0.0  # base-model requests are not slotted
+    assert queue("sql", set(), set(), 0) == 0.0  # the pod reports no LoRA serving: unknown
+
+
+def test_an_adapter_the_pod_used_last_is_taken_as_still_loaded() -> None:
+    from kvgate.discovery.endpoints import Endpoint, EndpointSpec, LoadSample
+
+    ep = Endpoint(EndpointSpec(id="p", pool="ns/p", url="http://p"), LoadSample(max_lora=2))
+    ep.note_lora_adapters(["sql", "chat"])
+    ep.note_lora_adapters(["sql"])
+    ep.note_lora_adapters(["code"])  # two GPU slots: chat, the least recently used, is out
+    assert ep.recent_lora_adapters == ["sql", "code"]
+    m = model(lora_load_seconds=0.2)
+    engine = EngineLoad(
+        0, 0, 0.0, 0.0, frozenset(), frozenset(), 2, frozenset(ep.recent_lora_adapters)
+    )
+    snapshot = endpoint(0, engine=engine)
+    warm = m.estimate(request(1024, lora_adapter="sql"), snapshot, 0, now=0.0)
+    cold = m.estimate(request(1024, lora_adapter="chat"), snapshot, 0, now=0.0)
+    assert warm.queue_seconds == 0.0 and cold.queue_seconds == pytest.approx(0.2)

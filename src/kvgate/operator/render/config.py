@@ -5,8 +5,8 @@
 exactly what the operator renders. Secrets are never copied: the config names an environment
 variable that the router container fills from the Secret key (`secretKeyRef`); other data
 (the Redis CA bundle) likewise from a Secret or ConfigMap key (`configMapKeyRef`). A pool's
-tokenizer ConfigMap is referenced by its mount path, and each pool's engines by the label
-selector of its Deployment.
+tokenizer ConfigMap is referenced by its mount path, and each pool's engines by the
+EndpointSlices of its Service (named after the pool).
 """
 
 from __future__ import annotations
@@ -23,18 +23,35 @@ from kvgate.api import router_config as rc
 from kvgate.api.base import DataKeyRef, JsonDict, SecretKeyRef
 from kvgate.api.policy import RoutingPolicySpec
 from kvgate.api.pool import InferencePoolSpec
-from kvgate.operator.render.engine import engine_selector_string
 
 TOKENIZERS_DIR = "/var/lib/kvgate/tokenizers"
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayTarget:
+    """Where a Gateway API InferencePool's engines are: the headless Service the operator renders
+    for them (`kvgate.operator.render.gateway`)."""
+
+    service: str
+    selector: dict[str, str]
+    port: int
+    kv_events: bool
+
+
+@dataclass(frozen=True, slots=True)
 class SelectedPool:
-    """An InferencePool a policy routes to."""
+    """An InferencePool a policy routes to: kvgate's own, or (with `gateway`) one of the Gateway
+    API Inference Extension, its engines described by the policy's reference."""
 
     name: str
     namespace: str
     spec: InferencePoolSpec
+    gateway: GatewayTarget | None = None
+
+    @property
+    def service(self) -> str:
+        """The Service whose EndpointSlices list the pool's engines."""
+        return self.gateway.service if self.gateway is not None else self.name
 
 
 def secret_env_name(ref: SecretKeyRef) -> str:
@@ -86,14 +103,16 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
             hash_algo=spec.cache.hash_algo,
             hash_seed=str(spec.cache.hash_seed),
             tokenizer=_tokenizer(pool),
-            kv_events=True,
+            kv_events=pool.gateway.kv_events if pool.gateway is not None else True,
             cpu_offload=spec.engine.cpu_offload_gib is not None,
         ),
         endpoints=rc.EndpointsConfig(
-            kubernetes=rc.KubernetesDiscovery(
-                namespace=pool.namespace, label_selector=engine_selector_string(pool.name)
-            )
+            kubernetes=rc.KubernetesDiscovery(namespace=pool.namespace, service=pool.service)
         ),
+        lora_adapters=[
+            rc.LoraAdapter(name=a.name, path=a.path)
+            for a in (spec.lora.adapters if spec.lora else [])
+        ],
     )
 
 
@@ -124,6 +143,8 @@ def router_config(spec: RoutingPolicySpec, pools: list[SelectedPool]) -> rc.Rout
         borrowing=spec.borrowing,
         policy=spec.scoring,
         sessions=spec.sessions,
+        warmup=spec.warmup,
+        load_sharing=spec.load_sharing,
         tenants=rc.TenantsConfig.model_validate(_router_secrets(spec.tenants)),
         directory=rc.DirectoryConfig.model_validate(_router_secrets(spec.directory)),
         admin=rc.AdminConfig(

@@ -4,10 +4,13 @@
 2. Candidates: ready, non-ejected, non-draining endpoints of the class's home pools; plus, for
    batch requests, online endpoints whose load is under the borrowing limits (so online traffic
    never waits behind batch); plus, for online requests with no home endpoint, batch endpoints.
+   Pods warming up take no client request, then a growing share (`warmup.py`).
 3. Pools are grouped by hashing identity (`keys.keyer_identity`); each group's keys are computed
    once, its pools' directories are looked up, and the policy decides over the group. With
    several groups (pools with different tokenizers or block sizes) the decision with the lowest
    predicted TTFT wins.
+   Each endpoint's snapshot counts this router's in-flight and pending prefill, plus the other
+   replicas' while their view is fresh (`peer_load.py`).
 4. The routing core (`lifecycle.py`) records the decision; the proxy sends the request.
 
 Everything here is in memory except the directory lookup (a Redis round trip with the redis
@@ -31,6 +34,7 @@ from kvgate.router.core.classify import Classification, Classifier
 from kvgate.router.core.errors import RouterError, unavailable
 from kvgate.router.core.keying import KeyingPool
 from kvgate.router.core.keys import Keyer, RequestKeys, keyer_identity
+from kvgate.router.core.peer_load import PeerLoads
 from kvgate.scoring.base import (
     ChoiceHistory,
     Decision,
@@ -95,6 +99,8 @@ class Router:
         estimator: PrefillRateEstimator | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        admits: Callable[[str, float, random.Random], bool] | None = None,
+        peers: PeerLoads | None = None,
     ) -> None:
         self.state = state
         self.endpoints = endpoints
@@ -105,6 +111,10 @@ class Router:
         self.rng = rng or random.Random(state.config.policy.seed)
         self.clock = clock
         self.keying = KeyingPool(state.config.keying)
+        # May a client request go to this endpoint now (pods warming up: `warmup.py`)?
+        self.admits = admits
+        # The other router replicas' load on each endpoint (`peer_load.py`), added to ours.
+        self.peers = peers
 
     async def plan(
         self,
@@ -149,6 +159,7 @@ class Router:
                 tenant=cls.tenant,
                 session_id=cls.session_id,
                 gpu_matched_blocks=on_gpu,
+                lora_adapter=lora.name if lora is not None else None,
             )
             snapshots = self.snapshots(members, now)
             try:
@@ -195,7 +206,10 @@ class Router:
         """Immutable views of `members` for the policy (hot path: lookups hoisted)."""
         pools = self.state.pools
         stale = self.state.config.load_metrics.stale_after_seconds
-        loads = self.accounting.loads([ep.spec.id for ep in members], now)
+        ids = [ep.spec.id for ep in members]
+        loads = self.accounting.loads(ids, now)
+        if self.peers is not None:
+            loads = self.peers.added(ids, loads, now)
         rates = self._pool_rates(members)
         # Every candidate ejected: fail open (trying a pod beats refusing the request).
         fail_open = all(now < ep.ejected_until for ep in members)
@@ -215,7 +229,14 @@ class Router:
                     pending_prefill_requests=mine.pending_prefill_requests,
                     pending_prefill_tokens=mine.pending_prefill_tokens,
                     engine=EngineLoad(
-                        int(load.waiting), int(load.running), load.kv_cache_usage, scraped
+                        int(load.waiting),
+                        int(load.running),
+                        load.kv_cache_usage,
+                        scraped,
+                        load.running_lora_adapters,
+                        load.waiting_lora_adapters,
+                        load.max_lora,
+                        frozenset(ep.recent_lora_adapters),
                     )
                     if scraped > 0 and now - scraped <= stale
                     else None,
@@ -246,7 +267,11 @@ class Router:
             eps = self.endpoints.in_pool(pool.key)
             if excluded:
                 eps = [ep for ep in eps if ep.spec.id not in excluded]
-            return [ep for ep in eps if not ep.draining]
+            eps = [ep for ep in eps if not ep.draining]
+            if self.admits is not None and eps:
+                admitted = [ep for ep in eps if self.admits(ep.spec.id, now, self.rng)]
+                eps = admitted or eps  # every pod warming up: fail open
+            return eps
 
         chosen: list[Endpoint] = [ep for pool in cls.home_pools for ep in usable(pool)]
         if cls.request_class == "batch":
