@@ -5,20 +5,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from prometheus_client import CollectorRegistry
-from tests.unit.router.fakes import make_config
+from tests.unit.router.fakes import make_config, routing_core
 
 from kvgate.api.fleet import LoadSharingConfig
 from kvgate.api.router_config import RouterConfig
-from kvgate.directory.memory import MemoryBlockIndex
-from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.directory.replica_load import _parse
-from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
 from kvgate.router.core.accounting import EndpointLoad
-from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
+from kvgate.router.core.lifecycle import ClientRequest
 from kvgate.router.core.peer_load import PeerLoads
-from kvgate.router.metrics import RouterMetrics
-from kvgate.router.runtime import build_state
 
 
 def test_the_other_replicas_loads_are_summed_and_added_to_ours():
@@ -63,20 +57,7 @@ def test_what_redis_hands_back_is_checked():
 
 async def test_a_decision_counts_what_the_other_replicas_have_queued():
     now = [100.0]
-    config = make_config(2)
-    endpoints = EndpointSet(lambda: now[0])
-    pool = config.pools[0]
-    core = RoutingCore(
-        build_state(config),
-        endpoints,
-        {pool.key: MemoryBlockIndex()},
-        RouterMetrics(),
-        DirectoryMetrics(CollectorRegistry()).fallback_errors,
-        clock=lambda: now[0],
-    )
-    await endpoints.replace_pool(
-        pool.key, [EndpointSpec(f"pod{i}:8000", pool.key, f"http://pod{i}:8000") for i in range(2)]
-    )
+    core, endpoints = await routing_core(make_config(2), now, 2)
     body = {"model": "m", "prompt": list(range(256)), "max_tokens": 4}
     first = await core.explain(ClientRequest(body, {}, "completion"))
     busy = first.endpoint.id

@@ -6,16 +6,11 @@ import asyncio
 import random
 
 import pytest
-from prometheus_client import CollectorRegistry
-from tests.unit.router.fakes import FakePods, make_config
+from tests.unit.router.fakes import FakePods, make_config, routing_core
 
 from kvgate.api.fleet import WarmupConfig
-from kvgate.directory.memory import MemoryBlockIndex
-from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
-from kvgate.router.metrics import RouterMetrics
-from kvgate.router.runtime import build_state
 
 SYSTEM = list(range(1000, 1512))  # 512 tokens: 32 blocks of 16
 
@@ -26,23 +21,7 @@ def _body(question: int, system: list[int] = SYSTEM) -> dict[str, object]:
 
 async def _core(n: int = 2, **warmup: object) -> tuple[RoutingCore, EndpointSet, list[float]]:
     now = [100.0]
-    config = make_config(n, warmup=warmup)
-    endpoints = EndpointSet(lambda: now[0])
-    pool = config.pools[0]
-    core = RoutingCore(
-        build_state(config),
-        endpoints,
-        {pool.key: MemoryBlockIndex()},
-        RouterMetrics(),
-        DirectoryMetrics(CollectorRegistry()).fallback_errors,
-        clock=lambda: now[0],
-    )
-
-    async def changed(added, removed):  # type: ignore[no-untyped-def]
-        core.endpoints_changed(added, removed)
-
-    endpoints.add_listener(changed)
-    await endpoints.replace_pool(pool.key, _specs(pool.key, n))
+    core, endpoints = await routing_core(make_config(n, warmup=warmup), now, n)
     return core, endpoints, now
 
 
