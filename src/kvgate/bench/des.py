@@ -17,7 +17,16 @@ same code, driven by :class:`RouterDriver`'s hooks:
   :class:`kvgate.directory.subscriber.PodSubscriber` (the indexer's code) into the pool's memory
   directory;
 - **load**: every ``load_metrics.scrape_interval_seconds`` each pod's ``/metrics`` as a scrape
-  would read it (waiting, running, KV usage) goes to ``core.load_scraped``.
+  would read it (waiting, running, KV usage) goes to ``core.load_scraped``;
+- **scale-up** (``scale``: at time t, n more pods): the pods join the fleet with empty caches and
+  the endpoint set, ``core.endpoints_changed`` hears of them, and the warm requests the core
+  hands out (``core.warmup.take``) are sent to their pods at most ``warmup.concurrency`` at a
+  time, as ``http/warmer.py`` sends them live; their answers go to ``core.warmup.request_done``.
+  Warm requests are not client requests: they are left out of the records;
+- **replicas** (``replicas`` > 1): that many routing cores, each with its own endpoint set,
+  accounting and seed, over the one directory (as replicas share Redis); each request goes to
+  one at random (a Service); given ``load_sharing`` they exchange their loads every
+  ``interval_seconds`` (``core.peers``), as ``http/load_sharing.py`` does live through Redis.
 
 No network latency and no router CPU time: TTFT is the engine's (arrival to first token). Each
 request becomes a :class:`RequestRecord` in simulated seconds, so live and discrete-event runs
@@ -27,6 +36,7 @@ SGLang router is a separate binary and cannot be plugged in here.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -34,6 +44,8 @@ from typing import Any, TypeVar
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
+from kvgate.api.fleet import LoadSharingConfig, WarmupConfig
+from kvgate.api.router_config import RouterConfig
 from kvgate.bench.hit_bounds import fleet_kv_blocks, hit_rate_bounds
 from kvgate.bench.loadgen import CLASS_HEADER, SESSION_HEADER
 from kvgate.bench.records import GeneratorHealth, LoadSample, RequestRecord
@@ -52,6 +64,7 @@ from kvgate.router.core.errors import RouterError
 from kvgate.router.core.learn import Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
+from kvgate.router.core.warmup import WarmRequest
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.runtime import build_state
 from kvgate.router.setup import quickstart_config
@@ -83,10 +96,19 @@ class _InFlight:
     request: ClientRequest
     plan: RoutePlan
     attempt: Attempt
+    core: RoutingCore
+
+
+@dataclass
+class _Replica:
+    core: RoutingCore
+    endpoints: EndpointSet
+    in_order: list[Endpoint] = field(default_factory=list)  # the fleet's pods, in fleet order
 
 
 class RouterDriver(FleetDriver):
-    """The routing core of one simulated ``kvgate router`` process (see the module docstring)."""
+    """The routing core of one simulated ``kvgate router`` process, or of several replicas (see
+    the module docstring)."""
 
     def __init__(
         self,
@@ -97,9 +119,18 @@ class RouterDriver(FleetDriver):
         policy_params: dict[str, Any] | None = None,
         sample_interval_s: float = 1.0,
         progress: ProgressFn | None = None,
+        cpu_offload: bool = False,
+        scale: Sequence[tuple[float, int]] = (),
+        warmup: WarmupConfig | None = None,
+        replicas: int = 1,
+        load_sharing: LoadSharingConfig | None = None,
     ) -> None:
         """With ``fleet.cache_ops`` the pool's engines accept AKV cache ops (the bodies'
-        `cache` fields reach the pods; the router keys them)."""
+        `cache` fields reach the pods; the router keys them). `cpu_offload`: the pool's
+        `engine.cpu_offload` (the engines' CPU-tier events are indexed and its hits priced;
+        otherwise only GPU blocks count)."""
+        if replicas < 1 or (replicas > 1 and scale):
+            raise ValueError("one or more replicas; scaling the fleet needs one replica")
         self.fleet = fleet
         self.now = 0.0
         self._zmq = zmq.asyncio.Context()  # replay sockets only; never used: no seq gaps here
@@ -116,44 +147,51 @@ class RouterDriver(FleetDriver):
             endpoint_ids=dict(zip(urls, ids, strict=True)),
         )
         # Simulated time has no event loop to keep responsive: every prompt is keyed inline.
-        config = config.model_copy(
-            update={"keying": config.keying.model_copy(update={"inline_max_chars": 1 << 62})}
-        )
+        update: dict[str, Any] = {
+            "keying": config.keying.model_copy(update={"inline_max_chars": 1 << 62})
+        }
+        if warmup is not None:
+            update["warmup"] = warmup
+        config = config.model_copy(update=update)
+        engine_flags: dict[str, bool] = {}
         if fleet.cache_ops:
-            pool = config.pools[0]
-            engine = pool.engine.model_copy(update={"cache_ops": True})
+            engine_flags["cache_ops"] = True
+        if cpu_offload:
+            engine_flags["cpu_offload"] = True
+        if engine_flags:
+            first = config.pools[0]
+            engine = first.engine.model_copy(update=engine_flags)
             config = config.model_copy(
-                update={"pools": [pool.model_copy(update={"engine": engine})]}
+                update={"pools": [first.model_copy(update={"engine": engine})]}
             )
+        self._cpu_offload = cpu_offload
         self.config = config
         pool = config.pools[0]
-        self.index = MemoryBlockIndex()
-        self.endpoints = EndpointSet(self.clock)
-        registry = CollectorRegistry()
-        self.core = RoutingCore(
-            build_state(config),
-            self.endpoints,
-            {pool.key: self.index},
-            RouterMetrics(registry),
-            DirectoryMetrics(registry).fallback_errors,
-            clock=self.clock,
-        )
-        specs = [
-            EndpointSpec(pod_id, pool.key, url, kv_events=f"inproc://{pod_id}")
-            for pod_id, url in zip(ids, urls, strict=True)
-        ]
-        self._complete(self.endpoints.replace_pool(pool.key, specs))
-        self._endpoints: list[Endpoint] = self.endpoints.in_pool(pool.key)
-        self.core.endpoints_changed(self._endpoints, [])
-        self._subscribers = [
-            PodSubscriber(PodEndpoint(pod_id, f"inproc://{pod_id}"), self.index, self._zmq)
-            for pod_id in ids
-        ]
-        for subscriber in self._subscribers:
-            self._complete(subscriber.open())
-        self._seq = [0] * len(ids)
-        self._pod_index = {pod_id: i for i, pod_id in enumerate(ids)}
-        self.tick_interval_s = config.load_metrics.scrape_interval_seconds
+        self.index = MemoryBlockIndex()  # one directory, shared by the replicas (as Redis is)
+        self.replicas = [self._replica(config, seed + k) for k in range(replicas)]
+        self.core, self.endpoints = self.replicas[0].core, self.replicas[0].endpoints
+        # The bench's directory is in memory, so the exchange's settings come apart from the
+        # router config (whose `load_sharing` needs a Redis directory).
+        self._sharing = load_sharing if replicas > 1 and load_sharing is not None else None
+        if self._sharing is not None:
+            for replica in self.replicas:
+                replica.core.peers.ttl_seconds = self._sharing.ttl_seconds
+        self._replica_rng = random.Random(seed)
+        self._pool_key = pool.key
+        self._specs: list[EndpointSpec] = []
+        self._subscribers: list[PodSubscriber] = []
+        self._seq: list[int] = []
+        self._pod_index: dict[str, int] = {}
+        self._join(ids)
+        self._scale = sorted(scale)
+        self._warm: dict[str, tuple[WarmRequest, int]] = {}  # request id -> (request, pod)
+        self._warm_queue: list[WarmRequest] = []
+        self._warm_sent = 0
+        self._warm_in_flight = 0
+        scrape = config.load_metrics.scrape_interval_seconds
+        sharing = self._sharing
+        self.tick_interval_s = min(scrape, sharing.interval_seconds) if sharing else scrape
+        self._scrape_every = max(1, round(scrape / self.tick_interval_s))
         self._sample_every = max(1, round(sample_interval_s / self.tick_interval_s))
         self._ticks = 0
         self._bench: dict[str, tuple[BenchRequest, tuple[BenchRequest, ...], int]] = {}
@@ -167,6 +205,45 @@ class RouterDriver(FleetDriver):
 
     def clock(self) -> float:
         return self.now
+
+    def _replica(self, config: RouterConfig, seed: int) -> _Replica:
+        """One router replica: its own core, endpoint set and metrics; the shared directory."""
+        config = config.model_copy(
+            update={"policy": config.policy.model_copy(update={"seed": seed})}
+        )
+        endpoints = EndpointSet(self.clock)
+        registry = CollectorRegistry()
+        core = RoutingCore(
+            build_state(config),
+            endpoints,
+            {config.pools[0].key: self.index},
+            RouterMetrics(registry),
+            DirectoryMetrics(registry).fallback_errors,
+            clock=self.clock,
+        )
+        return _Replica(core, endpoints)
+
+    def _join(self, ids: list[str]) -> None:
+        """Pods `ids` (already in the fleet) join the pool: endpoints, KV-event subscribers."""
+        for pod_id in ids:
+            url = f"http://{pod_id.replace(':', '-')}:8000"
+            spec = EndpointSpec(pod_id, self._pool_key, url, kv_events=f"inproc://{pod_id}")
+            self._specs.append(spec)
+            subscriber = PodSubscriber(
+                PodEndpoint(pod_id, f"inproc://{pod_id}"),
+                self.index,
+                self._zmq,
+                offload_tier=self._cpu_offload,
+            )
+            self._complete(subscriber.open())
+            self._subscribers.append(subscriber)
+            self._seq.append(0)
+            self._pod_index[pod_id] = len(self._pod_index)
+        for replica in self.replicas:
+            self._complete(replica.endpoints.replace_pool(self._pool_key, self._specs))
+            by_id = {ep.id: ep for ep in replica.endpoints.in_pool(self._pool_key)}
+            replica.in_order = [by_id[spec.id] for spec in self._specs]
+            replica.core.endpoints_changed([by_id[pod_id] for pod_id in ids], [])
 
     def close(self) -> None:
         self._zmq.term()
@@ -216,6 +293,9 @@ class RouterDriver(FleetDriver):
 
     def route(self, request: TraceRequest, fleet: DESFleet, now: float) -> int | None:
         self.now = now
+        warm = self._warm.get(request.request_id)
+        if warm is not None:
+            return warm[1]
         bench = self._bench[request.request_id][0]
         record = RequestRecord(
             request_id=bench.request_id,
@@ -238,26 +318,33 @@ class RouterDriver(FleetDriver):
         if "cache" in bench.body:
             body["cache"] = bench.body["cache"]
         client = ClientRequest(body, headers, "completion", request_id=bench.request_id)
+        # A Service spreads connections over the replicas at random.
+        core = self.core
+        if len(self.replicas) > 1:
+            core = self._replica_rng.choice(self.replicas).core
         try:
-            plan = self._complete(self.core.plan(client))
+            plan = self._complete(core.plan(client))
         except RouterError as exc:
             record.status, record.error, record.end_s = exc.status, exc.message, now
             self._finish_one(request.request_id, now)
             return None
-        attempt = self.core.sent(client, plan, streaming=True)
+        attempt = core.sent(client, plan, streaming=True)
         record.endpoint = plan.endpoint.id
         decision = plan.decision
         self.decisions.append(
             (bench.request_id, plan.endpoint.id, decision.reason, decision.predicted_hit_tokens)
         )
-        self._in_flight[bench.request_id] = _InFlight(bench, record, client, plan, attempt)
+        self._in_flight[bench.request_id] = _InFlight(bench, record, client, plan, attempt, core)
         return self._pod_index[plan.endpoint.id]
 
     def rejected(self, request: TraceRequest, pod: int, error: str, now: float) -> None:
         self.now = now
+        if request.request_id in self._warm:
+            self._warm_done(request.request_id, ok=False, prompt_tokens=0)
+            return
         flight = self._in_flight.pop(request.request_id)
-        self.core.first_byte(flight.plan, flight.attempt, streamed=False)
-        self.core.finished(
+        flight.core.first_byte(flight.plan, flight.attempt, streamed=False)
+        flight.core.finished(
             flight.request,
             flight.plan,
             flight.attempt,
@@ -272,16 +359,22 @@ class RouterDriver(FleetDriver):
 
     def first_token(self, request: SimRequest, pod: int, now: float) -> None:
         self.now = now
+        if request.request_id in self._warm:
+            return
         flight = self._in_flight[request.request_id]
         flight.record.first_byte_s = now
-        self.core.first_byte(flight.plan, flight.attempt, streamed=True)
+        flight.core.first_byte(flight.plan, flight.attempt, streamed=True)
 
     def finished(self, request: SimRequest, pod: int, now: float) -> list[TraceRequest]:
         self.now = now
+        if request.request_id in self._warm:
+            return self._warm_done(
+                request.request_id, ok=True, prompt_tokens=len(request.prompt_token_ids)
+            )
         flight = self._in_flight.pop(request.request_id)
         cached = max(request.num_cached_tokens, 0)
         completion = len(request.output_token_ids)
-        self.core.finished(
+        flight.core.finished(
             flight.request,
             flight.plan,
             flight.attempt,
@@ -313,25 +406,79 @@ class RouterDriver(FleetDriver):
         frames = [b"", seq.to_bytes(8, "big"), encode_batch(EventBatch(now, list(events), 0))]
         self._complete(self._subscribers[pod].handle(frames))
 
-    def tick(self, fleet: DESFleet, now: float) -> None:
+    def tick(self, fleet: DESFleet, now: float) -> list[TraceRequest]:
         self.now = now
+        added = self._next_warm(now)  # any a rejected warm request left waiting
+        while self._scale and self._scale[0][0] <= now:
+            _, count = self._scale.pop(0)
+            first = len(fleet.engines)
+            ids = [f"pod-{first + i}" for i in range(count)]
+            for pod_id in ids:
+                fleet.add_pod(pod_id)
+            self._join(ids)
+            self._warm_queue.extend(self.core.warmup.take())
+            added.extend(self._next_warm(now))
         sample = self._ticks % self._sample_every == 0
+        scrape = self._ticks % self._scrape_every == 0
         self._ticks += 1
-        for engine, ep in zip(fleet.engines, self._endpoints, strict=True):
-            self.peak_kv_usage = max(self.peak_kv_usage, engine.kv_cache.usage)
-            self.core.load_scraped(
-                ep,
-                ScrapedLoad(
-                    waiting=float(engine.num_waiting),
-                    running=float(engine.num_running),
-                    kv_cache_usage=engine.kv_cache.usage,
-                    scraped_at=now,
-                ),
+        if self._sharing is not None:
+            self._exchange_loads(now)
+        if not scrape and not sample:
+            return added
+        for index, engine in enumerate(fleet.engines):
+            load = ScrapedLoad(
+                waiting=float(engine.num_waiting),
+                running=float(engine.num_running),
+                kv_cache_usage=engine.kv_cache.usage,
+                scraped_at=now,
             )
+            if scrape:
+                self.peak_kv_usage = max(self.peak_kv_usage, load.kv_cache_usage)
+                for replica in self.replicas:
+                    replica.core.load_scraped(replica.in_order[index], load)
             if sample:
-                self.samples.append(
-                    LoadSample(now, ep.id, float(engine.num_running), float(engine.num_waiting))
-                )
+                self.samples.append(LoadSample(now, fleet.names[index], load.running, load.waiting))
+        return added
+
+    def _exchange_loads(self, now: float) -> None:
+        """What `http/load_sharing.py` does through Redis, in process and with no delay: every
+        replica publishes its own loads, then reads everyone else's."""
+        ids = [spec.id for spec in self._specs]
+        published = {
+            k: dict(zip(ids, replica.core.accounting.loads(ids, now), strict=True))
+            for k, replica in enumerate(self.replicas)
+        }
+        for k, replica in enumerate(self.replicas):
+            others = {str(j): loads for j, loads in published.items() if j != k}
+            replica.core.peers.update(others, now)
+
+    # -- warm requests -------------------------------------------------------------------
+
+    def _next_warm(self, now: float) -> list[TraceRequest]:
+        """Warm requests to send now, up to `warmup.concurrency` in flight (as the live warmer)."""
+        out = []
+        warmup = self.core.warmup
+        while self._warm_queue and self._warm_in_flight < warmup.config.concurrency:
+            request = self._warm_queue.pop(0)
+            deadline = warmup.deadline(request.endpoint_id)
+            if deadline is None or deadline <= now:  # its warm-up ended while this one waited
+                warmup.request_done(request, now, ok=False)
+                continue
+            body = request.body()
+            request_id = f"warm-{self._warm_sent}"
+            self._warm_sent += 1
+            self._warm[request_id] = (request, self._pod_index[request.endpoint_id])
+            self._warm_in_flight += 1
+            out.append(
+                TraceRequest(request_id, now, body["prompt"], 1, body.get("cache_salt"), None)
+            )
+        return out
+
+    def _warm_done(self, request_id: str, *, ok: bool, prompt_tokens: int) -> list[TraceRequest]:
+        request, _ = self._warm.pop(request_id)
+        self._warm_in_flight -= 1
+        self.core.warmup.request_done(request, self.now, ok=ok, prompt_tokens=prompt_tokens)
+        return self._next_warm(self.now)
 
 
 def run_des(
@@ -346,17 +493,37 @@ def run_des(
     policy_params: dict[str, Any] | None = None,
     pod_names: list[str] | None = None,
     cache_ops: bool = False,
+    cpu_offload: bool = False,
+    scale: Sequence[tuple[float, int]] = (),
+    warmup: WarmupConfig | None = None,
+    replicas: int = 1,
+    load_sharing: LoadSharingConfig | None = None,
 ) -> DesResult:
     """One policy over one workload on ``pods`` simulated engines, named ``pod-<i>`` or
     ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id); ``cache_ops``: the
-    engines accept AKV cache ops (``--sim-akv``)."""
+    engines accept AKV cache ops (``--sim-akv``); ``cpu_offload``: the router prices the
+    engines' CPU offloading tier (``engine.kv_offloading_size_gib``); ``scale``: at time t, n
+    more pods join (``pod-<i>``); ``warmup``: the router's warm-up settings (default: its
+    config's); ``replicas``: router replicas behind one Service (each request goes to one at
+    random), exchanging their loads as ``load_sharing`` says (None: not at all)."""
     known = default_registry().names("policy")
     if policy not in known:
         raise ValueError(f"policy {policy!r} cannot run in des mode ({', '.join(known)})")
     fleet = DESFleet(
         pods, engine or EngineConfig(), load_profile(profile), names=pod_names, cache_ops=cache_ops
     )
-    driver = RouterDriver(fleet, policy, seed=seed, policy_params=policy_params, progress=progress)
+    driver = RouterDriver(
+        fleet,
+        policy,
+        seed=seed,
+        policy_params=policy_params,
+        progress=progress,
+        cpu_offload=cpu_offload,
+        scale=scale,
+        warmup=warmup,
+        replicas=replicas,
+        load_sharing=load_sharing,
+    )
     try:
         fleet.run(driver.trace(workload), driver)
     finally:

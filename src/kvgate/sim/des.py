@@ -137,8 +137,10 @@ class FleetDriver:
     def kv_events(self, pod: int, events: Sequence[KVEvent], now: float) -> None:
         """One step's KV events, as the pod publishes them."""
 
-    def tick(self, fleet: DESFleet, now: float) -> None:
-        """Periodic callback (``tick_interval_s``)."""
+    def tick(self, fleet: DESFleet, now: float) -> Iterable[TraceRequest]:
+        """Periodic callback (``tick_interval_s``); may add pods (:meth:`DESFleet.add_pod`) and
+        returns requests to add (arrival times >= ``now``)."""
+        return ()
 
 
 RouteFn = Callable[[TraceRequest, Sequence[PodState], float], int]
@@ -151,7 +153,12 @@ class _FunctionDriver(FleetDriver):
 
     def route(self, request: TraceRequest, fleet: DESFleet, now: float) -> int:
         tokens = request.prompt_token_ids
-        hashes = fleet.hasher.prompt_hashes(tokens, request.cache_salt) if tokens else []
+        history = request.history if fleet.cache_ops else None
+        hashes = (
+            fleet.hasher.prompt_hashes(tokens, request.cache_salt, history=history)
+            if tokens
+            else []
+        )
         self._hashes = (request.request_id, hashes)
         max_hit = max(len(tokens) - 1, 0) // fleet.block_size
         return self._route(request, fleet.pod_states(hashes, max_hit), now)
@@ -219,6 +226,15 @@ class DESFleet:
         self.names = list(names) if names else [f"pod-{i}" for i in range(num_pods)]
         self.block_size = config.block_size
         self.cache_ops = cache_ops
+        self._config, self._profile = config, profile
+
+    def add_pod(self, name: str) -> int:
+        """A pod joins the fleet (a scale-up) with an empty cache; returns its index."""
+        index = len(self.engines)
+        config = replace(self._config, seed=self._config.seed + index)
+        self.engines.append(SimEngine(config, self._profile, self.hasher))
+        self.names.append(name)
+        return index
 
     def pod_states(self, block_hashes: Sequence[bytes], max_hit_blocks: int) -> list[PodState]:
         return [
@@ -261,7 +277,11 @@ class DESFleet:
                 continue
             now, kind, _, payload = heapq.heappop(heap)
             if kind == _TICK:
-                driver.tick(self, now)
+                for added in driver.tick(self, now):
+                    if added.arrival_time < now:
+                        raise ValueError("a request cannot arrive in the past")
+                    heapq.heappush(heap, (added.arrival_time, _ARRIVAL, next(order), added))
+                scheduled.extend([False] * (len(self.engines) - len(scheduled)))  # pods added
                 assert interval is not None
                 heapq.heappush(heap, (now + interval, _TICK, next(order), None))
             elif kind == _ARRIVAL:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from kvgate.prefix.cache_ops import OpHistory
 from kvgate.sim.engine import SimEngine, StepResult
+from kvgate.sim.lora import LoraModule
 from kvgate.sim.request import SimRequest
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class EngineDriver:
         prompt_token_ids: list[int],
         max_tokens: int,
         cache_salt: str | None = None,
+        lora: LoraModule | None = None,
         history: OpHistory | None = None,
     ) -> RequestStream:
         """Queue a request (raises ``RequestRejected`` for requests vLLM refuses)."""
@@ -98,6 +100,7 @@ class EngineDriver:
             max_tokens,
             self.now(),
             cache_salt=cache_salt,
+            lora=lora,
             history=history,
         )
         stream = RequestStream(req)

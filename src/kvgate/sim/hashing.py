@@ -12,6 +12,7 @@ from typing import Any
 
 from kvgate.prefix import BlockHasher, HashAlgo, hash_block
 from kvgate.prefix.cache_ops import OpHistory, history_block_keys
+from kvgate.sim.lora import LoraModule
 
 
 class PrefixBlockHasher:
@@ -24,12 +25,19 @@ class PrefixBlockHasher:
         self.none_hash = self._chain.none_hash
 
     def prompt_hashes(
-        self, token_ids: Sequence[int], cache_salt: str | None, history: OpHistory | None = None
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str | None,
+        lora: LoraModule | None = None,
+        history: OpHistory | None = None,
     ) -> list[bytes]:
         """Hashes of every full block of a prompt (branched by its AKV op history, if any)."""
+        key = lora.key if lora is not None else None
         if history is not None:
-            return history_block_keys(self._chain, token_ids, history, cache_salt=cache_salt)
-        return self._chain.hash_blocks(token_ids, cache_salt=cache_salt)
+            return history_block_keys(
+                self._chain, token_ids, history, lora=key, cache_salt=cache_salt
+            )
+        return self._chain.hash_blocks(token_ids, lora=key, cache_salt=cache_salt)
 
     def __call__(
         self, parent: bytes | None, tokens: Sequence[int], extra_keys: tuple[Any, ...] | None

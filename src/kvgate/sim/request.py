@@ -1,9 +1,10 @@
 """A request inside the simulated engine: its tokens, block hashes, blocks and timeline.
 
 Block hashes follow vLLM's ``Request.block_hashes``: one chained hash per full block of
-``prompt + output`` tokens, extended as tokens are appended, with the request's ``cache_salt`` as
-the extra key of block 0 only. A request with AKV cache ops (``--sim-akv``) carries its op
-history: the blocks holding an op also carry the op's record (``kvgate.prefix.cache_ops``).
+``prompt + output`` tokens, extended as tokens are appended, with a LoRA request's adapter key
+on every block and the request's ``cache_salt`` as an extra key of block 0 only. A request with
+AKV cache ops (``--sim-akv``) carries its op history: the blocks holding an op also carry the
+op's record (``kvgate.prefix.cache_ops``).
 """
 
 from __future__ import annotations
@@ -11,16 +12,24 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from kvgate.prefix import extra_keys_for_block
 from kvgate.prefix.cache_ops import OpHistory, block_extra_keys
+
+if TYPE_CHECKING:
+    from kvgate.sim.lora import LoraModule
 
 
 class BlockHasher(Protocol):
     """vLLM's ``hash_block_tokens`` for one pool configuration (algorithm and seed)."""
 
     def prompt_hashes(
-        self, token_ids: Sequence[int], cache_salt: str | None, history: OpHistory | None = None
+        self,
+        token_ids: Sequence[int],
+        cache_salt: str | None,
+        lora: LoraModule | None = None,
+        history: OpHistory | None = None,
     ) -> list[bytes]:
         """Hashes of every full block of a prompt (with its op history, if any)."""
         ...
@@ -47,6 +56,7 @@ class SimRequest:
     max_tokens: int
     arrival_time: float
     cache_salt: str | None = None
+    lora: LoraModule | None = None
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
@@ -97,21 +107,27 @@ class SimRequest:
         return self.status is Status.FINISHED
 
     def extra_keys(self, block_index: int) -> tuple[Any, ...] | None:
-        """The hash extra keys of a block (``cache_salt`` on block 0 only, then op records)."""
-        return block_extra_keys(block_index, None, self.cache_salt, self._op_records)
+        """The hash extra keys of a block: ``("lora", name, path)`` on every block of an
+        adapter's request, then ``("cache_salt", salt)`` on block 0 only, then the block's AKV op
+        records."""
+        lora = self.lora.key if self.lora is not None else None
+        return block_extra_keys(block_index, lora, self.cache_salt, self._op_records)
 
     def event_extra_keys(self, block_index: int) -> tuple[Any, ...] | None:
-        """The untagged form of :meth:`extra_keys` published in KV events."""
-        salt = (self.cache_salt,) if block_index == 0 and self.cache_salt else ()
+        """The untagged form of :meth:`extra_keys` published in KV events (vLLM's
+        ``to_event_extra_keys``: the adapter name, the salt), then the block's op records."""
+        lora = self.lora.key if self.lora is not None else None
+        base = extra_keys_for_block(block_index, lora, self.cache_salt)
+        untagged = tuple(key[1] for key in base) if base is not None else ()
         ops = self._op_records.get(block_index, ())
-        return (*salt, *ops) if salt or ops else None
+        return (*untagged, *ops) if untagged or ops else None
 
     def update_block_hashes(self, hasher: BlockHasher, block_size: int) -> None:
         """Hash every full block of ``all_token_ids`` not hashed yet."""
         tokens = self.all_token_ids
         hashes = self.block_hashes
         if not hashes and len(tokens) >= 2 * block_size:
-            hashes.extend(hasher.prompt_hashes(tokens, self.cache_salt, self.history))
+            hashes.extend(hasher.prompt_hashes(tokens, self.cache_salt, self.lora, self.history))
             return
         while (len(hashes) + 1) * block_size <= len(tokens):
             i = len(hashes)

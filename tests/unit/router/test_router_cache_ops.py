@@ -177,3 +177,41 @@ async def test_the_router_keys_and_forwards_the_ops_it_adds() -> None:
     )
     assert forwarded["cache"] == plan.added_cache
     core.router.keying.close()
+
+
+async def test_drops_and_a_cpu_tier_count_restorable_blocks_on_each_medium() -> None:
+    """A pool with AKV ops and a CPU offloading tier: a pod that evicted the dropped blocks
+    matches through the drop lookup, and its GPU count is taken the same way, on the GPU only."""
+    from tests.unit.router.fakes import routing_core
+
+    from kvgate.kvevents import MEDIUM_CPU
+
+    engine = {"cache_ops": True, "cpu_offload": True}
+    config = make_config(
+        2,
+        pools=[
+            {
+                "name": "p",
+                "model": "m",
+                "engine": engine,
+                "endpoints": {"static": [{"url": f"http://pod{i}:8000"} for i in range(2)]},
+            }
+        ],
+    )
+    core, endpoints = await routing_core(config, [0.0], 2)
+    pool = config.pools[0]
+    cache = {"segments": [100, 100, 100], "drop": {"2": [1]}}
+    keys = Keyer(pool.engine).keys({"prompt": _prompt(400), "cache": cache}, "completion", None)
+    assert keys.lookup is not None
+    needed = keys.lookup.keys
+    index = core.router.indexes[pool.key]
+    await index.add("pod0:8000", needed)  # dropped blocks evicted, the rest on the GPU
+    half = len(needed) // 2
+    await index.add("pod1:8000", needed[:half])  # the same, its second half in the CPU tier
+    await index.add("pod1:8000", needed[half:], medium=MEDIUM_CPU)
+    matched, on_gpu = await core.router._lookup(keys, endpoints.in_pool(pool.key))
+    everything = keys.path_blocks(len(needed))
+    assert everything > keys.path_blocks(0)
+    assert matched == {"pod0:8000": everything, "pod1:8000": everything}
+    assert on_gpu == {"pod0:8000": everything, "pod1:8000": keys.path_blocks(half)}
+    core.router.keying.close()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from kvgate.kvevents import BlockStored
+from kvgate.kvevents import BlockRemoved, BlockStored
 from kvgate.prefix import BlockHasher
 from kvgate.prefix.cache_ops import CacheOps, OpHistory, history_block_keys
 from kvgate.sim.engine import RequestRejected, SimEngine, StepResult
@@ -127,3 +127,63 @@ def test_cache_field_is_parsed_only_with_sim_akv() -> None:
     prompt = json.dumps({"prompt": list(range(100, 200)), "cache": {"drop": {"1": [0]}}}).encode()
     with pytest.raises(BadRequest, match="segments"):
         parse_request(prompt, False, codec, cache_ops=True)
+
+
+def test_adapter_requests_carry_the_lora_key_and_the_ops(make_engine: EngineFactory) -> None:
+    """A LoRA request with an op history: every block (prompt and decode) is keyed with the
+    adapter and the ops, as the router keys it; events carry the adapter name, then the ops."""
+    from kvgate.sim.lora import LoraModule
+
+    sql = LoraModule("sql", "/adapters/sql", 1)
+    engine = make_engine()
+    ids = _tokens(4)
+    history = _history({2: (1,)}, 4)
+    req = engine.add_request("a", ids, 40, 0.0, lora=sql, history=history)
+    steps = engine.run_until_idle()
+    stored = _stored(steps)
+    full = len(req.all_token_ids) // BS * BS
+    hasher = BlockHasher("sha256", BS)
+    want = history_block_keys(hasher, req.all_token_ids[:full], history, lora=sql.key)
+    assert stored == want
+    assert stored != history_block_keys(hasher, req.all_token_ids[:full], history)
+    extra = [k for s in steps for e in s.events if isinstance(e, BlockStored) for k in e.extra_keys]
+    op_block = 3 * SEG // BS
+    assert extra[0] == ("sql",)
+    assert extra[op_block][0] == "sql" and extra[op_block][1][0] == "akv"
+    assert all(k == ("sql",) for i, k in enumerate(extra) if i != op_block)
+
+
+def test_dropped_blocks_are_not_offloaded_to_the_cpu_tier(make_engine: EngineFactory) -> None:
+    """With a CPU tier, a released dropped block evicted from the GPU is gone (no live path
+    needs it); the session's other blocks, evicted later, are offloaded as usual."""
+    from kvgate.kvevents import MEDIUM_CPU
+    from kvgate.sim.profile import H100_LLAMA3_8B
+
+    gib = 400 * BS * H100_LLAMA3_8B.kv_bytes_per_token / 1024**3
+    engine = make_engine(num_gpu_blocks=200, max_model_len=3000, kv_offloading_size_gib=gib)
+    history = _history({6: (1, 2, 3, 4, 5)}, 8)  # blocks 20..119 dropped at offset 2240
+    session = engine.add_request("s", _tokens(8), 1, 0.0, history=history)
+    engine.run_until_idle()
+    dropped = {session.block_hashes[k] for k in history.dropped_blocks(BS)}
+    kept = set(session.block_hashes) - dropped
+    assert len(dropped) == 100
+    events = []
+    for i, blocks in enumerate((70, 150)):  # the dropped blocks go first, then the others
+        at = 100.0 * (i + 1)
+        engine.add_request(f"x{i}", [5 + i] * (blocks * BS), 1, at)
+        events += [e for step in engine.run_until_idle(at) for e in step.events]
+    to_cpu = {
+        h
+        for e in events
+        if isinstance(e, BlockStored) and e.medium == MEDIUM_CPU
+        for h in e.block_hashes
+    }
+    gpu_removed = {
+        h
+        for e in events
+        if isinstance(e, BlockRemoved) and e.medium == "GPU"
+        for h in e.block_hashes
+    }
+    assert dropped <= gpu_removed  # every dropped block was evicted from the GPU ...
+    assert not dropped & to_cpu  # ... and none of them went to the CPU tier
+    assert kept & gpu_removed and kept & gpu_removed <= to_cpu
