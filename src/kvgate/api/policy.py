@@ -27,6 +27,7 @@ from kvgate.api.sections import (
     BorrowingConfig,
     ClassesConfig,
     DirectorySettings,
+    FlowControlConfig,
     PolicyConfig,
     RedisSettings,
     SessionsConfig,
@@ -112,6 +113,9 @@ class RoutingPolicySpec(ApiModel):
     )
     classes: ClassesConfig = section(ClassesConfig, "Request-class rules.")
     borrowing: BorrowingConfig = section(BorrowingConfig, "Batch borrowing limits.")
+    flow_control: FlowControlConfig = section(
+        FlowControlConfig, "Queueing while pods are saturated: limits, deadlines."
+    )
     scoring: PolicyConfig = section(PolicyConfig, "Scoring policy and parameters.")
     sessions: SessionsConfig = section(SessionsConfig, "Session recognition.")
     tenants: TenantsSpec = section(TenantsSpec, "Tenants.")

@@ -32,6 +32,7 @@ from kvgate.api.sections import (
     ClassRule,
     ConfigModel,
     DirectorySettings,
+    FlowControlConfig,
     PolicyConfig,
     RedisSettings,
     RequestClass,
@@ -48,6 +49,7 @@ __all__ = [
     "DirectoryConfig",
     "EndpointsConfig",
     "EngineConfig",
+    "FlowControlConfig",
     "HashAlgo",
     "KubernetesDiscovery",
     "KvEventsConfig",
@@ -371,6 +373,7 @@ class RouterConfig(ConfigModel):
     pools: list[PoolConfig] = Field(min_length=1)
     classes: ClassesConfig = ClassesConfig()
     borrowing: BorrowingConfig = BorrowingConfig()
+    flow_control: FlowControlConfig = FlowControlConfig()
     policy: PolicyConfig = PolicyConfig()
     sessions: SessionsConfig = SessionsConfig()
     keying: KeyingConfig = KeyingConfig()

@@ -108,6 +108,7 @@ def router_config(spec: RoutingPolicySpec, pools: list[SelectedPool]) -> rc.Rout
         pools=[pool_config(p) for p in pools],
         classes=spec.classes,
         borrowing=spec.borrowing,
+        flow_control=spec.flow_control,
         policy=spec.scoring,
         sessions=spec.sessions,
         tenants=rc.TenantsConfig.model_validate(_router_secrets(spec.tenants)),

@@ -1,0 +1,386 @@
+"""Flow control: a request waits in the router while every pod it may use is saturated.
+
+**Saturation** (`slots`): a pod has room for `max_waiting_requests - backlog` more requests,
+where the backlog is the larger of what the engine reports waiting (`vllm:num_requests_waiting`,
+scraped) and this router's own requests on it not yet past their prefill (which also covers
+what it sent since the last scrape). It has none while its scraped KV cache usage is at
+`max_kv_cache_usage`, while this router's pending prefill on it reaches
+`max_pending_prefill_tokens`, or while it is ejected or draining. Slots already granted to
+queued requests that have not been sent yet are reserved.
+
+**Admission** (`RoutingCore.admit`): a request whose candidates (the pods routing would consider:
+for batch, batch pods and borrowable online pods) have room is planned at once, as without flow
+control. Otherwise it joins the queue of its class and pools, unless that queue holds
+`max_queued_requests`, all queues hold `max_queued_bytes` of bodies, or its deadline (header
+`x-kvgate-deadline-ms`, else the class's `*_max_wait_seconds`) is shorter than the wait the
+queue's recent dispatch rate predicts: those get 429 with `retry-after` at once.
+
+**Dispatch** (`pump`, called by every hook that can free room: first byte, end, failure,
+cancellation, load scrape, membership change): online queues before batch; in each, waiters in
+fair-queue order (`fair_queue.py`: tenant priority, then start-time fair queueing over prompt
+tokens by tenant weight), each granted a slot on:
+
+1. its prefix holder (the candidate with the most cached tokens when it arrived) if that has room;
+2. else nothing yet, while it has waited less than the prefill its hit saves (hit tokens / the
+   holder's prefill rate, capped at `policy.max_affinity_wait_seconds`): waiting for the
+   holder is still cheaper than recomputing elsewhere; later waiters may pass it meanwhile;
+3. else the pod with room holding most of its prefix.
+
+A granted waiter is planned by the policy over the pods with room (its slot stays reserved until
+it is sent). A waiter whose deadline passes is answered 429 `deadline_exceeded` with
+`retry-after`; one whose client leaves is removed (`cancel`). At shutdown queued requests keep
+being dispatched during the grace; the drain answers those still queued at its end (503,
+`retry-after`). Plain synchronous code on the routing core's clock, so the discrete-event bench
+runs it too.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from kvgate.api.router_config import FlowControlConfig, RouterConfig
+from kvgate.discovery.endpoints import Endpoint
+from kvgate.router.core.accounting import Accounting
+from kvgate.router.core.classify import Classification
+from kvgate.router.core.errors import RouterError, bad_request, overloaded
+from kvgate.router.core.fair_queue import FairQueue, Queued
+from kvgate.router.metrics import RouterMetrics
+
+if TYPE_CHECKING:
+    from kvgate.router.core.lifecycle import ClientRequest
+
+QueueKey = tuple[str, tuple[str, ...], tuple[str, ...]]  # class, home pools, borrow pools
+_CLASS_ORDER = {"online": 0, "batch": 1}
+# Waiters looked at per queue and pump: held waiters (rule 2) are passed, not re-sorted.
+_MAX_SCAN = 64
+# Recent grants of a queue kept to estimate its dispatch rate.
+_RATE_WINDOW = 32
+_RATE_MIN_GRANTS = 8
+
+
+@dataclass(slots=True, eq=False)
+class Waiter:
+    """One queued request. `on_done(waiter)` is called once: granted (`error` None, a slot on
+    `granted_to` reserved) or refused (`error` set)."""
+
+    request: ClientRequest
+    classification: Classification
+    key: QueueKey
+    pool: str  # metrics label: the queue's first pool
+    enqueued_at: float
+    deadline_at: float
+    body_bytes: int
+    hits: Mapping[str, int]  # cached tokens per candidate endpoint on arrival
+    holder: str | None  # the candidate holding most of its prefix on arrival
+    hold_seconds: float  # how long it may wait for `holder` while another pod has room
+    on_done: Callable[[Waiter], None]
+    node: Queued[Waiter] | None = None
+    granted_to: str | None = None
+    error: RouterError | None = None
+    done: bool = False
+    seq: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Queue:
+    key: QueueKey
+    classification: Classification  # any waiter's: the candidates depend only on the key
+    pool: str
+    fair: FairQueue[Waiter] = field(default_factory=FairQueue)
+    grants: deque[float] = field(default_factory=lambda: deque(maxlen=_RATE_WINDOW))
+
+    def dispatch_rate(self) -> float | None:
+        """Grants per second over the recent window; None until enough were seen."""
+        grants = self.grants
+        if len(grants) < _RATE_MIN_GRANTS or grants[-1] <= grants[0]:
+            return None
+        return (len(grants) - 1) / (grants[-1] - grants[0])
+
+
+class FlowControl:
+    """The admission queues of one routing core. Not thread-safe (one event loop)."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        candidates: Callable[[Classification, float], list[Endpoint]],
+        accounting: Accounting,
+        metrics: RouterMetrics,
+        clock: Callable[[], float],
+    ) -> None:
+        self._candidates = candidates
+        self._accounting = accounting
+        self._metrics = metrics
+        self._clock = clock
+        self._queues: dict[QueueKey, _Queue] = {}
+        self._reserved: dict[str, int] = {}  # endpoint id -> slots granted, not sent yet
+        self._deadlines: list[tuple[float, int, Waiter]] = []
+        self._seq = itertools.count()
+        self._bytes = 0
+        self._waiting = 0
+        self.configure(config)
+
+    def configure(self, config: RouterConfig) -> None:
+        self.config: FlowControlConfig = config.flow_control
+        self._stale_after = config.load_metrics.stale_after_seconds
+        self._affinity_cap = config.policy.max_affinity_wait_seconds
+        self._tenants = {t.name: (t.priority, t.weight) for t in config.tenants.tenants}
+        # Queues of pools and classes a reload removed go once empty (their rate window too).
+        self._queues = {key: q for key, q in self._queues.items() if q.fair}
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    def __len__(self) -> int:
+        return self._waiting
+
+    # -- saturation ------------------------------------------------------------------------
+
+    def slots(self, ep: Endpoint, now: float) -> int:
+        """How many more requests `ep` takes before it is saturated (reservations deducted)."""
+        if ep.draining or not ep.healthy(now):
+            return 0
+        limits = self.config
+        own = self._accounting.load(ep.id, now)
+        if own.pending_prefill_requests and (
+            own.pending_prefill_tokens >= limits.max_pending_prefill_tokens
+        ):
+            return 0
+        backlog = own.pending_prefill_requests
+        if ep.load_fresh(now, self._stale_after):
+            if ep.load.kv_cache_usage >= limits.max_kv_cache_usage:
+                return 0
+            backlog = max(backlog, int(ep.load.waiting))
+        return max(0, limits.max_waiting_requests - backlog - self._reserved.get(ep.id, 0))
+
+    def room(self, endpoints: Iterable[Endpoint], now: float) -> dict[str, int]:
+        """Endpoint id -> free slots, for the endpoints that have any."""
+        out = {}
+        for ep in endpoints:
+            n = self.slots(ep, now)
+            if n > 0:
+                out[ep.id] = n
+        return out
+
+    # -- admission -------------------------------------------------------------------------
+
+    def deadline_seconds(self, cls: Classification, headers: Mapping[str, str]) -> float:
+        """The request's queue deadline: its header's (cut to `max_deadline_seconds`), else its
+        class's. Raises RouterError (400) on a header that is not a positive integer."""
+        limits = self.config
+        name = limits.deadline_header
+        raw = headers.get(name) if name else None
+        if raw is None:
+            if cls.request_class == "batch":
+                return limits.batch_max_wait_seconds
+            return limits.online_max_wait_seconds
+        text = raw.strip()
+        if not (text.isascii() and text.isdigit() and 0 < len(text) <= 12 and int(text) > 0):
+            raise bad_request(
+                f"{name} must be a positive whole number of milliseconds", code="invalid_deadline"
+            )
+        return min(int(text) / 1000.0, limits.max_deadline_seconds)
+
+    def enqueue(
+        self,
+        request: ClientRequest,
+        cls: Classification,
+        *,
+        prompt_tokens: int,
+        hits: Mapping[str, int],
+        hold_seconds: float,
+        on_done: Callable[[Waiter], None],
+    ) -> Waiter:
+        """Queue `request`, or raise RouterError (429 with retry-after, 400 for a bad deadline
+        header). `hits`: cached tokens per candidate when it arrived."""
+        now = self._clock()
+        deadline = self.deadline_seconds(cls, request.headers)
+        key = _queue_key(cls)
+        queue = self._queues.get(key)
+        pool = (cls.home_pools or cls.borrow_pools)[0].key
+        limits = self.config
+        if (queue is not None and len(queue.fair) >= limits.max_queued_requests) or (
+            self._bytes + request.body_bytes > limits.max_queued_bytes
+        ):
+            self._refused(pool, cls.request_class, "queue_full")
+            wait = self._expected_wait(queue, len(queue.fair) if queue else 0)
+            raise overloaded(
+                "the router's queue for these pods is full; retry later",
+                code="queue_full",
+                retry_after_seconds=wait if wait is not None else 1.0,
+            )
+        if queue is None:
+            queue = self._queues[key] = _Queue(key, cls, pool)
+        queue.classification = cls  # the latest pools' configuration
+        priority, weight = self._tenants.get(cls.tenant or "", (0, 1.0))
+        holder = max(hits, key=lambda ep: hits[ep]) if hits else None
+        if holder is not None and hits[holder] <= 0:
+            holder = None
+        waiter = Waiter(
+            request=request,
+            classification=cls,
+            key=key,
+            pool=pool,
+            enqueued_at=now,
+            deadline_at=now + deadline,
+            body_bytes=request.body_bytes,
+            hits=hits,
+            holder=holder,
+            hold_seconds=min(max(hold_seconds, 0.0), self._affinity_cap),
+            on_done=on_done,
+            seq=next(self._seq),
+        )
+        waiter.node = queue.fair.push(
+            waiter, cls.tenant or "", band=priority, cost=prompt_tokens, weight=weight
+        )
+        expected = self._expected_wait(queue, queue.fair.position(waiter.node))
+        if expected is not None and expected > deadline:
+            queue.fair.remove(waiter.node)
+            self._refused(pool, cls.request_class, "deadline_exceeded")
+            raise overloaded(
+                f"the queue's expected wait ({expected:.1f} s) exceeds the request's deadline "
+                f"({deadline:.1f} s)",
+                code="deadline_exceeded",
+                retry_after_seconds=expected,
+            )
+        self._waiting += 1
+        self._bytes += waiter.body_bytes
+        heapq.heappush(self._deadlines, (waiter.deadline_at, waiter.seq, waiter))
+        self._metrics.child(self._metrics.queued, pool, cls.request_class).inc()
+        self._metrics.queued_bytes.set(self._bytes)
+        return waiter
+
+    def cancel(self, waiter: Waiter) -> None:
+        """The client left (or the request was abandoned): out of the queue, reservation freed."""
+        if not waiter.done:
+            self._leave(waiter, "cancelled")
+            waiter.done = True
+        self.release(waiter)
+
+    def expire(self, waiter: Waiter) -> None:
+        """`waiter`'s deadline passed: it is answered 429 (if it was not granted already)."""
+        if waiter.done:
+            return
+        queue = self._queues.get(waiter.key)
+        wait = self._expected_wait(queue, 0) if queue else None
+        self._leave(waiter, "deadline")
+        self._refused(waiter.pool, waiter.classification.request_class, "deadline_exceeded")
+        waiter.error = overloaded(
+            "no pod had room for the request within its deadline",
+            code="deadline_exceeded",
+            retry_after_seconds=wait if wait is not None else 1.0,
+        )
+        self._finish(waiter)
+
+    def release(self, waiter: Waiter) -> None:
+        """A granted waiter was sent (or will not be): its reserved slot is free again."""
+        ep = waiter.granted_to
+        if ep is None:
+            return
+        waiter.granted_to = None
+        left = self._reserved.get(ep, 0) - 1
+        if left > 0:
+            self._reserved[ep] = left
+        else:
+            self._reserved.pop(ep, None)
+
+    # -- dispatch --------------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """Grant the waiters that can go now (see the module docstring); answer expired ones."""
+        if not self._waiting:
+            return
+        now = self._clock()
+        self._expire_due(now)
+        for queue in sorted(self._queues.values(), key=lambda q: _CLASS_ORDER[q.key[0]]):
+            if queue.fair:
+                self._pump_queue(queue, now)
+
+    def _pump_queue(self, queue: _Queue, now: float) -> None:
+        free = self.room(self._candidates(queue.classification, now), now)
+        if not free:
+            return
+        granted: list[Waiter] = []
+        for scanned, node in enumerate(queue.fair):
+            if not free or scanned >= _MAX_SCAN:
+                break
+            waiter = node.item
+            target = self._target(waiter, free, now)
+            if target is None:
+                continue
+            left = free[target] - 1
+            if left:
+                free[target] = left
+            else:
+                del free[target]
+            waiter.granted_to = target
+            granted.append(waiter)
+        for waiter in granted:
+            target = waiter.granted_to
+            assert target is not None
+            self._reserved[target] = self._reserved.get(target, 0) + 1
+            queue.grants.append(now)
+            self._leave(waiter, "dispatched")
+            self._finish(waiter)
+
+    def _target(self, waiter: Waiter, free: Mapping[str, int], now: float) -> str | None:
+        holder = waiter.holder
+        if holder is not None:
+            if holder in free:
+                return holder
+            if now - waiter.enqueued_at < waiter.hold_seconds:
+                return None
+        hits = waiter.hits
+        return max(free, key=lambda ep: (hits.get(ep, 0), free[ep]))
+
+    # -- bookkeeping -----------------------------------------------------------------------
+
+    def _expire_due(self, now: float) -> None:
+        deadlines = self._deadlines
+        while deadlines and (deadlines[0][2].done or deadlines[0][0] <= now):
+            waiter = heapq.heappop(deadlines)[2]
+            self.expire(waiter)
+
+    def _leave(self, waiter: Waiter, outcome: str) -> None:
+        """Out of its queue (served when `outcome` is dispatched), counted and measured."""
+        queue = self._queues.get(waiter.key)
+        node, waiter.node = waiter.node, None
+        if queue is None or node is None:
+            return
+        if not (queue.fair.take(node) if outcome == "dispatched" else queue.fair.remove(node)):
+            return
+        self._waiting -= 1
+        self._bytes -= waiter.body_bytes
+        cls = waiter.classification.request_class
+        m = self._metrics
+        m.child(m.queued, waiter.pool, cls).dec()
+        m.queued_bytes.set(self._bytes)
+        m.child(m.queue_wait, waiter.pool, cls, outcome).observe(self._clock() - waiter.enqueued_at)
+        if len(self._deadlines) > 2 * self._waiting + 64:  # drop the entries of waiters gone
+            self._deadlines = [entry for entry in self._deadlines if not entry[2].done]
+            heapq.heapify(self._deadlines)
+
+    def _finish(self, waiter: Waiter) -> None:
+        waiter.done = True
+        waiter.on_done(waiter)
+
+    def _expected_wait(self, queue: _Queue | None, ahead: int) -> float | None:
+        rate = queue.dispatch_rate() if queue is not None else None
+        return None if rate is None else (ahead + 1) / rate
+
+    def _refused(self, pool: str, request_class: str, reason: str) -> None:
+        self._metrics.child(self._metrics.queue_refusals, pool, request_class, reason).inc()
+
+
+def _queue_key(cls: Classification) -> QueueKey:
+    return (
+        cls.request_class,
+        tuple(p.key for p in cls.home_pools),
+        tuple(p.key for p in cls.borrow_pools),
+    )
