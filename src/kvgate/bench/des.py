@@ -7,9 +7,11 @@ the simulated clock. What the live router learns over the network, it learns her
 same code, driven by :class:`RouterDriver`'s hooks:
 
 - **arrival**: the body and headers the load generator sends (``prompt`` as token ids, so keys
-  are exact; ``x-kvgate-class``, ``x-session-id``) go to ``core.plan``; ``core.sent`` counts it on
-  the chosen pod. A request the router refuses (4xx/5xx) never reaches a pod and is recorded
-  with its status, as the load generator would record it;
+  are exact; ``x-kvgate-class``, ``x-session-id``, the API key) go to ``core.admit``; a plan is
+  sent at once (``core.sent`` counts it on the chosen pod). A request the router queues (flow
+  control) arrives again when it is granted (``released``) and goes to ``core.dispatch``; one it
+  refuses (4xx/5xx, a queue deadline's 429) never reaches a pod and is recorded with its status,
+  as the load generator would record it. Its TTFT counts from its first arrival;
 - **first token**: ``core.first_byte``; **end**: ``core.finished`` with the engine's usage
   (prompt, cached and completion tokens); a pod's 400 (prompt too long): ``core.finished`` with
   that status. A session's next turn arrives its think time after the answer;
@@ -47,6 +49,7 @@ from kvgate.discovery.endpoints import Endpoint, EndpointSet, EndpointSpec
 from kvgate.discovery.endpoints import LoadSample as ScrapedLoad
 from kvgate.kvevents import EventBatch, KVEvent, encode_batch
 from kvgate.router.core.accounting import Attempt
+from kvgate.router.core.admission import Waiter
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.learn import Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
@@ -95,7 +98,11 @@ class RouterDriver(FleetDriver):
         policy_params: dict[str, Any] | None = None,
         sample_interval_s: float = 1.0,
         progress: ProgressFn | None = None,
+        config_update: dict[str, Any] | None = None,
+        pool_class: str = "online",
     ) -> None:
+        """`config_update`: router config sections replacing the quick-start's (tenants,
+        flow_control, ...), as in the router's YAML; `pool_class`: the one pool's class."""
         self.fleet = fleet
         self.now = 0.0
         self._zmq = zmq.asyncio.Context()  # replay sockets only; never used: no seq gaps here
@@ -115,6 +122,9 @@ class RouterDriver(FleetDriver):
         config = config.model_copy(
             update={"keying": config.keying.model_copy(update={"inline_max_chars": 1 << 62})}
         )
+        data = config.model_dump()
+        data["pools"][0]["pool_class"] = pool_class
+        config = type(config).model_validate({**data, **(config_update or {})})
         self.config = config
         pool = config.pools[0]
         self.index = MemoryBlockIndex()
@@ -148,6 +158,11 @@ class RouterDriver(FleetDriver):
         self._ticks = 0
         self._bench: dict[str, tuple[BenchRequest, tuple[BenchRequest, ...], int]] = {}
         self._in_flight: dict[str, _InFlight] = {}
+        # Requests in the router's queue: (record, request) by id; and those it let go.
+        self._queued: dict[str, tuple[RequestRecord, ClientRequest]] = {}
+        self._decided: list[Waiter] = []
+        self._granted: dict[str, Waiter] = {}
+        self._later: list[TraceRequest] = []  # next turns of sessions refused at arrival
         self.records: list[RequestRecord] = []
         self.samples: list[LoadSample] = []
         self.decisions: list[tuple[str, str, str, int]] = []
@@ -195,6 +210,19 @@ class RouterDriver(FleetDriver):
 
     def route(self, request: TraceRequest, fleet: DESFleet, now: float) -> int | None:
         self.now = now
+        waiter = self._granted.pop(request.request_id, None)
+        if waiter is not None:
+            record, client = self._queued[request.request_id]
+            try:
+                plan = self._complete(self.core.dispatch(waiter))
+            except RouterError as exc:
+                del self._queued[request.request_id]
+                self._refused(record, exc, now)
+                return None
+            if plan is None:  # back in the queue
+                return None
+            del self._queued[request.request_id]
+            return self._send(self._bench[request.request_id][0], record, client, plan)
         bench = self._bench[request.request_id][0]
         record = RequestRecord(
             request_id=bench.request_id,
@@ -207,6 +235,8 @@ class RouterDriver(FleetDriver):
         headers = {CLASS_HEADER: bench.request_class}
         if bench.session_id is not None:
             headers[SESSION_HEADER] = bench.session_id
+        if bench.api_key is not None:
+            headers["authorization"] = f"Bearer {bench.api_key}"
         body = {
             "model": MODEL,
             "prompt": list(request.prompt_token_ids),
@@ -216,11 +246,63 @@ class RouterDriver(FleetDriver):
         }
         client = ClientRequest(body, headers, "completion", request_id=bench.request_id)
         try:
-            plan = self._complete(self.core.plan(client))
+            admitted = self._complete(self.core.admit(client, self._on_decided))
         except RouterError as exc:
-            record.status, record.error, record.end_s = exc.status, exc.message, now
-            self._finish_one(request.request_id, now)
+            self._refused(record, exc, now)
             return None
+        if isinstance(admitted, Waiter):
+            self._queued[bench.request_id] = (record, client)
+            return None
+        return self._send(bench, record, client, admitted)
+
+    def _on_decided(self, waiter: Waiter) -> None:
+        self._decided.append(waiter)
+
+    def holding(self) -> bool:
+        return bool(self._queued)
+
+    def released(self, now: float) -> list[TraceRequest]:
+        """Queued requests the core granted (they arrive again now) or refused (recorded, and a
+        session's next turn follows)."""
+        out, self._later = self._later, []
+        decided, self._decided = self._decided, []
+        for waiter in decided:
+            request_id = waiter.request.request_id
+            if waiter.error is None:
+                self._granted[request_id] = waiter
+                bench = self._bench[request_id][0]
+                out.append(
+                    TraceRequest(
+                        request_id,
+                        now,
+                        bench.prefix_units,
+                        bench.max_tokens,
+                        None,
+                        bench.session_id,
+                    )
+                )
+            else:
+                record, _client = self._queued.pop(request_id)
+                self._refused(record, waiter.error, now, follow_ups=out)
+        return out
+
+    def _refused(
+        self,
+        record: RequestRecord,
+        exc: RouterError,
+        now: float,
+        follow_ups: list[TraceRequest] | None = None,
+    ) -> None:
+        record.status, record.error, record.end_s = exc.status, exc.message, now
+        nxt = self._finish_one(record.request_id, now)
+        if follow_ups is not None:
+            follow_ups.extend(nxt)
+        else:
+            self._later.extend(nxt)
+
+    def _send(
+        self, bench: BenchRequest, record: RequestRecord, client: ClientRequest, plan: RoutePlan
+    ) -> int:
         attempt = self.core.sent(client, plan, streaming=True)
         record.endpoint = plan.endpoint.id
         decision = plan.decision
@@ -321,14 +403,26 @@ def run_des(
     progress: ProgressFn | None = None,
     policy_params: dict[str, Any] | None = None,
     pod_names: list[str] | None = None,
+    config_update: dict[str, Any] | None = None,
+    pool_class: str = "online",
 ) -> DesResult:
     """One policy over one workload on ``pods`` simulated engines, named ``pod-<i>`` or
-    ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id)."""
+    ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id). `config_update`:
+    router config sections over the quick-start's (tenants, flow_control, ...); `pool_class`:
+    the class of the fleet's one pool."""
     known = default_registry().names("policy")
     if policy not in known:
         raise ValueError(f"policy {policy!r} cannot run in des mode ({', '.join(known)})")
     fleet = DESFleet(pods, engine or EngineConfig(), load_profile(profile), names=pod_names)
-    driver = RouterDriver(fleet, policy, seed=seed, policy_params=policy_params, progress=progress)
+    driver = RouterDriver(
+        fleet,
+        policy,
+        seed=seed,
+        policy_params=policy_params,
+        progress=progress,
+        config_update=config_update,
+        pool_class=pool_class,
+    )
     try:
         fleet.run(driver.trace(workload), driver)
     finally:

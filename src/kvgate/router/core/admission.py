@@ -79,7 +79,8 @@ class Waiter:
     holder: str | None  # the candidate holding most of its prefix on arrival
     hold_seconds: float  # how long it may wait for `holder` while another pod has room
     on_done: Callable[[Waiter], None]
-    node: Queued[Waiter] | None = None
+    node: Queued[Waiter] | None = None  # its place while queued
+    place: Queued[Waiter] | None = None  # its place, kept after it left (`requeue`)
     granted_to: str | None = None
     error: RouterError | None = None
     done: bool = False
@@ -236,7 +237,7 @@ class FlowControl:
             on_done=on_done,
             seq=next(self._seq),
         )
-        waiter.node = queue.fair.push(
+        waiter.node = waiter.place = queue.fair.push(
             waiter, cls.tenant or "", band=priority, cost=prompt_tokens, weight=weight
         )
         expected = self._expected_wait(queue, queue.fair.position(waiter.node))
@@ -249,12 +250,32 @@ class FlowControl:
                 code="deadline_exceeded",
                 retry_after_seconds=expected,
             )
+        self._joined(waiter)
+        return waiter
+
+    def requeue(self, waiter: Waiter) -> None:
+        """A granted waiter found no pod it may use when planned (their state moved on since
+        the grant): back to its place in the queue, its slot freed."""
+        self.release(waiter)
+        place = waiter.place
+        if place is None:
+            return
+        queue = self._queues.get(waiter.key)
+        if queue is None:
+            queue = self._queues[waiter.key] = _Queue(
+                waiter.key, waiter.classification, waiter.pool
+            )
+        queue.fair.restore(place)
+        waiter.node, waiter.done, waiter.error = place, False, None
+        self._joined(waiter)
+
+    def _joined(self, waiter: Waiter) -> None:
         self._waiting += 1
         self._bytes += waiter.body_bytes
         heapq.heappush(self._deadlines, (waiter.deadline_at, waiter.seq, waiter))
-        self._metrics.child(self._metrics.queued, pool, cls.request_class).inc()
-        self._metrics.queued_bytes.set(self._bytes)
-        return waiter
+        m = self._metrics
+        m.child(m.queued, waiter.pool, waiter.classification.request_class).inc()
+        m.queued_bytes.set(self._bytes)
 
     def cancel(self, waiter: Waiter) -> None:
         """The client left (or the request was abandoned): out of the queue, reservation freed."""

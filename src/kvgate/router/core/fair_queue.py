@@ -80,6 +80,15 @@ class FairQueue(Generic[T]):
         self._forget_idle_flows(band)
         return True
 
+    def restore(self, queued: Queued[T]) -> None:
+        """Put back an item that left (served too early): same tags, same place."""
+        if queued.seq in self._items:
+            return
+        key = (queued.band, queued.flow)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        bisect.insort(self._order, queued.order)
+        self._items[queued.seq] = queued
+
     def remove(self, queued: Queued[T]) -> bool:
         """`queued` leaves unserved (deadline, disconnect); False if it was not queued."""
         return self._drop(queued)

@@ -153,17 +153,21 @@ class RoutingCore:
         if isinstance(admitted, RoutePlan):
             return admitted
         waiter = admitted
-        try:
-            async with asyncio.timeout(max(0.0, waiter.deadline_at - self.clock())):
-                await granted
-        except TimeoutError:
-            self.flow.expire(waiter)
-        except BaseException:
-            self.flow.cancel(waiter)
-            raise
-        if waiter.error is not None:
-            raise waiter.error
-        return await self.dispatch(waiter)
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, waiter.deadline_at - self.clock())):
+                    await granted
+            except TimeoutError:
+                self.flow.expire(waiter)
+            except BaseException:
+                self.flow.cancel(waiter)
+                raise
+            if waiter.error is not None:
+                raise waiter.error
+            plan = await self.dispatch(waiter)
+            if plan is not None:
+                return plan
+            granted = asyncio.get_running_loop().create_future()  # back in the queue
 
     async def admit(
         self, request: ClientRequest, on_done: Callable[[Waiter], None]
@@ -222,19 +226,25 @@ class RoutingCore:
             on_done=on_done,
         )
 
-    async def dispatch(self, waiter: Waiter) -> RoutePlan:
+    async def dispatch(self, waiter: Waiter) -> RoutePlan | None:
         """Plan a granted waiter over the pods that have room now (every candidate if none
-        has: it was granted a slot); its reserved slot is then free (the caller sends it)."""
-        request = waiter.request
+        has: it was granted a slot); its reserved slot is then free (the caller sends it).
+        None: no pod it may use is left (batch borrowing ended since the grant); it is back in
+        its place in the queue and `on_done` follows again."""
+        now = self.clock()
+        candidates = self.router.candidates(waiter.classification, now)
+        if not candidates and self.router.serves(waiter.classification):
+            self.flow.requeue(waiter)
+            return None
+        full = tuple(
+            ep.id
+            for ep in candidates
+            if ep.id != waiter.granted_to and self.flow.slots(ep, now) <= 0
+        )
         try:
-            now = self.clock()
-            candidates = self.router.candidates(waiter.classification, now)
-            full = tuple(
-                ep.id
-                for ep in candidates
-                if ep.id != waiter.granted_to and self.flow.slots(ep, now) <= 0
+            return await self.plan(
+                waiter.request, exclude=full if len(full) < len(candidates) else ()
             )
-            return await self.plan(request, exclude=full if len(full) < len(candidates) else ())
         finally:
             self.flow.release(waiter)
 
