@@ -9,7 +9,8 @@ Prints, for kvgate's routing core (``kvgate.bench.des``) on simulated H100 pods:
 2. **batch throughput**: batch-class requests only (online idle), flow control on and off; the
    target: output tokens/s within 5%.
 
-    .venv/bin/python -m benchmarks.flow_control [--pods 4] [--flood-tokens 4096 32768]
+    PYTHONPATH=. .venv/bin/python -m benchmarks.flow_control [--pods 4] [--flood-tokens 4096 32768]
+        [--variant max_kv_cache_usage=0.95 ...] [--duration 30] [--no-off] [--skip-batch]
 """
 
 from __future__ import annotations
@@ -68,9 +69,16 @@ def _requests(
 
 
 def _run(
-    workload: Workload, pods: int, flow: bool, pool_class: str = "online"
+    workload: Workload,
+    pods: int,
+    flow: bool,
+    pool_class: str = "online",
+    flow_params: dict[str, Any] | None = None,
 ) -> list[RequestRecord]:
-    update: dict[str, Any] = {"tenants": TENANTS, "flow_control": {"enabled": flow}}
+    update: dict[str, Any] = {
+        "tenants": TENANTS,
+        "flow_control": {"enabled": flow, **(flow_params or {})},
+    }
     result = run_des(
         workload,
         "kvgate",
@@ -89,17 +97,19 @@ def _ttft(records: list[RequestRecord], prefix: str) -> tuple[float, float, int,
     return percentile(ttfts, 50), percentile(ttfts, 99), len(ttfts), refused
 
 
-def fairness(pods: int, flood_tokens: int, seed: int) -> None:
+def fairness(
+    pods: int, flood_tokens: int, seed: int, duration_s: float, variants: list[str], off: bool
+) -> None:
     short = _requests(
-        "short", random.Random(seed), count=600, rate_rps=10.0, prompt_tokens=1024,
-        output_tokens=64, api_key="k-short",
+        "short", random.Random(seed), count=int(10 * duration_s), rate_rps=10.0,
+        prompt_tokens=1024, output_tokens=64, api_key="k-short",
     )  # fmt: skip
-    # The flood: its prompts at 3x the fleet's prefill capacity (~30k tokens/s a pod), for the
-    # same 60 s as the short tenant's traffic.
-    flood_rate = 3 * pods * 30_000 / flood_tokens
+    # The flood: its prompts at 2x the fleet's prefill capacity (~30k tokens/s a pod), for as
+    # long as the short tenant's traffic.
+    flood_rate = 2 * pods * 30_000 / flood_tokens
     flood = _requests(
-        "flood", random.Random(seed + 1), count=int(60 * flood_rate), rate_rps=flood_rate,
-        prompt_tokens=flood_tokens, output_tokens=64, api_key="k-flood",
+        "flood", random.Random(seed + 1), count=int(duration_s * flood_rate),
+        rate_rps=flood_rate, prompt_tokens=flood_tokens, output_tokens=64, api_key="k-flood",
     )  # fmt: skip
     alone = Workload("short-alone", tuple(short))
     both = Workload("short+flood", tuple(sorted(short + flood, key=lambda r: r.arrival_s)))
@@ -110,18 +120,25 @@ def fairness(pods: int, flood_tokens: int, seed: int) -> None:
     )
     print("|---|---|---|---|---|---|---|")
     print(f"| short alone | {base[0]:.3f} | {base[1]:.3f} | 1.00 | {base[2]} | - | {base[3]} |")
-    for flow in (True, False):
-        records = _run(both, pods, flow)
+    runs = [(True, v) for v in variants] + ([(False, "")] if off else [])
+    for flow, variant in runs:
+        records = _run(both, pods, flow, flow_params=_params(variant))
         s = _ttft(records, "short-")
         f = _ttft(records, "flood-")
-        label = "flow control on" if flow else "flow control off"
+        label = f"flow control {variant or 'defaults'}" if flow else "flow control off"
         print(
             f"| with flood, {label} | {s[0]:.3f} | {s[1]:.3f} | {s[1] / base[1]:.2f} | {s[2]} "
             f"| {f[2]} | {s[3] + f[3]} |"
         )
 
 
-def batch_throughput(pods: int, seed: int) -> None:
+def _params(variant: str) -> dict[str, Any]:
+    """`key=value,key=value` -> flow_control settings (numbers)."""
+    pairs = [item.split("=", 1) for item in variant.split(",") if item]
+    return {key: float(value) if "." in value else int(value) for key, value in pairs}
+
+
+def batch_throughput(pods: int, seed: int, variants: list[str]) -> None:
     batch = _requests(
         "batch", random.Random(seed + 2), count=1500, rate_rps=50.0, prompt_tokens=2048,
         output_tokens=256, request_class="batch",
@@ -133,10 +150,10 @@ def batch_throughput(pods: int, seed: int) -> None:
     )
     print("| run | output tok/s | req/s | completed | TTFT p50 s | e2e mean s |")
     print("|---|---|---|---|---|---|")
-    for flow in (True, False):
-        records = _run(workload, pods, flow, pool_class="batch")
+    for flow, variant in [(True, v) for v in variants] + [(False, "")]:
+        records = _run(workload, pods, flow, pool_class="batch", flow_params=_params(variant))
         s = summarize("kvgate", records)
-        label = "flow control on" if flow else "flow control off"
+        label = f"flow control {variant or 'defaults'}" if flow else "flow control off"
         print(
             f"| {label} | {s.output_tps:.0f} | {s.throughput_rps:.2f} | {s.completed} "
             f"| {s.ttft_p50_s:.3f} | {s.e2e_mean_s:.2f} |"
@@ -148,10 +165,20 @@ def main() -> None:
     parser.add_argument("--pods", type=int, default=4)
     parser.add_argument("--flood-tokens", type=int, nargs="+", default=[4096, 32768])
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--duration", type=float, default=30.0, help="seconds of traffic")
+    parser.add_argument(
+        "--variant", nargs="+", default=[""],
+        help="flow_control settings to compare, each `key=value,...` ('' = the defaults)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-off", action="store_true", help="skip the (slow) runs without flow control"
+    )
+    parser.add_argument("--skip-batch", action="store_true")
     args = parser.parse_args()
     for tokens in args.flood_tokens:
-        fairness(args.pods, tokens, args.seed)
-    batch_throughput(args.pods, args.seed)
+        fairness(args.pods, tokens, args.seed, args.duration, args.variant, not args.no_off)
+    if not args.skip_batch:
+        batch_throughput(args.pods, args.seed, args.variant)
 
 
 if __name__ == "__main__":

@@ -171,6 +171,14 @@ class FlowControlConfig(ConfigModel):
         description="...or while this router's requests on it not past their prefill hold this "
         "many uncached prompt tokens (an idle pod always takes one request); default 32768.",
     )
+    fair_share_window_seconds: float = Field(
+        default=10.0,
+        ge=0.0,
+        description="While several tenants sent requests within this many seconds, one holding "
+        "more than its weighted share of the prompt tokens in flight keeps to its share of the "
+        "pods, so its long prompts cannot occupy every pod (engines finish what they started "
+        "first); 0 disables.",
+    )
     max_queued_requests: int = Field(
         default=1024,
         ge=0,

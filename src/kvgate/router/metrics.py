@@ -183,8 +183,8 @@ class RouterMetrics:
         # Flow control (`core/admission.py`): requests waiting for a pod with room.
         self.queue_wait = Histogram(
             "kvgate_router_queue_wait_seconds",
-            "Time requests waited in the router's queue, by how the wait ended (dispatched, "
-            "deadline, cancelled)",
+            "Time requests waited in the router's queue (0 for those sent at once), by how the "
+            "wait ended (dispatched, deadline, cancelled, pushed_out)",
             ["pool", "request_class", "outcome"],
             buckets=_QUEUE_BUCKETS,
             registry=r,
@@ -225,3 +225,7 @@ class RouterMetrics:
     def init_pool(self, pool: str) -> None:
         for metric in (self.saved_prefill_seconds, self.session_prompt_tokens, self.retries):
             self.child(metric, pool)
+        for request_class in ("online", "batch"):
+            self.child(self.queued, pool, request_class)
+            for reason in ("queue_full", "deadline_exceeded"):
+                self.child(self.queue_refusals, pool, request_class, reason)

@@ -60,6 +60,7 @@ FULL_POLICY: dict[str, Any] = {
         "maxWaitingRequests": 2,
         "maxKvCacheUsage": 0.5,
         "maxPendingPrefillTokens": 1000,
+        "fairShareWindowSeconds": 0.0,
         "maxQueuedRequests": 10,
         "maxQueuedBytes": 4096,
         "onlineMaxWaitSeconds": 1.0,

@@ -360,3 +360,58 @@ async def test_without_flow_control_saturation_changes_nothing():
     grants = Grants()
     for _ in range(5):
         assert isinstance((await _send(core, _request(), grants))[0], RoutePlan)
+
+
+async def test_a_full_queue_makes_the_tenant_holding_most_of_it_give_way():
+    core, _now = await _core(flow={"max_queued_requests": 4})
+    await _send(core, _request(), Grants())
+    grants = Grants()
+    flood = []
+    for i in range(4):
+        request = _request(tenant="flood")
+        request.request_id = f"flood{i}"
+        flood.append(await core.admit(request, grants))
+    # The flood filled the queue; a short request still gets in: the flood's newest leaves.
+    short = await core.admit(_request(tenant="short"), grants)
+    assert isinstance(short, Waiter) and len(core.flow) == 4
+    assert grants.names() == ["flood3"]
+    error = grants.done[0].error
+    assert error is not None and error.status == 429 and error.code == "queue_full"
+    # Two each now: a third short one would hold more than the flood, so it is refused.
+    await core.admit(_request(tenant="short"), grants)
+    assert grants.names() == ["flood3", "flood2"]
+    with pytest.raises(RouterError) as full:
+        await core.admit(_request(tenant="short"), grants)
+    assert full.value.code == "queue_full"
+    # A higher-priority tenant pushes out lower bands whatever their size.
+    await core.admit(_request(tenant="vip"), grants)
+    assert len(grants.done) == 3 and len(core.flow) == 4
+
+
+async def test_a_flooding_tenant_keeps_to_its_share_of_the_pods_while_another_is_active():
+    core, now = await _core(4, flow={"max_waiting_requests": 5})
+    grants = Grants()
+    # Alone, the flood may prefill everywhere.
+    sent = [
+        await _send(core, _request(4096, tenant="flood", first=i * 10_000), grants)
+        for i in range(4)
+    ]
+    assert len({plan.endpoint.id for plan, _attempt in sent}) == 4
+    for plan, attempt in sent:  # they end
+        core.cancelled(plan, attempt)
+    # Another tenant is active: the flood's new requests stay on half of the pods...
+    await _send(core, _request(64, tenant="short", first=90_000), grants)
+    now[0] += 0.01
+    flood_pods = set()
+    for i in range(6):
+        admitted = await _send(core, _request(1024, tenant="flood", first=(i + 5) * 10_000), grants)
+        if isinstance(admitted, tuple):
+            flood_pods.add(admitted[0].endpoint.id)
+    assert len(flood_pods) == 2
+    # ...so the short tenant's next prompt finds a pod with no flood prefill.
+    plan, _attempt = await _send(core, _request(64, tenant="short", first=95_000), grants)
+    assert plan.endpoint.id not in flood_pods
+    # Once the other tenant has been quiet for the window, the limit is gone.
+    now[0] += core.flow.config.fair_share_window_seconds + 1
+    admitted = await _send(core, _request(1024, tenant="flood", first=200_000), grants)
+    assert isinstance(admitted, tuple)

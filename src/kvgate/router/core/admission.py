@@ -49,6 +49,7 @@ from kvgate.router.core.accounting import Accounting
 from kvgate.router.core.classify import Classification
 from kvgate.router.core.errors import RouterError, bad_request, overloaded
 from kvgate.router.core.fair_queue import FairQueue, Queued
+from kvgate.router.core.tenant_shares import TenantShares
 from kvgate.router.metrics import RouterMetrics
 
 if TYPE_CHECKING:
@@ -124,6 +125,7 @@ class FlowControl:
         self._seq = itertools.count()
         self._bytes = 0
         self._waiting = 0
+        self.shares = TenantShares()
         self.configure(config)
 
     def configure(self, config: RouterConfig) -> None:
@@ -131,6 +133,9 @@ class FlowControl:
         self._stale_after = config.load_metrics.stale_after_seconds
         self._affinity_cap = config.policy.max_affinity_wait_seconds
         self._tenants = {t.name: (t.priority, t.weight) for t in config.tenants.tenants}
+        weights = {config.tenants.anonymous_tenant: 1.0}
+        weights.update({t.name: t.weight for t in config.tenants.tenants})
+        self.shares.configure(self.config.fair_share_window_seconds, weights)
         # Queues of pools and classes a reload removed go once empty (their rate window too).
         self._queues = {key: q for key, q in self._queues.items() if q.fair}
 
@@ -159,6 +164,11 @@ class FlowControl:
                 return 0
             backlog = max(backlog, int(ep.load.waiting))
         return max(0, limits.max_waiting_requests - backlog - self._reserved.get(ep.id, 0))
+
+    def usable(self, cls: Classification, candidates: list[Endpoint], now: float) -> list[Endpoint]:
+        """The candidates `cls`'s tenant may send to now (`tenant_shares.py`)."""
+        allowed = self.shares.allowed(cls.tenant or "", [ep.id for ep in candidates], now)
+        return candidates if allowed is None else [ep for ep in candidates if ep.id in allowed]
 
     def room(self, endpoints: Iterable[Endpoint], now: float) -> dict[str, int]:
         """Endpoint id -> free slots, for the endpoints that have any."""
@@ -205,21 +215,24 @@ class FlowControl:
         key = _queue_key(cls)
         queue = self._queues.get(key)
         pool = (cls.home_pools or cls.borrow_pools)[0].key
-        limits = self.config
-        if (queue is not None and len(queue.fair) >= limits.max_queued_requests) or (
-            self._bytes + request.body_bytes > limits.max_queued_bytes
-        ):
-            self._refused(pool, cls.request_class, "queue_full")
-            wait = self._expected_wait(queue, len(queue.fair) if queue else 0)
-            raise overloaded(
-                "the router's queue for these pods is full; retry later",
-                code="queue_full",
-                retry_after_seconds=wait if wait is not None else 1.0,
-            )
+        priority, weight = self._tenants.get(cls.tenant or "", (0, 1.0))
+        flow = cls.tenant or ""
+        while self._full(queue, request.body_bytes):
+            # Full: the newest request of the tenant holding the most of this queue makes room
+            # for a tenant holding less, so that one tenant cannot fill the queue for all.
+            victim = queue.fair.newest_of_largest_flow() if queue is not None else None
+            if victim is None or not _may_push_out(queue, victim, priority, flow):
+                self._refused(pool, cls.request_class, "queue_full")
+                wait = self._expected_wait(queue, len(queue.fair) if queue else 0)
+                raise overloaded(
+                    "the router's queue for these pods is full; retry later",
+                    code="queue_full",
+                    retry_after_seconds=wait if wait is not None else 1.0,
+                )
+            self._push_out(victim.item)
         if queue is None:
             queue = self._queues[key] = _Queue(key, cls, pool)
         queue.classification = cls  # the latest pools' configuration
-        priority, weight = self._tenants.get(cls.tenant or "", (0, 1.0))
         holder = max(hits, key=lambda ep: hits[ep]) if hits else None
         if holder is not None and hits[holder] <= 0:
             holder = None
@@ -238,7 +251,7 @@ class FlowControl:
             seq=next(self._seq),
         )
         waiter.node = waiter.place = queue.fair.push(
-            waiter, cls.tenant or "", band=priority, cost=prompt_tokens, weight=weight
+            waiter, flow, band=priority, cost=prompt_tokens, weight=weight
         )
         expected = self._expected_wait(queue, queue.fair.position(waiter.node))
         if expected is not None and expected > deadline:
@@ -252,6 +265,29 @@ class FlowControl:
             )
         self._joined(waiter)
         return waiter
+
+    def _full(self, queue: _Queue | None, body_bytes: int) -> bool:
+        limits = self.config
+        return (queue is not None and len(queue.fair) >= limits.max_queued_requests) or (
+            self._bytes + body_bytes > limits.max_queued_bytes
+        )
+
+    def _push_out(self, waiter: Waiter) -> None:
+        """`waiter` leaves to make room for a tenant holding less of the queue: 429."""
+        queue = self._queues.get(waiter.key)
+        wait = self._expected_wait(queue, 0) if queue else None
+        self._leave(waiter, "pushed_out")
+        self._refused(waiter.pool, waiter.classification.request_class, "queue_full")
+        waiter.error = overloaded(
+            "the router's queue filled up with this tenant's requests; retry later",
+            code="queue_full",
+            retry_after_seconds=wait if wait is not None else 1.0,
+        )
+        self._finish(waiter)
+
+    def admitted_at_once(self, pool: str, request_class: str) -> None:
+        """A request that did not wait: its queue time (0) counts in the percentiles."""
+        self._metrics.child(self._metrics.queue_wait, pool, request_class, "dispatched").observe(0)
 
     def requeue(self, waiter: Waiter) -> None:
         """A granted waiter found no pod it may use when planned (their state moved on since
@@ -324,17 +360,25 @@ class FlowControl:
                 self._pump_queue(queue, now)
 
     def _pump_queue(self, queue: _Queue, now: float) -> None:
-        free = self.room(self._candidates(queue.classification, now), now)
+        candidates = self._candidates(queue.classification, now)
+        free = self.room(candidates, now)
         if not free:
             return
+        ids = [ep.id for ep in candidates]
         granted: list[Waiter] = []
+        granted_pods: dict[str, set[str]] = {}  # tenant -> pods granted in this pump
         for scanned, node in enumerate(queue.fair):
             if not free or scanned >= _MAX_SCAN:
                 break
             waiter = node.item
-            target = self._target(waiter, free, now)
+            tenant = node.flow
+            mine = granted_pods.setdefault(tenant, set())
+            allowed = self.shares.allowed(tenant, ids, now, extra=mine)
+            usable = free if allowed is None else {ep: n for ep, n in free.items() if ep in allowed}
+            target = self._target(waiter, usable, now) if usable else None
             if target is None:
                 continue
+            mine.add(target)
             left = free[target] - 1
             if left:
                 free[target] = left
@@ -397,6 +441,16 @@ class FlowControl:
 
     def _refused(self, pool: str, request_class: str, reason: str) -> None:
         self._metrics.child(self._metrics.queue_refusals, pool, request_class, reason).inc()
+
+
+def _may_push_out(queue: _Queue | None, victim: Queued[Waiter], band: int, flow: str) -> bool:
+    """A newcomer of (`band`, `flow`) may push `victim` out: it is of a lower band, or of the
+    same band and its flow would still hold fewer than the victim's."""
+    if queue is None or victim.band > band:
+        return False
+    return victim.band < band or queue.fair.count(band, flow) + 1 < queue.fair.count(
+        victim.band, victim.flow
+    )
 
 
 def _queue_key(cls: Classification) -> QueueKey:

@@ -99,6 +99,22 @@ class FairQueue(Generic[T]):
         for _band, _start, seq in self._order:
             yield items[seq]
 
+    def count(self, band: int, flow: str) -> int:
+        """Items of `flow` queued in `band`."""
+        return self._counts.get((band, flow), 0)
+
+    def newest_of_largest_flow(self) -> Queued[T] | None:
+        """The last-leaving item of the flow with the most items in the lowest band (the one to
+        push out when the queue is full); None when empty."""
+        if not self._counts:
+            return None
+        band, flow = min(self._counts, key=lambda key: (key[0], -self._counts[key]))
+        for _band, _start, seq in reversed(self._order):
+            item = self._items[seq]
+            if item.band == band and item.flow == flow:
+                return item
+        return None
+
     def position(self, queued: Queued[T]) -> int:
         """How many items leave before `queued`."""
         return bisect.bisect_left(self._order, queued.order)

@@ -184,9 +184,17 @@ class RoutingCore:
             cls = self.state.classifier.classify(request.body, request.headers)
             request.classification = cls
         now = self.clock()
+        flow.shares.seen(cls.tenant or "", now)
         candidates = self.router.candidates(cls, now)
-        if flow.room(candidates, now) or not self.router.serves(cls):
-            return await self.plan(request)
+        usable = flow.usable(cls, candidates, now)
+        if flow.room(usable, now) or not self.router.serves(cls):
+            beyond_share: tuple[str, ...] = ()
+            if usable is not candidates:  # hot path: usually no share applies
+                mine = {ep.id for ep in usable}
+                beyond_share = tuple(ep.id for ep in candidates if ep.id not in mine)
+            plan = await self.plan(request, exclude=beyond_share)
+            flow.admitted_at_once(plan.pool.key, cls.request_class)
+            return plan
         # Every pod it may use is saturated: what it would hit where decides where it waits.
         hits: dict[str, int] = {}
         hold_seconds = 0.0
@@ -232,14 +240,16 @@ class RoutingCore:
         None: no pod it may use is left (batch borrowing ended since the grant); it is back in
         its place in the queue and `on_done` follows again."""
         now = self.clock()
-        candidates = self.router.candidates(waiter.classification, now)
-        if not candidates and self.router.serves(waiter.classification):
+        cls = waiter.classification
+        candidates = self.router.candidates(cls, now)
+        if not candidates and self.router.serves(cls):
             self.flow.requeue(waiter)
             return None
+        usable = {ep.id for ep in self.flow.usable(cls, candidates, now)}
         full = tuple(
             ep.id
             for ep in candidates
-            if ep.id != waiter.granted_to and self.flow.slots(ep, now) <= 0
+            if ep.id != waiter.granted_to and (ep.id not in usable or self.flow.slots(ep, now) <= 0)
         )
         try:
             return await self.plan(
@@ -295,6 +305,9 @@ class RoutingCore:
             streaming=streaming,
         )
         self.metrics.child(self.metrics.inflight, plan.pool.key, endpoint_id).inc()
+        if self.flow.enabled:
+            tenant = plan.classification.tenant or ""
+            self.flow.shares.started(attempt, tenant, endpoint_id, plan.uncached_tokens)
         return attempt
 
     def first_byte(self, plan: RoutePlan, attempt: Attempt, *, streamed: bool) -> None:
@@ -355,6 +368,7 @@ class RoutingCore:
         if attempt.open:
             self.accounting.done(attempt)
             self.metrics.child(self.metrics.inflight, plan.pool.key, attempt.endpoint_id).dec()
+            self.flow.shares.ended(attempt)
             self.flow.pump()
 
     # -- load and membership ---------------------------------------------------------------
