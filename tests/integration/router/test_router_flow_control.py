@@ -1,6 +1,7 @@
 """Flow control with a real `kvgate router` process in front of real `kvgate sim serve` pods:
 saturated pods make requests wait instead of 503, a deadline that cannot be met is a 429 with
-`retry-after`, a client that leaves while queued is taken out of the queue."""
+`retry-after`, a client that leaves while queued is taken out of the queue, and shutdown answers
+what is still queued at the end of its grace."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from typing import Any
 
 import httpx
 import pytest
+from tests.integration.router.edge_helpers import RouterProcess as EdgeRouterProcess
+from tests.integration.router.edge_helpers import router_config as edge_router_config
 from tests.integration.router.router_process import RouterProcess
 
 pytestmark = pytest.mark.integration
@@ -181,3 +184,35 @@ async def test_a_client_that_leaves_while_queued_is_removed(sim_pods, start_rout
 async def _engine_waiting(client: httpx.AsyncClient, pod_url: str) -> bool:
     async with httpx.AsyncClient(base_url=pod_url, timeout=5) as pod_client:
         return await _metric(pod_client, "vllm:num_requests_waiting") >= 1
+
+
+async def test_shutdown_answers_requests_still_queued_at_the_end_of_the_grace(
+    sim_pods, tmp_path: Path
+):
+    (pod,) = sim_pods(1, *POD_FLAGS)
+    grace = 1.5
+    config = edge_router_config([pod.url], flow_control={"max_waiting_requests": 1})
+    proc = EdgeRouterProcess(tmp_path, config, extra_args=("--shutdown-grace", str(grace)))
+    proc.wait_ready()
+    try:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=60) as client:
+            busy = [
+                asyncio.create_task(_stream(client, _body(f"busy {i}", 400), {})) for i in range(2)
+            ]
+            await _until(lambda: _engine_waiting(client, pod.url), within=15)
+            queued = asyncio.create_task(_stream(client, _body("queued", 4), {}))
+
+            async def waiting() -> bool:
+                return await _metric(client, "kvgate_router_queued_requests") == 1
+
+            await _until(waiting)
+            proc.terminate()
+            status, headers, payload = await asyncio.wait_for(queued, grace + 10)
+            await asyncio.wait_for(asyncio.gather(*busy, return_exceptions=True), grace + 10)
+        assert await asyncio.to_thread(proc.proc.wait, grace + 10) == 0
+    finally:
+        proc.stop()
+    # It never reached a pod: a 503 in the OpenAI shape, to be retried elsewhere.
+    assert status == 503, payload
+    assert httpx.Response(200, content=payload).json()["error"]["code"] == "shutting_down"
+    assert headers["retry-after"] == "1"
