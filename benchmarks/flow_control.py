@@ -163,7 +163,7 @@ def batch_throughput(pods: int, seed: int, variants: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=4)
-    parser.add_argument("--flood-tokens", type=int, nargs="+", default=[4096, 32768])
+    parser.add_argument("--flood-tokens", type=int, nargs="*", default=[4096, 32768])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of traffic")
     parser.add_argument(

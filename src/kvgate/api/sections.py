@@ -159,11 +159,12 @@ class FlowControlConfig(ConfigModel):
         "default 5, the Gateway API Inference Extension's queue-depth threshold.",
     )
     max_kv_cache_usage: float = Field(
-        default=0.8,
+        default=0.95,
         ge=0.0,
         le=1.0,
         description="...or while its KV cache usage (vllm:kv_cache_usage_perc) is at least this "
-        "fraction; default 0.8, the Gateway API Inference Extension's threshold.",
+        "fraction (1 disables); default 0.95 (0.8, the Gateway API Inference Extension's, cost "
+        "5% of batch throughput in docs/benchmarks.md).",
     )
     max_pending_prefill_tokens: int = Field(
         default=32_768,

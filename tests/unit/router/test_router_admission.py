@@ -146,8 +146,8 @@ async def test_the_scraped_engine_queue_saturates_a_pod_too():
     ep = core.endpoints.all()[0]
     core.load_scraped(ep, LoadSample(waiting=3, running=10, kv_cache_usage=0.1, scraped_at=now[0]))
     assert isinstance(await core.admit(_request(), Grants()), Waiter)
-    core.load_scraped(ep, LoadSample(waiting=0, running=10, kv_cache_usage=0.9, scraped_at=now[0]))
-    assert core.flow.slots(ep, now[0]) == 0  # KV cache 90% full (limit 80%)
+    core.load_scraped(ep, LoadSample(waiting=0, running=10, kv_cache_usage=0.96, scraped_at=now[0]))
+    assert core.flow.slots(ep, now[0]) == 0  # KV cache 96% full (limit 95%)
     grants = Grants()
     second = await core.admit(_request(), grants)
     core.load_scraped(ep, LoadSample(waiting=0, running=10, kv_cache_usage=0.5, scraped_at=now[0]))
