@@ -11,6 +11,7 @@ Prints, for kvgate's routing core (``kvgate.bench.des``) on simulated H100 pods:
 
     PYTHONPATH=. .venv/bin/python -m benchmarks.flow_control [--pods 4] [--flood-tokens 4096 32768]
         [--variant max_kv_cache_usage=0.95 ...] [--duration 30] [--no-off] [--skip-batch]
+        [--mixed]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from kvgate.bench.workload import (
     poisson_arrivals,
     random_tokens,
 )
+from kvgate.bench.workloads import build_workload
 from kvgate.sim.engine import EngineConfig
 
 TENANTS = {
@@ -74,11 +76,11 @@ def _run(
     flow: bool,
     pool_class: str = "online",
     flow_params: dict[str, Any] | None = None,
+    tenants: bool = True,
 ) -> list[RequestRecord]:
-    update: dict[str, Any] = {
-        "tenants": TENANTS,
-        "flow_control": {"enabled": flow, **(flow_params or {})},
-    }
+    update: dict[str, Any] = {"flow_control": {"enabled": flow, **(flow_params or {})}}
+    if tenants:
+        update["tenants"] = TENANTS
     result = run_des(
         workload,
         "kvgate",
@@ -160,6 +162,26 @@ def batch_throughput(pods: int, seed: int, variants: list[str]) -> None:
         )
 
 
+def mixed(pods: int) -> None:
+    """The `mixed` workload at 75% load (online chat + batch documents) on the quick-start's one
+    online pool, no tenants: per class, with flow control and without."""
+    workload = build_workload("mixed", {"online_rate_rps": 43, "batch_rate_rps": 6.8})
+    print("\nmixed at 75% (online 43 req/s + batch 6.8 req/s), one online pool")
+    print("| run | class | served | TTFT mean s | TTFT p50 s | TTFT p99 s |")
+    print("|---|---|---|---|---|---|")
+    for flow in (True, False):
+        records = _run(workload, pods, flow, tenants=False)
+        for request_class in ("online", "batch"):
+            mine = [r for r in records if r.request_class == request_class]
+            ttfts = [r.ttft_s for r in mine if r.ok and r.ttft_s is not None]
+            label = "flow control" if flow else "no flow control"
+            print(
+                f"| {label} | {request_class} | {len(ttfts)}/{len(mine)} "
+                f"| {sum(ttfts) / max(len(ttfts), 1):.3f} | {percentile(ttfts, 50):.3f} "
+                f"| {percentile(ttfts, 99):.3f} |"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=4)
@@ -174,11 +196,14 @@ def main() -> None:
         "--no-off", action="store_true", help="skip the (slow) runs without flow control"
     )
     parser.add_argument("--skip-batch", action="store_true")
+    parser.add_argument("--mixed", action="store_true", help="also the mixed workload, per class")
     args = parser.parse_args()
     for tokens in args.flood_tokens:
         fairness(args.pods, tokens, args.seed, args.duration, args.variant, not args.no_off)
     if not args.skip_batch:
         batch_throughput(args.pods, args.seed, args.variant)
+    if args.mixed:
+        mixed(args.pods)
 
 
 if __name__ == "__main__":
