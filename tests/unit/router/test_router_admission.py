@@ -415,3 +415,21 @@ async def test_a_flooding_tenant_keeps_to_its_share_of_the_pods_while_another_is
     now[0] += core.flow.config.fair_share_window_seconds + 1
     admitted = await _send(core, _request(1024, tenant="flood", first=200_000), grants)
     assert isinstance(admitted, tuple)
+
+
+async def test_a_waiter_put_back_keeps_its_place_and_its_deadline():
+    core, now = await _core()
+    grants = Grants()
+    plan, attempt = await _send(core, _request(), grants)
+    first = await core.admit(_request(**{"x-kvgate-deadline-ms": "1000"}), grants)
+    second = await core.admit(_request(), grants)
+    core.first_byte(plan, attempt, streamed=True)
+    assert grants.done == [first]
+    core.flow.requeue(first)  # its pod went away between the grant and its plan
+    assert len(core.flow) == 2 and core.flow._reserved == {}
+    assert [q.item for q in core.flow._queues[first.key].fair] == [first, second]
+    now[0] += 1.5
+    core.flow.pump()
+    assert first.error is not None and first.error.code == "deadline_exceeded"
+    assert grants.done[1:] == [first, second]  # expired, then the next one granted
+    assert second.error is None and len(core.flow) == 0

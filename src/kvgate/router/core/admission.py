@@ -85,7 +85,7 @@ class Waiter:
     granted_to: str | None = None
     error: RouterError | None = None
     done: bool = False
-    seq: int = 0
+    seq: int = 0  # its number each time it joins a queue (deadline bookkeeping)
 
 
 @dataclass(slots=True, eq=False)
@@ -121,7 +121,11 @@ class FlowControl:
         self._clock = clock
         self._queues: dict[QueueKey, _Queue] = {}
         self._reserved: dict[str, int] = {}  # endpoint id -> slots granted, not sent yet
-        self._deadlines: list[tuple[float, int, Waiter]] = []
+        # Deadlines of the waiters queued now: (deadline, join number) in a heap, the waiter by
+        # join number (entries of waiters gone are skipped, and dropped when they pile up; the
+        # heap holds no waiter, so a gone request's body is not kept alive by it).
+        self._deadlines: list[tuple[float, int]] = []
+        self._joined_waiters: dict[int, Waiter] = {}
         self._seq = itertools.count()
         self._bytes = 0
         self._waiting = 0
@@ -248,7 +252,6 @@ class FlowControl:
             holder=holder,
             hold_seconds=min(max(hold_seconds, 0.0), self._affinity_cap),
             on_done=on_done,
-            seq=next(self._seq),
         )
         waiter.node = waiter.place = queue.fair.push(
             waiter, flow, band=priority, cost=prompt_tokens, weight=weight
@@ -308,7 +311,9 @@ class FlowControl:
     def _joined(self, waiter: Waiter) -> None:
         self._waiting += 1
         self._bytes += waiter.body_bytes
-        heapq.heappush(self._deadlines, (waiter.deadline_at, waiter.seq, waiter))
+        waiter.seq = next(self._seq)
+        self._joined_waiters[waiter.seq] = waiter
+        heapq.heappush(self._deadlines, (waiter.deadline_at, waiter.seq))
         m = self._metrics
         m.child(m.queued, waiter.pool, waiter.classification.request_class).inc()
         m.queued_bytes.set(self._bytes)
@@ -407,10 +412,11 @@ class FlowControl:
     # -- bookkeeping -----------------------------------------------------------------------
 
     def _expire_due(self, now: float) -> None:
-        deadlines = self._deadlines
-        while deadlines and (deadlines[0][2].done or deadlines[0][0] <= now):
-            waiter = heapq.heappop(deadlines)[2]
-            self.expire(waiter)
+        deadlines, joined = self._deadlines, self._joined_waiters
+        while deadlines and (deadlines[0][1] not in joined or deadlines[0][0] <= now):
+            waiter = joined.get(heapq.heappop(deadlines)[1])
+            if waiter is not None:
+                self.expire(waiter)
 
     def _leave(self, waiter: Waiter, outcome: str) -> None:
         """Out of its queue (served when `outcome` is dispatched), counted and measured."""
@@ -420,6 +426,7 @@ class FlowControl:
             return
         if not (queue.fair.take(node) if outcome == "dispatched" else queue.fair.remove(node)):
             return
+        self._joined_waiters.pop(waiter.seq, None)
         self._waiting -= 1
         self._bytes -= waiter.body_bytes
         cls = waiter.classification.request_class
@@ -428,7 +435,7 @@ class FlowControl:
         m.queued_bytes.set(self._bytes)
         m.child(m.queue_wait, waiter.pool, cls, outcome).observe(self._clock() - waiter.enqueued_at)
         if len(self._deadlines) > 2 * self._waiting + 64:  # drop the entries of waiters gone
-            self._deadlines = [entry for entry in self._deadlines if not entry[2].done]
+            self._deadlines = [(w.deadline_at, seq) for seq, w in self._joined_waiters.items()]
             heapq.heapify(self._deadlines)
 
     def _finish(self, waiter: Waiter) -> None:
