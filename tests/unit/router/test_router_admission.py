@@ -107,6 +107,13 @@ def _request(
     )
 
 
+def _set_limits(core: RoutingCore, **limits: Any) -> None:
+    """Change flow-control settings in place, as a reload would."""
+    config = core.state.config
+    flow = config.flow_control.model_copy(update=limits)
+    core.flow.configure(config.model_copy(update={"flow_control": flow}))
+
+
 class Grants:
     """Collects `on_done` calls, in order."""
 
@@ -138,7 +145,7 @@ async def test_a_request_waits_while_the_pod_is_saturated_and_goes_when_it_has_r
     assert grants.done == [waiter] and waiter.error is None and len(core.flow) == 0
     granted = await core.dispatch(waiter)
     assert granted.endpoint.id == "pod0:8000"
-    assert core.flow._reserved == {}  # the slot it held is released once planned
+    assert core.flow.saturation.reserved == {}  # the slot it held is released once planned
 
 
 async def test_the_scraped_engine_queue_saturates_a_pod_too():
@@ -170,7 +177,7 @@ async def test_online_leaves_before_batch_and_priority_tenants_first():
     ep = plan.endpoint
     core.load_scraped(ep, LoadSample(waiting=0, running=1, kv_cache_usage=0.1, scraped_at=100.0))
     assert grants.done == []  # still saturated: its one request is in its prefill
-    core.flow.config = core.flow.config.model_copy(update={"max_waiting_requests": 3})
+    _set_limits(core, max_waiting_requests=3)
     core.first_byte(plan, attempt, streamed=True)
     # three slots now: the vip first, then online, then batch
     assert grants.names() == ["vip", "online", "batch"]
@@ -261,7 +268,7 @@ async def test_the_queue_is_bounded_in_requests_and_bytes():
         await core.admit(_request(), Grants())
     assert full.value.status == 429 and full.value.code == "queue_full"
     assert full.value.retry_after_seconds is not None
-    core.flow.config = core.flow.config.model_copy(update={"max_queued_requests": 100})
+    _set_limits(core, max_queued_requests=100)
     big = _request()
     big.body_bytes = 9_900
     with pytest.raises(RouterError):
@@ -321,7 +328,7 @@ async def test_a_client_that_leaves_while_queued_is_removed_and_leaks_nothing():
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert len(core.flow) == 0 and core.flow._bytes == 0 and core.flow._reserved == {}
+    assert len(core.flow) == 0 and core.flow._bytes == 0 and core.flow.saturation.reserved == {}
     core.first_byte(plan, attempt, streamed=True)  # nothing left to grant
     live = asyncio.create_task(core.route(_request()))
     routed = await asyncio.wait_for(live, 1.0)  # room now: planned at once
@@ -426,7 +433,7 @@ async def test_a_waiter_put_back_keeps_its_place_and_its_deadline():
     core.first_byte(plan, attempt, streamed=True)
     assert grants.done == [first]
     core.flow.requeue(first)  # its pod went away between the grant and its plan
-    assert len(core.flow) == 2 and core.flow._reserved == {}
+    assert len(core.flow) == 2 and core.flow.saturation.reserved == {}
     assert [q.item for q in core.flow._queues[first.key].fair] == [first, second]
     now[0] += 1.5
     core.flow.pump()

@@ -1,12 +1,8 @@
 """Flow control: a request waits in the router while every pod it may use is saturated.
 
-**Saturation** (`slots`): a pod has room for `max_waiting_requests - backlog` more requests,
-where the backlog is the larger of what the engine reports waiting (`vllm:num_requests_waiting`,
-scraped) and this router's own requests on it not yet past their prefill (which also covers
-what it sent since the last scrape). It has none while its scraped KV cache usage is at
-`max_kv_cache_usage`, while this router's pending prefill on it reaches
-`max_pending_prefill_tokens`, or while it is ejected or draining. Slots already granted to
-queued requests that have not been sent yet are reserved.
+**Saturation** (`saturation.py`): a pod has room while its engine's waiting queue (scraped),
+this router's requests on it not past their prefill, its KV cache usage and this router's
+unprefilled tokens on it are under the limits; slots granted to queued requests are reserved.
 
 **Admission** (`RoutingCore.admit`): a request whose candidates (the pods routing would consider:
 for batch, batch pods and borrowable online pods) have room is planned at once, as without flow
@@ -49,6 +45,7 @@ from kvgate.router.core.accounting import Accounting
 from kvgate.router.core.classify import Classification
 from kvgate.router.core.errors import RouterError, bad_request, overloaded
 from kvgate.router.core.fair_queue import FairQueue, Queued
+from kvgate.router.core.saturation import Saturation
 from kvgate.router.core.tenant_shares import TenantShares
 from kvgate.router.metrics import RouterMetrics
 
@@ -116,11 +113,10 @@ class FlowControl:
         clock: Callable[[], float],
     ) -> None:
         self._candidates = candidates
-        self._accounting = accounting
+        self.saturation = Saturation(accounting)
         self._metrics = metrics
         self._clock = clock
         self._queues: dict[QueueKey, _Queue] = {}
-        self._reserved: dict[str, int] = {}  # endpoint id -> slots granted, not sent yet
         # Deadlines of the waiters queued now: (deadline, join number) in a heap, the waiter by
         # join number (entries of waiters gone are skipped, and dropped when they pile up; the
         # heap holds no waiter, so a gone request's body is not kept alive by it).
@@ -134,7 +130,7 @@ class FlowControl:
 
     def configure(self, config: RouterConfig) -> None:
         self.config: FlowControlConfig = config.flow_control
-        self._stale_after = config.load_metrics.stale_after_seconds
+        self.saturation.configure(self.config, config.load_metrics.stale_after_seconds)
         self._affinity_cap = config.policy.max_affinity_wait_seconds
         self._tenants = {t.name: (t.priority, t.weight) for t in config.tenants.tenants}
         weights = {config.tenants.anonymous_tenant: 1.0}
@@ -152,36 +148,16 @@ class FlowControl:
 
     # -- saturation ------------------------------------------------------------------------
 
-    def slots(self, ep: Endpoint, now: float) -> int:
-        """How many more requests `ep` takes before it is saturated (reservations deducted)."""
-        if ep.draining or not ep.healthy(now):
-            return 0
-        limits = self.config
-        own = self._accounting.load(ep.id, now)
-        if own.pending_prefill_requests and (
-            own.pending_prefill_tokens >= limits.max_pending_prefill_tokens
-        ):
-            return 0
-        backlog = own.pending_prefill_requests
-        if ep.load_fresh(now, self._stale_after):
-            if ep.load.kv_cache_usage >= limits.max_kv_cache_usage:
-                return 0
-            backlog = max(backlog, int(ep.load.waiting))
-        return max(0, limits.max_waiting_requests - backlog - self._reserved.get(ep.id, 0))
-
     def usable(self, cls: Classification, candidates: list[Endpoint], now: float) -> list[Endpoint]:
         """The candidates `cls`'s tenant may send to now (`tenant_shares.py`)."""
         allowed = self.shares.allowed(cls.tenant or "", [ep.id for ep in candidates], now)
         return candidates if allowed is None else [ep for ep in candidates if ep.id in allowed]
 
+    def slots(self, ep: Endpoint, now: float) -> int:
+        return self.saturation.slots(ep, now)
+
     def room(self, endpoints: Iterable[Endpoint], now: float) -> dict[str, int]:
-        """Endpoint id -> free slots, for the endpoints that have any."""
-        out = {}
-        for ep in endpoints:
-            n = self.slots(ep, now)
-            if n > 0:
-                out[ep.id] = n
-        return out
+        return self.saturation.room(endpoints, now)
 
     # -- admission -------------------------------------------------------------------------
 
@@ -346,11 +322,7 @@ class FlowControl:
         if ep is None:
             return
         waiter.granted_to = None
-        left = self._reserved.get(ep, 0) - 1
-        if left > 0:
-            self._reserved[ep] = left
-        else:
-            self._reserved.pop(ep, None)
+        self.saturation.release(ep)
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -394,7 +366,7 @@ class FlowControl:
         for waiter in granted:
             target = waiter.granted_to
             assert target is not None
-            self._reserved[target] = self._reserved.get(target, 0) + 1
+            self.saturation.reserve(target)
             queue.grants.append(now)
             self._leave(waiter, "dispatched")
             self._finish(waiter)
