@@ -102,8 +102,20 @@ POLICIES = "kvgate.io_routingpolicies.yaml"
             policy({"pools": ["p"], "tenants": {"items": [{"name": "a"}, {"name": "a"}]}}),
             (POLICIES, "tenant names must be unique"),
         ),
+        (
+            policy({"pools": ["p"], "flowControl": {"maxDeadlineSeconds": 20}}),
+            (POLICIES, "onlineMaxWaitSeconds and batchMaxWaitSeconds must not exceed"),
+        ),
     ],
-    ids=["block-size", "max-model-len", "managed-flag", "tokenizer", "no-pool", "tenants"],
+    ids=[
+        "block-size",
+        "max-model-len",
+        "managed-flag",
+        "tokenizer",
+        "no-pool",
+        "tenants",
+        "flow-deadlines",
+    ],
 )
 def test_invalid_specs_are_rejected_with_their_rule_message(
     cluster: Cluster, crds: list[str], namespace: str, manifest: str, expected: tuple[str, str]
