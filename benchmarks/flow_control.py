@@ -78,9 +78,12 @@ def _run(
     flow_params: dict[str, Any] | None = None,
     tenants: bool = True,
 ) -> list[RequestRecord]:
-    update: dict[str, Any] = {"flow_control": {"enabled": flow, **(flow_params or {})}}
+    params = dict(flow_params or {})
+    short_weight = params.pop("short_weight", 1.0)  # tenant `short`'s weight, not a setting
+    update: dict[str, Any] = {"flow_control": {"enabled": flow, **params}}
     if tenants:
-        update["tenants"] = TENANTS
+        short, flood = TENANTS["tenants"]
+        update["tenants"] = {"tenants": [{**short, "weight": short_weight}, flood]}
     result = run_des(
         workload,
         "kvgate",
@@ -190,7 +193,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of traffic")
     parser.add_argument(
         "--variant", nargs="+", default=[""],
-        help="flow_control settings to compare, each `key=value,...` ('' = the defaults)",
+        help="flow_control settings to compare, each `key=value,...` ('' = the defaults; "
+        "short_weight=W sets tenant short's weight)",
     )  # fmt: skip
     parser.add_argument(
         "--no-off", action="store_true", help="skip the (slow) runs without flow control"
