@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 KVGATE := $(VENV)/bin/kvgate
 
-.PHONY: install demo test test-unit test-integration test-e2e lint crds bench \
+.PHONY: install demo test test-unit test-integration test-e2e lint crds bench helm \
         cluster-build cluster-up cluster-down kind-e2e clean
 
 $(VENV)/.installed: pyproject.toml
@@ -36,6 +36,11 @@ test-e2e: install cluster-build
 test: install
 	$(MAKE) lint
 	$(PY) -m pytest -q
+
+# The pinned Helm the chart tests use (tests/unit/chart/helm_tool.py), linked as .venv/bin/helm.
+helm: install
+	ln -sf "$$($(PY) -m tests.unit.chart.helm_tool)" $(VENV)/bin/helm
+	$(VENV)/bin/helm version --short
 
 crds: install
 	$(KVGATE) crds --out crds --docs docs/crds.md

@@ -87,6 +87,22 @@ def sum_samples(
     return out
 
 
+def newest_sample(text: str, name: str) -> Sample | None:
+    """The sample of `name` with the largest value: for info gauges that a server sets to the
+    current time under a new label set each time (vLLM's `vllm:lora_requests_info`), the
+    current one. None when `text` has no such sample."""
+    newest: Sample | None = None
+    for line in text.split("\n"):
+        if not line.startswith(name):
+            continue
+        sample = _parse_line(line.rstrip("\r"))
+        if sample is None or sample.name != name or math.isnan(sample.value):
+            continue
+        if newest is None or sample.value > newest.value:
+            newest = sample
+    return newest
+
+
 def _value(fields: list[str]) -> float | None:
     """The value of `[value, timestamp?]`, or None if that is not what `fields` holds."""
     if not 1 <= len(fields) <= 2:

@@ -88,8 +88,7 @@ def workload(policy: str) -> str:
         },
     }
     # The router keeps its own (memory) directory; the chart's indexer feeds Redis after the
-    # upgrade. (Routers read file-mounted secrets, which the test cluster's pod runner cannot
-    # map inside a config file; the indexer takes the Redis password from its environment.)
+    # upgrade (test_docs.py runs a router on the chart's Redis).
     routing = {
         "apiVersion": "kvgate.io/v1alpha1",
         "kind": "RoutingPolicy",
@@ -110,7 +109,7 @@ def release_namespace(cluster: Cluster, namespace: str) -> Iterator[str]:
     so that its operator cannot compete with the operators of later tests."""
     yield namespace
     if helm(cluster, "status", RELEASE, "-n", namespace, check=False):
-        cluster.kubectl("delete", "routingpolicies,inferencepools", "--all", "-n", namespace,
+        cluster.kubectl("delete", "routingpolicies.kvgate.io,inferencepools.kvgate.io", "--all", "-n", namespace,
                         "--wait=true", timeout=120, check=False)  # fmt: skip
         helm(cluster, "uninstall", RELEASE, "-n", namespace, "--wait", "--timeout", "120s",
              check=False)  # fmt: skip
@@ -122,7 +121,7 @@ def test_install_serve_upgrade_uninstall(cluster: Cluster, release_namespace: st
     # Install (taking over CRDs another test may have applied with kubectl).
     out = helm(cluster, "install", RELEASE, str(CHART), *common, *image_values(),
                "--set", "operator.resyncSeconds=5", "--take-ownership", "--force-conflicts")  # fmt: skip
-    assert "kubectl apply -f examples/pool-simulated.yaml" in out  # NOTES
+    assert "-f examples/pool-simulated.yaml -f examples/policy-simulated.yaml" in out  # NOTES
     for crd in CRD_NAMES:
         found = cluster.get("crd", crd)
         assert found["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"

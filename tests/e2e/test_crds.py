@@ -69,7 +69,7 @@ def test_a_minimal_pool_is_accepted_and_defaulted(
     cluster: Cluster, crds: list[str], namespace: str
 ) -> None:
     cluster.apply(pool({"model": "Qwen/Qwen3-0.6B"}), namespace)
-    stored = cluster.get("inferencepool", "p", "-n", namespace)
+    stored = cluster.get("inferencepools.kvgate.io", "p", "-n", namespace)
     assert stored["spec"]["engine"]["blockSize"] == 16
     assert stored["spec"]["cache"]["hashAlgo"] == "sha256"
 
@@ -106,6 +106,17 @@ POLICIES = "kvgate.io_routingpolicies.yaml"
             policy({"pools": ["p"], "flowControl": {"maxDeadlineSeconds": 20}}),
             (POLICIES, "onlineMaxWaitSeconds and batchMaxWaitSeconds must not exceed"),
         ),
+        (
+            policy(
+                {
+                    "pools": ["p"],
+                    "directory": {
+                        "redis": {"caBundle": {"secret": "s", "configMap": "c", "key": "ca.crt"}}
+                    },
+                }
+            ),
+            (POLICIES, "give exactly one of secret and configMap"),
+        ),
     ],
     ids=[
         "block-size",
@@ -115,6 +126,7 @@ POLICIES = "kvgate.io_routingpolicies.yaml"
         "no-pool",
         "tenants",
         "flow-deadlines",
+        "ca",
     ],
 )
 def test_invalid_specs_are_rejected_with_their_rule_message(
@@ -135,3 +147,14 @@ def test_schema_bounds_and_required_fields_are_enforced(
     assert negative.returncode != 0 and "spec.replicas" in negative.stderr
     missing = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pool({}), check=False)
     assert missing.returncode != 0 and "spec.model: Required value" in missing.stderr
+    not_redis = policy({"pools": ["p"], "directory": {"redis": {"url": "http://r:6379/0"}}})
+    wrong = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=not_redis, check=False)
+    assert wrong.returncode != 0 and "spec.directory.redis.url" in wrong.stderr
+    managed = {
+        "urlSecret": {"name": "managed", "key": "url"},
+        "cluster": True,
+        "caBundle": {"configMap": "redis-ca", "key": "ca.crt"},
+    }
+    cluster.apply(policy({"pools": ["p"], "directory": {"redis": managed}}, "managed"), namespace)
+    stored = cluster.get("routingpolicy", "managed", "-n", namespace)
+    assert stored["spec"]["directory"]["redis"]["caBundle"] == managed["caBundle"]

@@ -35,6 +35,9 @@ def operator_manifests() -> str:
     return re.sub(r"kvgate:\d+\.\d+\.\d+", KVGATE_IMAGE, text)
 
 
+ADAPTER = "sql-adapter"  # the pool's LoRA adapter (the simulated engines serve it as a model)
+
+
 def pool_manifest(replicas: int) -> str:
     return yaml.safe_dump(
         {
@@ -48,6 +51,7 @@ def pool_manifest(replicas: int) -> str:
                 "gpus": 0,
                 "engine": {"blockSize": 16, "maxModelLen": 4096},
                 "cache": {"hashAlgo": "sha256_cbor", "hashSeed": 0},
+                "lora": {"adapters": [{"name": ADAPTER, "path": "/adapters/sql"}]},
             },
         }
     )
@@ -112,7 +116,6 @@ def condition(obj: dict[str, Any], kind: str) -> str | None:
 @pytest.fixture(scope="module")
 def stack_ns(cluster: Cluster, crds: list[str]) -> Iterator[str]:
     """The operator (deploy/) running as a pod, and a namespace with Redis for the stack."""
-    cluster.kubectl("create", "namespace", "kvgate-system")
     cluster.apply(operator_manifests())
     wait_until(
         lambda: ready_pods(cluster, "kvgate-system", "app.kubernetes.io/component=operator"),
@@ -126,7 +129,7 @@ def stack_ns(cluster: Cluster, crds: list[str]) -> Iterator[str]:
     # Custom resources go before the operator, so that their finalizers can run.
     cluster.kubectl(
         "delete",
-        "routingpolicies,inferencepools",
+        "routingpolicies.kvgate.io,inferencepools.kvgate.io",
         "--all",
         "-n",
         name,
@@ -176,7 +179,7 @@ def test_pool_becomes_a_ready_deployment_of_simulated_pods(cluster: Cluster, sta
     cluster.apply(pool_manifest(replicas=2), stack_ns)
     pool = wait_until(
         lambda: (
-            (p := cluster.get("inferencepool", "sim", "-n", stack_ns))
+            (p := cluster.get("inferencepools.kvgate.io", "sim", "-n", stack_ns))
             and condition(p, "Ready") == "True"
             and p["status"].get("readyReplicas") == 2
             and p
@@ -196,7 +199,7 @@ def test_pool_becomes_a_ready_deployment_of_simulated_pods(cluster: Cluster, sta
 
 
 def test_kubectl_scale_on_the_pool(cluster: Cluster, stack_ns: str) -> None:
-    cluster.kubectl("scale", "inferencepool", "sim", "-n", stack_ns, "--replicas=3")
+    cluster.kubectl("scale", "inferencepools.kvgate.io", "sim", "-n", stack_ns, "--replicas=3")
     wait_until(
         lambda: len(ready_pods(cluster, stack_ns, POOL_SELECTOR)) == 3,
         timeout=90,
@@ -204,7 +207,10 @@ def test_kubectl_scale_on_the_pool(cluster: Cluster, stack_ns: str) -> None:
     )
     wait_until(
         lambda: (
-            cluster.get("inferencepool", "sim", "-n", stack_ns)["status"].get("readyReplicas") == 3
+            cluster.get("inferencepools.kvgate.io", "sim", "-n", stack_ns)["status"].get(
+                "readyReplicas"
+            )
+            == 3
         ),
         timeout=60,
         what="status.readyReplicas == 3",
@@ -240,8 +246,29 @@ def test_policy_runs_a_router_that_routes_to_pool_pods(cluster: Cluster, stack_n
     assert cached >= 16 * 10, second.json()["usage"]
 
 
+def test_the_pools_lora_adapter_is_served_and_cached_under_its_own_keys(
+    cluster: Cluster, stack_ns: str
+) -> None:
+    """The operator rendered --enable-lora/--lora-modules and the adapter into the router config:
+    an adapter request is served, hits its own earlier blocks, never the base model's."""
+    url = router_url(cluster, stack_ns)
+    body = {"model": ADAPTER, "prompt": PROMPT + "first", "max_tokens": 4}  # base model's prompt
+
+    def send() -> httpx.Response:
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        assert response.status_code == 200, response.text
+        return response
+
+    first, second = send(), send()
+    assert first.json()["model"] == ADAPTER
+    assert first.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert second.headers["x-kvgate-endpoint"] == first.headers["x-kvgate-endpoint"]
+    assert second.headers["x-kvgate-decision"] == "prefix-hit"
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 10
+
+
 def test_router_finds_pods_added_by_a_scale_up(cluster: Cluster, stack_ns: str) -> None:
-    cluster.kubectl("scale", "inferencepool", "sim", "-n", stack_ns, "--replicas=4")
+    cluster.kubectl("scale", "inferencepools.kvgate.io", "sim", "-n", stack_ns, "--replicas=4")
     pods = wait_until(
         lambda: (p := ready_pods(cluster, stack_ns, POOL_SELECTOR)) and len(p) == 4 and p,
         timeout=90,
@@ -371,7 +398,7 @@ def test_deleting_the_pool_clears_its_directory_entries(cluster: Cluster, stack_
     complete(router_url(cluster, stack_ns), PROMPT + "before delete")
     wait_until(lambda: store.hlen(f"{base}pods") > 0, timeout=20, what="pool entries in Redis")
     cluster.kubectl(
-        "delete", "inferencepool", "sim", "-n", stack_ns, "--timeout", "60s", timeout=90
+        "delete", "inferencepools.kvgate.io", "sim", "-n", stack_ns, "--timeout", "60s", timeout=90
     )
     assert list(store.scan_iter(match=f"{base}x:*")) == []
     assert store.hlen(f"{base}pods") == 0
@@ -385,3 +412,102 @@ def test_deleting_the_pool_clears_its_directory_entries(cluster: Cluster, stack_
         for p in cluster.get("pods", "-n", stack_ns)["items"]
         if "sim" in p["metadata"]["name"] and pod_ready(p)
     ]
+
+
+REDIS_TLS = """
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: kvgate-redis-tls}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: kvgate-redis-tls}}
+  template:
+    metadata: {labels: {app: kvgate-redis-tls}}
+    spec:
+      containers:
+      - name: redis
+        image: redis:7
+        args: [redis-server, --port, "0", --tls-port, "6380", --tls-cert-file, /tls/tls.crt,
+               --tls-key-file, /tls/tls.key, --tls-auth-clients, "no", --requirepass, "e2e-pw"]
+        ports: [{name: redis, containerPort: 6380}]
+        readinessProbe: {tcpSocket: {port: redis}, periodSeconds: 2}
+        volumeMounts: [{name: tls, mountPath: /tls, readOnly: true}]
+      volumes: [{name: tls, secret: {secretName: redis-server-tls}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: kvgate-redis-tls}
+spec:
+  selector: {app: kvgate-redis-tls}
+  ports: [{name: redis, port: 6380, targetPort: redis}]
+"""
+
+
+def test_a_directory_on_tls_redis_named_by_secrets(
+    cluster: Cluster, stack_ns: str, tmp_path: Path
+) -> None:
+    """Redis as users deploy it: TLS only, a password inside a URL kept in a Secret, the CA in a
+    ConfigMap. The operator passes them; the router's directory works over TLS, and deleting the
+    pool clears its entries through the same connection settings. The pool's engines also run
+    with vLLM's CPU offloading flags, which the router config then prices."""
+    from tests.integration.conftest import make_tls_files
+
+    host = f"kvgate-redis-tls.{stack_ns}.svc"
+    tls = make_tls_files(tmp_path, hosts=[host])
+    kubectl = cluster.kubectl
+    kubectl("create", "secret", "generic", "redis-server-tls", "-n", stack_ns,
+            f"--from-file=tls.crt={tls.cert}", f"--from-file=tls.key={tls.key}")  # fmt: skip
+    kubectl("create", "configmap", "redis-ca", "-n", stack_ns, f"--from-file=ca.crt={tls.ca}")
+    kubectl("create", "secret", "generic", "managed-redis", "-n", stack_ns,
+            f"--from-literal=url=rediss://:e2e-pw@{host}:6380/0")  # fmt: skip
+    cluster.apply(REDIS_TLS, stack_ns)
+    pool = yaml.safe_load(pool_manifest(replicas=1))
+    pool["metadata"]["name"] = "tls-sim"
+    pool["spec"]["engine"]["cpuOffloadGib"] = 0.25  # vLLM's flags, accepted by the engine pods
+    cluster.apply(yaml.safe_dump(pool), stack_ns)
+    policy = yaml.safe_load(policy_manifest(stack_ns))
+    policy["metadata"]["name"] = "tls"
+    policy["spec"]["pools"] = ["tls-sim"]
+    policy["spec"]["directory"]["redis"] = {
+        "urlSecret": {"name": "managed-redis", "key": "url"},
+        "caBundle": {"configMap": "redis-ca", "key": "ca.crt"},
+        "socketTimeoutSeconds": 0.5,
+    }
+    cluster.apply(yaml.safe_dump(policy), stack_ns)
+    config = wait_until(
+        lambda: cluster.get("configmaps", "-n", stack_ns, "--field-selector",
+                            "metadata.name=tls-router-config")["items"],
+        timeout=60,
+        what="the router config",
+    )  # fmt: skip
+    assert "cpu_offload: true" in config[0]["data"]["router.yaml"]
+    selector = "app.kubernetes.io/component=router,app.kubernetes.io/instance=tls"
+    wait_until(lambda: ready_pods(cluster, stack_ns, selector), timeout=120, what="the router")
+    service = cluster.get("services", "-n", stack_ns, "-l", selector)["items"][0]
+    url = f"http://{service['spec']['clusterIP']}:8000"
+    first = wait_until(
+        lambda: (r := try_complete(url, PROMPT + "tls")) is not None and r.status_code == 200 and r,
+        timeout=90,
+        what="a request through the router on the TLS directory",
+    )
+    redis_pod = wait_until(
+        lambda: ready_pods(cluster, stack_ns, "app=kvgate-redis-tls"), timeout=60, what="redis"
+    )[0]
+    store = redis.Redis(
+        host=redis_pod["status"]["podIP"], port=6380, password="e2e-pw", ssl=True,
+        ssl_ca_certs=str(tls.ca), ssl_check_hostname=False, socket_timeout=2,
+    )  # fmt: skip
+    base = f"kvgate:{{{stack_ns}/tls-sim}}:"
+    holder = first.headers["x-kvgate-endpoint"]
+    wait_until(lambda: store.hlen(f"{base}x:{holder}") > 0, timeout=30, what="entries over TLS")
+    second = complete(url, PROMPT + "tls again")
+    assert second.headers["x-kvgate-endpoint"] == holder
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 10
+    # The finalizer reads the same Secret and ConfigMap to reach Redis.
+    kubectl("delete", "inferencepool", "tls-sim", "-n", stack_ns, "--timeout", "60s", timeout=90)
+    assert store.hlen(f"{base}pods") == 0
+    events = cluster.get("events", "-n", stack_ns, "--field-selector", "reason=DirectoryCleared")
+    messages = " ".join(e.get("message", "") for e in events["items"])
+    assert f"rediss://:***@{host}:6380/0" in messages and "e2e-pw" not in messages
+    kubectl("delete", "routingpolicy", "tls", "-n", stack_ns, "--timeout", "60s", timeout=90)
+    store.close()

@@ -68,6 +68,16 @@ helm.sh/chart: {{ printf "%s-%s" .ctx.Chart.Name .ctx.Chart.Version | replace "+
 {{- end }}
 {{- end }}
 
+{{/* The external Redis's CA bundle volume source ({secret: ...} / {configMap: ...}), or "". */}}
+{{- define "kvgate.redis.caVolumeSource" -}}
+{{- $tls := .Values.redis.external.tls }}
+{{- if and (not .Values.redis.enabled) $tls.caSecret }}
+secret: {secretName: {{ $tls.caSecret | quote }}}
+{{- else if and (not .Values.redis.enabled) $tls.caConfigMap }}
+configMap: {name: {{ $tls.caConfigMap | quote }}}
+{{- end }}
+{{- end }}
+
 {{/* The Secret holding the Redis password, or "" when there is none. */}}
 {{- define "kvgate.redis.secretName" -}}
 {{- if .Values.redis.enabled }}

@@ -14,7 +14,14 @@ import re
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 API_GROUP = "kvgate.io"
@@ -108,7 +115,7 @@ class Condition(ApiModel):
     """A standard Kubernetes condition (``metav1.Condition``)."""
 
     type: str = Field(description="Condition type: Ready, Progressing or Degraded.")
-    status: ConditionStatus = Field(description="True, False or Unknown.")
+    status: ConditionStatus = Field(description="Condition status: True, False or Unknown.")
     reason: str = Field(
         default="", description="CamelCase machine-readable reason for the last transition."
     )
@@ -142,10 +149,14 @@ class Toleration(ApiModel):
     """A pod toleration, as in ``corev1.Toleration``."""
 
     key: str | None = Field(default=None, description="Taint key; empty matches all keys.")
-    operator: TolerationOperator | None = Field(default=None, description="Exists or Equal.")
+    operator: TolerationOperator | None = Field(
+        default=None, description="How the taint key matches: Exists (any value) or Equal (value)."
+    )
     value: str | None = Field(default=None, description="Taint value for operator Equal.")
     effect: str | None = Field(
-        default=None, description="NoSchedule, PreferNoSchedule or NoExecute; empty matches all."
+        default=None,
+        description="Taint effect tolerated: NoSchedule, PreferNoSchedule or NoExecute; empty "
+        "matches all.",
     )
     toleration_seconds: int | None = Field(
         default=None, description="How long a NoExecute taint is tolerated."
@@ -164,6 +175,32 @@ class SecretKeyRef(ApiModel):
 
     name: str = Field(min_length=1, description="Secret name (same namespace).")
     key: str = Field(min_length=1, description="Key within the Secret.")
+
+
+class DataKeyRef(ApiModel):
+    """A key of a Secret or of a ConfigMap in the resource's namespace (data that need not be
+    secret, such as a CA bundle, often lives in a ConfigMap)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "has(self.secret) != has(self.configMap)",
+                    "give exactly one of secret and configMap",
+                )
+            ]
+        }
+    )
+
+    secret: str | None = Field(default=None, min_length=1, description="Secret name.")
+    config_map: str | None = Field(default=None, min_length=1, description="ConfigMap name.")
+    key: str = Field(min_length=1, description="Key within it.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DataKeyRef:
+        if (self.secret is None) == (self.config_map is None):
+            raise ValueError("give exactly one of secret and configMap")
+        return self
 
 
 class PodTemplateOverrides(ApiModel):

@@ -8,7 +8,10 @@ subset Kubernetes accepts for a *structural* schema:
 - ``title`` and ``additionalProperties: false`` are dropped (the API server prunes unknown fields);
 - JSON Schema 2020's numeric ``exclusiveMinimum: 0`` becomes OpenAPI 3.0's
   ``minimum: 0, exclusiveMinimum: true``;
-- ``default: null`` is dropped; status schemas carry no defaults at all.
+- ``default: null`` is dropped; status schemas carry no defaults at all;
+- a field's default is also stated at the end of its description (:func:`default_note`),
+  because ``kubectl explain`` prints descriptions but never defaults (empty objects and lists,
+  the defaults of optional sections, are not stated: their fields state their own).
 
 Anything else that a structural schema forbids (a real union, an untyped node) raises
 :class:`SchemaError` at generation time, and :func:`structural_problems` re-checks the finished
@@ -18,6 +21,7 @@ at ``kubectl apply``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -36,6 +40,19 @@ _FORBIDDEN = frozenset({"anyOf", "oneOf", "allOf", "not", "$ref", "nullable", "c
 
 class SchemaError(ValueError):
     """A model cannot be expressed as a structural schema."""
+
+
+def default_note(value: Any) -> str:
+    """The sentence appended to a field's description to state its default."""
+    return f" Default: {json.dumps(value)}."
+
+
+def _with_default_note(node: Schema) -> Schema:
+    default = node.get("default")
+    description = node.get("description")
+    if default in (None, {}, []) or not description or "default" in description.lower():
+        return node  # nothing to state, or the description already says it in its own words
+    return {**node, "description": description + default_note(default)}
 
 
 def openapi_schema(model: type[BaseModel], *, keep_defaults: bool = True) -> Schema:
@@ -75,7 +92,9 @@ def _convert(node: Schema, defs: dict[str, Schema], *, keep_defaults: bool, wher
             continue
         if key == "properties":
             out[key] = {
-                name: _convert(sub, defs, keep_defaults=keep_defaults, where=f"{where}.{name}")
+                name: _with_default_note(
+                    _convert(sub, defs, keep_defaults=keep_defaults, where=f"{where}.{name}")
+                )
                 for name, sub in value.items()
             }
         elif key in ("items", "additionalProperties") and isinstance(value, dict):
@@ -127,6 +146,14 @@ def _column(name: str, kind: str, path: str, description: str, priority: int = 0
 
 
 _READY = '.status.conditions[?(@.type=="Ready")].status'
+_DEGRADED = '.status.conditions[?(@.type=="Degraded")].status'
+# A printer column shows only the first JSONPath match, so lists and "the reason that matters"
+# are status fields of their own (set by the operator).
+_REASON_COLUMNS = [
+    _column("Ready", "string", _READY, "The Ready condition: True when it can serve."),
+    _column("Degraded", "string", _DEGRADED, "The Degraded condition: True when it needs a fix."),
+    _column("Reason", "string", ".status.reason", "Degraded's reason if degraded, else Ready's."),
+]
 _AGE = _column("Age", "date", ".metadata.creationTimestamp", "Time since creation.")
 
 
@@ -216,7 +243,7 @@ def inference_pool_crd() -> Schema:
             _column("Class", "string", ".spec.poolClass", "online or batch."),
             _column("Desired", "integer", ".spec.replicas", "Desired engine pods."),
             _column("Ready", "integer", ".status.readyReplicas", "Ready engine pods."),
-            _column("Status", "string", _READY, "Ready condition."),
+            *_REASON_COLUMNS[1:],  # the Ready column is the count of ready pods
             _column("Image", "string", ".spec.image", "Engine image.", priority=1),
             _AGE,
         ],
@@ -235,10 +262,10 @@ def routing_policy_crd() -> Schema:
         scale=False,
         max_name_length=56,  # the router Service is <policy>-router
         columns=[
-            _column("Pools", "string", ".status.pools", "Pools served."),
+            _column("Pools", "string", ".status.poolNames", "Pools served."),
             _column("Endpoints", "integer", ".status.endpoints", "Ready engine endpoints."),
             _column("Routers", "integer", ".status.readyReplicas", "Ready router pods."),
-            _column("Status", "string", _READY, "Ready condition."),
+            *_REASON_COLUMNS,
             _column("Directory", "string", ".spec.directory.backend", "Directory backend.", 1),
             _AGE,
         ],

@@ -46,6 +46,12 @@ MANAGED_FLAGS = (
     "--max-model-len",
     "--gpu-memory-utilization",
     "--max-num-seqs",
+    "--kv-offloading-backend",
+    "--kv-offloading-size",
+    "--enable-lora",
+    "--lora-modules",
+    "--max-loras",
+    "--max-lora-rank",
 )
 
 
@@ -67,7 +73,9 @@ def _managed_flags_rule() -> JsonDict:
         "extraArgs may not set flags kvgate manages (--model, --served-model-name, --port, "
         "--block-size, --enable-prefix-caching, --prefix-caching-hash-algo, --kv-events-config, "
         "--enable-prompt-tokens-details, --max-model-len, --gpu-memory-utilization, "
-        "--max-num-seqs): use the matching spec.engine field instead",
+        "--max-num-seqs, --kv-offloading-backend, --kv-offloading-size, --enable-lora, "
+        "--lora-modules, --max-loras, --max-lora-rank): use the matching spec.engine or "
+        "spec.lora field instead",
     )
 
 
@@ -110,6 +118,13 @@ class EngineSettings(ApiModel):
     )
     max_num_seqs: int | None = Field(
         default=None, ge=1, description="Maximum sequences per scheduler step (--max-num-seqs)."
+    )
+    cpu_offload_gib: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="GiB of host memory for vLLM's CPU offloading tier of the KV cache "
+        "(--kv-offloading-backend native --kv-offloading-size); the router then indexes that "
+        "tier and prices its hits as copies back to the GPU. Unset: no offloading.",
     )
     extra_args: list[str] = Field(
         default_factory=list,
@@ -177,6 +192,52 @@ class TokenizerSource(ApiModel):
     )
 
 
+class LoraAdapterSpec(ApiModel):
+    """One LoRA adapter the engines load at start (`--lora-modules name=path`)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[^=\s]+$",
+        description="Adapter name: what clients put in the request's `model` field.",
+    )
+    path: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[^=\s]+$",
+        description="Where the engines load it from (a path in the pod or a Hugging Face id); "
+        "vLLM hashes name and path into every block of the adapter's requests.",
+    )
+
+
+class LoraSettings(ApiModel):
+    """Multi-LoRA serving: rendered as --enable-lora, --max-loras, --lora-modules."""
+
+    adapters: list[LoraAdapterSpec] = Field(
+        min_length=1,
+        max_length=256,
+        description="Adapters loaded at start.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "self.all(a, self.exists_one(b, a.name == b.name))",
+                    "LoRA adapter names must be unique",
+                )
+            ]
+        },
+    )
+    max_loras: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Adapters a batch may use at once (--max-loras; vLLM's default is 1); a "
+        "request for another adapter waits for a slot.",
+    )
+    max_lora_rank: int | None = Field(
+        default=None, ge=1, le=512, description="Largest adapter rank (--max-lora-rank)."
+    )
+
+
 class InferencePoolSpec(ApiModel):
     """Desired state of an InferencePool."""
 
@@ -191,14 +252,16 @@ class InferencePoolSpec(ApiModel):
     replicas: int = Field(default=1, ge=0, description="Number of engine pods.")
     pool_class: PoolClass = Field(
         default=PoolClass.ONLINE,
-        description="online (latency-sensitive) or batch (throughput; may borrow idle online "
-        "capacity).",
+        description="Pool class: online (latency-sensitive) or batch (throughput; batch requests "
+        "may borrow idle online capacity).",
     )
     image: str = Field(
         default=DEFAULT_ENGINE_IMAGE, min_length=1, description="Engine container image."
     )
     image_pull_policy: PullPolicy | None = Field(
-        default=None, description="Always, IfNotPresent or Never."
+        default=None,
+        description="Image pull policy of the engines: Always, IfNotPresent or Never; unset: the "
+        "cluster's default.",
     )
     command: list[str] = Field(
         default_factory=lambda: ["vllm", "serve"],
@@ -210,6 +273,9 @@ class InferencePoolSpec(ApiModel):
     cache: CacheSettings = section(CacheSettings, "Prefix-cache hashing settings.")
     tokenizer: TokenizerSource | None = Field(
         default=None, description="Tokenizer the router uses for this pool."
+    )
+    lora: LoraSettings | None = Field(
+        default=None, description="LoRA adapters the engines serve besides the base model."
     )
     gpus: int = Field(
         default=1,
@@ -226,7 +292,9 @@ class InferencePoolSpec(ApiModel):
     )
     max_unavailable: IntOrPercent = Field(
         default=1,
-        description="PodDisruptionBudget maxUnavailable: a count or a percentage such as 25%.",
+        description="Engine pods a voluntary disruption may take down at once (the PodDisruptionBudget's "
+        'maxUnavailable): an integer count such as 1 or a string percentage such as "25%" '
+        "(int-or-string, which kubectl explain shows as <Object>).",
     )
 
     @property
@@ -247,5 +315,10 @@ class InferencePoolStatus(ApiModel):
     selector: str = Field(default="", description="Label selector of the engine pods.")
     served_model_name: str = Field(default="", description="Model name the engines serve.")
     conditions: list[Condition] = Field(
-        default_factory=list, description="Ready, Progressing and Degraded."
+        default_factory=list, description="The conditions Ready, Progressing and Degraded."
+    )
+    reason: str = Field(
+        default="",
+        description="Why it is (not) ready, in one word: the Degraded condition's reason while "
+        "Degraded is True, else the Ready condition's (the Reason column of kubectl get).",
     )

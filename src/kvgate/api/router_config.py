@@ -26,6 +26,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
+from kvgate.api.fleet import LoadSharingConfig, WarmupConfig
 from kvgate.api.sections import (
     BorrowingConfig,
     ClassesConfig,
@@ -55,6 +56,7 @@ __all__ = [
     "KvEventsConfig",
     "LimitsConfig",
     "LoadMetricsConfig",
+    "LoadSharingConfig",
     "LoraAdapter",
     "PolicyConfig",
     "PoolConfig",
@@ -69,6 +71,7 @@ __all__ = [
     "TenantConfig",
     "TenantsConfig",
     "TokenizerConfig",
+    "WarmupConfig",
     "load_router_config",
     "parse_router_config",
 ]
@@ -146,6 +149,11 @@ class EngineConfig(ConfigModel):
     tokenizer: TokenizerConfig = TokenizerConfig()
     # Events publish real hashes; without them the router records what it routed, with a TTL.
     kv_events: bool = True
+    # The engines offload KV blocks to CPU memory (vLLM `--kv-offloading-backend native
+    # --kv-offloading-size GiB`): their CPU-tier events are indexed and a hit there is priced as
+    # a copy back to the GPU (cost model `cpu_load_tokens_per_second`), cheaper than recomputing
+    # and dearer than a GPU hit. False: only GPU blocks count; events of other media are skipped.
+    cpu_offload: bool = False
 
 
 class StaticEndpoint(ConfigModel):
@@ -183,24 +191,29 @@ class StaticEndpoint(ConfigModel):
 
 
 class PortNames(ConfigModel):
-    """Container port names (or numbers, as strings) on engine pods; DESIGN.md §4 defaults."""
+    """Port names of the pool's Service (the EndpointSlices carry them; a number, as a string,
+    is taken as is); DESIGN.md §4 defaults."""
 
     http: str = "http"
     kv_events: str = "kv-events"
     kv_replay: str = "kv-replay"
-    # Used when a pod does not name its ports.
+    # Used when the EndpointSlices do not name the port.
     http_default: int = 8000
     kv_events_default: int = 5557
     kv_replay_default: int = 5558
 
 
 class KubernetesDiscovery(ConfigModel):
-    """Discover the pool's ready pods from the Kubernetes API (watching Pods)."""
+    """Discover the pool's ready pods from the EndpointSlices of a Service (discovery.k8s.io/v1)."""
 
     namespace: str | None = None  # default: the pool's namespace
-    label_selector: str  # e.g. app.kubernetes.io/instance=llama,app.kubernetes.io/component=engine
+    service: str = Field(min_length=1, max_length=63)  # the Service selecting the engine pods
     ports: PortNames = PortNames()
     scheme: Literal["http", "https"] = "http"
+    # Dual-stack Services have one slice per family; a pod reachable in both is used at this
+    # family's address (None: IPv4 when it has one). The engines' KV-event topic holds their
+    # primary pod IP, so set IPv6 in an IPv6-primary dual-stack cluster.
+    ip_family: Literal["IPv4", "IPv6"] | None = None
 
 
 class EndpointsConfig(ConfigModel):
@@ -255,7 +268,7 @@ class PoolConfig(ConfigModel):
 
 TenantConfig = TenantSettings[SecretRef]
 TenantsConfig = TenantsSettings[SecretRef]
-RedisConfig = RedisSettings[SecretRef]
+RedisConfig = RedisSettings[SecretRef, SecretRef]
 
 
 class KvEventsConfig(ConfigModel):
@@ -276,7 +289,7 @@ class KvEventsConfig(ConfigModel):
     receive_queue_messages: int = Field(default=1000, ge=1)
 
 
-class DirectoryConfig(DirectorySettings[SecretRef]):
+class DirectoryConfig(DirectorySettings[SecretRef, SecretRef]):
     """The directory section of the router config: the RoutingPolicy's, plus KV-event bounds."""
 
     kv_events: KvEventsConfig = KvEventsConfig()
@@ -382,12 +395,16 @@ class RouterConfig(ConfigModel):
     admin: AdminConfig = AdminConfig()
     limits: LimitsConfig = LimitsConfig()
     load_metrics: LoadMetricsConfig = LoadMetricsConfig()
+    warmup: WarmupConfig = WarmupConfig()
+    load_sharing: LoadSharingConfig = LoadSharingConfig()
 
     @model_validator(mode="after")
     def _unique_pools(self) -> RouterConfig:
         keys = [p.key for p in self.pools]
         if len(set(keys)) != len(keys):
             raise ValueError("pool namespace/name pairs must be unique")
+        if self.load_sharing.enabled and self.directory.backend != "redis":
+            raise ValueError("load_sharing needs directory.backend: redis")
         return self
 
 

@@ -10,6 +10,8 @@ and in docs/crds.md at once.
 Sections holding secrets are generic in how a secret is named: the router reads
 `SecretRef` (an inline value, a file or an environment variable), a RoutingPolicy names a key
 of a Secret (`SecretKeyRef`) that the operator hands to the router as an environment variable.
+Other data (a CA bundle) is a `SecretRef` for the router too, and a key of a Secret or of a
+ConfigMap (`DataKeyRef`) in a RoutingPolicy, handed over the same way.
 
 Every default lives here, documented in the field's description (docs/configuration.md is the
 prose version). Cross-field rules are written twice, side by side: as a Python validator (the
@@ -29,6 +31,9 @@ RequestClass = Literal["online", "batch"]
 
 #: How a section names a secret: `router_config.SecretRef` or `base.SecretKeyRef`.
 SecretT = TypeVar("SecretT", bound=BaseModel)
+#: How a section names data that need not be secret (a CA bundle): a `router_config.SecretRef`
+#: in the router's file, a Secret or ConfigMap key (`base.DataKeyRef`) in a RoutingPolicy.
+DataT = TypeVar("DataT", bound=BaseModel)
 
 
 class ConfigModel(BaseModel):
@@ -100,20 +105,22 @@ class BorrowingConfig(ConfigModel):
     max_waiting_requests: int = Field(
         default=0,
         ge=0,
-        description="An online pod is borrowable while at most this many requests wait there "
-        "(vllm:num_requests_waiting).",
+        description="Batch requests may borrow an online pod only while at most this many "
+        "requests wait there (vllm:num_requests_waiting); all three borrowing limits must hold.",
     )
     max_kv_cache_usage: float = Field(
         default=0.7,
         ge=0.0,
         le=1.0,
-        description="...and while its KV cache usage (vllm:kv_cache_usage_perc) is at most this "
-        "fraction, in [0, 1].",
+        description="Batch requests may borrow an online pod only while its KV cache usage "
+        "(vllm:kv_cache_usage_perc) is at most this fraction, in [0, 1]; all three borrowing "
+        "limits must hold.",
     )
     max_running_requests: int = Field(
         default=8,
         ge=0,
-        description="...and while it runs at most this many requests (running + router in-flight).",
+        description="Batch requests may borrow an online pod only while it runs at most this "
+        "many requests (running + this router's in-flight); all three borrowing limits must hold.",
     )
     online_may_use_batch_pools: bool = Field(
         default=True, description="Online requests may use batch pools when no online pod is ready."
@@ -379,16 +386,36 @@ class TenantsSettings(ConfigModel, Generic[SecretT]):
 # Directory
 
 
-class RedisSettings(ConfigModel, Generic[SecretT]):
-    """Connection to the Redis directory."""
+class RedisSettings(ConfigModel, Generic[SecretT, DataT]):
+    """Connection to the Redis directory: one server or a Redis Cluster, optionally over TLS."""
 
     url: str = Field(
         default="redis://127.0.0.1:6379/0",
         min_length=1,
-        description="redis:// URL without password, e.g. redis://kvgate-redis:6379/0.",
+        pattern=r"^(rediss?|unix)://",
+        description="Redis URL without the password (that is `password`), e.g. "
+        "redis://kvgate-redis.kvgate-system.svc:6379/0 for the Helm chart's Redis; rediss:// "
+        "for TLS, unix:// for a socket. With cluster, any one node (database 0).",
+    )
+    url_secret: SecretT | None = Field(
+        default=None,
+        description="The URL from a secret instead of `url` (it may carry credentials, "
+        "rediss://user:password@host:6380/0, as managed Redis services hand it out).",
     )
     key_prefix: str = Field(default="kvgate", min_length=1, description="Prefix of every key.")
-    password: SecretT | None = Field(default=None, description="The Redis password (a secret).")
+    password: SecretT | None = Field(
+        default=None, description="The Redis password (a secret); overrides one in the URL."
+    )
+    cluster: bool = Field(
+        default=False,
+        description="Redis Cluster: the client discovers the nodes from the URL's, routes each "
+        "pool's calls to the master of its hash slot and follows failovers.",
+    )
+    ca_bundle: DataT | None = Field(
+        default=None,
+        description="PEM CA bundle that signs the server's TLS certificate (rediss:// only), "
+        "read when the directory connects; default: the system's trust store.",
+    )
     socket_timeout_seconds: float = Field(
         default=0.5,
         gt=0.0,
@@ -404,7 +431,7 @@ class RedisSettings(ConfigModel, Generic[SecretT]):
     )
 
 
-class DirectorySettings(ConfigModel, Generic[SecretT]):
+class DirectorySettings(ConfigModel, Generic[SecretT, DataT]):
     """Where the router keeps which pod holds which blocks."""
 
     model_config = ConfigDict(
@@ -422,9 +449,12 @@ class DirectorySettings(ConfigModel, Generic[SecretT]):
 
     backend: Literal["memory", "redis"] = Field(
         default="memory",
-        description="memory (per router replica) or redis (shared by replicas and indexers).",
+        description="Directory backend: memory (one per router replica) or redis (shared by "
+        "router replicas and indexers).",
     )
-    redis: RedisSettings[SecretT] = section(RedisSettings, "Redis connection (backend redis).")
+    redis: RedisSettings[SecretT, DataT] = section(
+        RedisSettings, "Redis connection (backend redis)."
+    )
     embedded_indexer: bool = Field(
         default=True,
         description="Subscribe to KV events inside the router; false when a `kvgate indexer` "
@@ -437,7 +467,7 @@ class DirectorySettings(ConfigModel, Generic[SecretT]):
     )
 
     @model_validator(mode="after")
-    def _indexer_needs_redis(self) -> DirectorySettings[SecretT]:
+    def _indexer_needs_redis(self) -> DirectorySettings[SecretT, DataT]:
         if not self.embedded_indexer and self.backend != "redis":
             raise ValueError(
                 "embedded_indexer: false needs backend: redis (a separate `kvgate indexer` "

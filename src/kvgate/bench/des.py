@@ -19,7 +19,16 @@ same code, driven by :class:`RouterDriver`'s hooks:
   :class:`kvgate.directory.subscriber.PodSubscriber` (the indexer's code) into the pool's memory
   directory;
 - **load**: every ``load_metrics.scrape_interval_seconds`` each pod's ``/metrics`` as a scrape
-  would read it (waiting, running, KV usage) goes to ``core.load_scraped``.
+  would read it (waiting, running, KV usage) goes to ``core.load_scraped``;
+- **scale-up** (``scale``: at time t, n more pods): the pods join the fleet with empty caches and
+  the endpoint set, ``core.endpoints_changed`` hears of them, and the warm requests the core
+  hands out (``core.warmup.take``) are sent to their pods at most ``warmup.concurrency`` at a
+  time, as ``http/warmer.py`` sends them live; their answers go to ``core.warmup.request_done``.
+  Warm requests are not client requests: they are left out of the records;
+- **replicas** (``replicas`` > 1): that many routing cores, each with its own endpoint set,
+  accounting and seed, over the one directory (as replicas share Redis); each request goes to
+  one at random (a Service); given ``load_sharing`` they exchange their loads every
+  ``interval_seconds`` (``core.peers``), as ``http/load_sharing.py`` does live through Redis.
 
 No network latency and no router CPU time: TTFT is the engine's (arrival to first token). Each
 request becomes a :class:`RequestRecord` in simulated seconds, so live and discrete-event runs
@@ -29,6 +38,7 @@ SGLang router is a separate binary and cannot be plugged in here.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -36,6 +46,8 @@ from typing import Any, TypeVar
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
+from kvgate.api.fleet import LoadSharingConfig, WarmupConfig
+from kvgate.api.router_config import RouterConfig
 from kvgate.bench.hit_bounds import fleet_kv_blocks, hit_rate_bounds
 from kvgate.bench.loadgen import CLASS_HEADER, SESSION_HEADER
 from kvgate.bench.records import GeneratorHealth, LoadSample, RequestRecord
@@ -54,6 +66,7 @@ from kvgate.router.core.errors import RouterError
 from kvgate.router.core.learn import Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
+from kvgate.router.core.warmup import WarmRequest
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.runtime import build_state
 from kvgate.router.setup import quickstart_config
@@ -84,10 +97,19 @@ class _InFlight:
     request: ClientRequest
     plan: RoutePlan
     attempt: Attempt
+    core: RoutingCore
+
+
+@dataclass
+class _Replica:
+    core: RoutingCore
+    endpoints: EndpointSet
+    in_order: list[Endpoint] = field(default_factory=list)  # the fleet's pods, in fleet order
 
 
 class RouterDriver(FleetDriver):
-    """The routing core of one simulated ``kvgate router`` process (see the module docstring)."""
+    """The routing core of one simulated ``kvgate router`` process, or of several replicas (see
+    the module docstring)."""
 
     def __init__(
         self,
@@ -100,9 +122,18 @@ class RouterDriver(FleetDriver):
         progress: ProgressFn | None = None,
         config_update: dict[str, Any] | None = None,
         pool_class: str = "online",
+        cpu_offload: bool = False,
+        scale: Sequence[tuple[float, int]] = (),
+        warmup: WarmupConfig | None = None,
+        replicas: int = 1,
+        load_sharing: LoadSharingConfig | None = None,
     ) -> None:
         """`config_update`: router config sections replacing the quick-start's (tenants,
-        flow_control, ...), as in the router's YAML; `pool_class`: the one pool's class."""
+        flow_control, ...), as in the router's YAML; `pool_class`: the one pool's class;
+        `cpu_offload`: the pool's `engine.cpu_offload` (the engines' CPU-tier events are
+        indexed and its hits priced; otherwise only GPU blocks count)."""
+        if replicas < 1 or (replicas > 1 and scale):
+            raise ValueError("one or more replicas; scaling the fleet needs one replica")
         self.fleet = fleet
         self.now = 0.0
         self._zmq = zmq.asyncio.Context()  # replay sockets only; never used: no seq gaps here
@@ -119,47 +150,55 @@ class RouterDriver(FleetDriver):
             endpoint_ids=dict(zip(urls, ids, strict=True)),
         )
         # Simulated time has no event loop to keep responsive: every prompt is keyed inline.
-        config = config.model_copy(
-            update={"keying": config.keying.model_copy(update={"inline_max_chars": 1 << 62})}
-        )
+        update: dict[str, Any] = {
+            "keying": config.keying.model_copy(update={"inline_max_chars": 1 << 62})
+        }
+        if warmup is not None:
+            update["warmup"] = warmup
+        config = config.model_copy(update=update)
         data = config.model_dump()
         data["pools"][0]["pool_class"] = pool_class
         config = type(config).model_validate({**data, **(config_update or {})})
+        if cpu_offload:
+            first = config.pools[0]
+            engine = first.engine.model_copy(update={"cpu_offload": True})
+            config = config.model_copy(
+                update={"pools": [first.model_copy(update={"engine": engine})]}
+            )
+        self._cpu_offload = cpu_offload
         self.config = config
         pool = config.pools[0]
-        self.index = MemoryBlockIndex()
-        self.endpoints = EndpointSet(self.clock)
-        registry = CollectorRegistry()
-        self.core = RoutingCore(
-            build_state(config),
-            self.endpoints,
-            {pool.key: self.index},
-            RouterMetrics(registry),
-            DirectoryMetrics(registry).fallback_errors,
-            clock=self.clock,
-        )
-        specs = [
-            EndpointSpec(pod_id, pool.key, url, kv_events=f"inproc://{pod_id}")
-            for pod_id, url in zip(ids, urls, strict=True)
-        ]
-        self._complete(self.endpoints.replace_pool(pool.key, specs))
-        self._endpoints: list[Endpoint] = self.endpoints.in_pool(pool.key)
-        self.core.endpoints_changed(self._endpoints, [])
-        self._subscribers = [
-            PodSubscriber(PodEndpoint(pod_id, f"inproc://{pod_id}"), self.index, self._zmq)
-            for pod_id in ids
-        ]
-        for subscriber in self._subscribers:
-            self._complete(subscriber.open())
-        self._seq = [0] * len(ids)
-        self._pod_index = {pod_id: i for i, pod_id in enumerate(ids)}
-        self.tick_interval_s = config.load_metrics.scrape_interval_seconds
+        self.index = MemoryBlockIndex()  # one directory, shared by the replicas (as Redis is)
+        self.replicas = [self._replica(config, seed + k) for k in range(replicas)]
+        self.core, self.endpoints = self.replicas[0].core, self.replicas[0].endpoints
+        # The bench's directory is in memory, so the exchange's settings come apart from the
+        # router config (whose `load_sharing` needs a Redis directory).
+        self._sharing = load_sharing if replicas > 1 and load_sharing is not None else None
+        if self._sharing is not None:
+            for replica in self.replicas:
+                replica.core.peers.ttl_seconds = self._sharing.ttl_seconds
+        self._replica_rng = random.Random(seed)
+        self._pool_key = pool.key
+        self._specs: list[EndpointSpec] = []
+        self._subscribers: list[PodSubscriber] = []
+        self._seq: list[int] = []
+        self._pod_index: dict[str, int] = {}
+        self._join(ids)
+        self._scale = sorted(scale)
+        self._warm: dict[str, tuple[WarmRequest, int]] = {}  # request id -> (request, pod)
+        self._warm_queue: list[WarmRequest] = []
+        self._warm_sent = 0
+        self._warm_in_flight = 0
+        scrape = config.load_metrics.scrape_interval_seconds
+        sharing = self._sharing
+        self.tick_interval_s = min(scrape, sharing.interval_seconds) if sharing else scrape
+        self._scrape_every = max(1, round(scrape / self.tick_interval_s))
         self._sample_every = max(1, round(sample_interval_s / self.tick_interval_s))
         self._ticks = 0
         self._bench: dict[str, tuple[BenchRequest, tuple[BenchRequest, ...], int]] = {}
         self._in_flight: dict[str, _InFlight] = {}
         # Requests in the router's queue: (record, request) by id; and those it let go.
-        self._queued: dict[str, tuple[RequestRecord, ClientRequest]] = {}
+        self._queued: dict[str, tuple[RequestRecord, ClientRequest, RoutingCore]] = {}
         self._decided: list[Waiter] = []
         self._granted: dict[str, Waiter] = {}
         self._later: list[TraceRequest] = []  # next turns of sessions refused at arrival
@@ -171,6 +210,45 @@ class RouterDriver(FleetDriver):
 
     def clock(self) -> float:
         return self.now
+
+    def _replica(self, config: RouterConfig, seed: int) -> _Replica:
+        """One router replica: its own core, endpoint set and metrics; the shared directory."""
+        config = config.model_copy(
+            update={"policy": config.policy.model_copy(update={"seed": seed})}
+        )
+        endpoints = EndpointSet(self.clock)
+        registry = CollectorRegistry()
+        core = RoutingCore(
+            build_state(config),
+            endpoints,
+            {config.pools[0].key: self.index},
+            RouterMetrics(registry),
+            DirectoryMetrics(registry).fallback_errors,
+            clock=self.clock,
+        )
+        return _Replica(core, endpoints)
+
+    def _join(self, ids: list[str]) -> None:
+        """Pods `ids` (already in the fleet) join the pool: endpoints, KV-event subscribers."""
+        for pod_id in ids:
+            url = f"http://{pod_id.replace(':', '-')}:8000"
+            spec = EndpointSpec(pod_id, self._pool_key, url, kv_events=f"inproc://{pod_id}")
+            self._specs.append(spec)
+            subscriber = PodSubscriber(
+                PodEndpoint(pod_id, f"inproc://{pod_id}"),
+                self.index,
+                self._zmq,
+                offload_tier=self._cpu_offload,
+            )
+            self._complete(subscriber.open())
+            self._subscribers.append(subscriber)
+            self._seq.append(0)
+            self._pod_index[pod_id] = len(self._pod_index)
+        for replica in self.replicas:
+            self._complete(replica.endpoints.replace_pool(self._pool_key, self._specs))
+            by_id = {ep.id: ep for ep in replica.endpoints.in_pool(self._pool_key)}
+            replica.in_order = [by_id[spec.id] for spec in self._specs]
+            replica.core.endpoints_changed([by_id[pod_id] for pod_id in ids], [])
 
     def close(self) -> None:
         self._zmq.term()
@@ -210,11 +288,14 @@ class RouterDriver(FleetDriver):
 
     def route(self, request: TraceRequest, fleet: DESFleet, now: float) -> int | None:
         self.now = now
+        warm = self._warm.get(request.request_id)
+        if warm is not None:
+            return warm[1]
         waiter = self._granted.pop(request.request_id, None)
         if waiter is not None:
-            record, client = self._queued[request.request_id]
+            record, client, core = self._queued[request.request_id]
             try:
-                plan = self._complete(self.core.dispatch(waiter))
+                plan = self._complete(core.dispatch(waiter))
             except RouterError as exc:
                 del self._queued[request.request_id]
                 self._refused(record, exc, now)
@@ -222,7 +303,7 @@ class RouterDriver(FleetDriver):
             if plan is None:  # back in the queue
                 return None
             del self._queued[request.request_id]
-            return self._send(self._bench[request.request_id][0], record, client, plan)
+            return self._send(self._bench[request.request_id][0], record, client, plan, core)
         bench = self._bench[request.request_id][0]
         record = RequestRecord(
             request_id=bench.request_id,
@@ -245,15 +326,19 @@ class RouterDriver(FleetDriver):
             "stream_options": {"include_usage": True},
         }
         client = ClientRequest(body, headers, "completion", request_id=bench.request_id)
+        # A Service spreads connections over the replicas at random.
+        core = self.core
+        if len(self.replicas) > 1:
+            core = self._replica_rng.choice(self.replicas).core
         try:
-            admitted = self._complete(self.core.admit(client, self._on_decided))
+            admitted = self._complete(core.admit(client, self._on_decided))
         except RouterError as exc:
             self._refused(record, exc, now)
             return None
         if isinstance(admitted, Waiter):
-            self._queued[bench.request_id] = (record, client)
+            self._queued[bench.request_id] = (record, client, core)
             return None
-        return self._send(bench, record, client, admitted)
+        return self._send(bench, record, client, admitted, core)
 
     def _on_decided(self, waiter: Waiter) -> None:
         self._decided.append(waiter)
@@ -282,7 +367,7 @@ class RouterDriver(FleetDriver):
                     )
                 )
             else:
-                record, _client = self._queued.pop(request_id)
+                record, _client, _core = self._queued.pop(request_id)
                 self._refused(record, waiter.error, now, follow_ups=out)
         return out
 
@@ -301,22 +386,30 @@ class RouterDriver(FleetDriver):
             self._later.extend(nxt)
 
     def _send(
-        self, bench: BenchRequest, record: RequestRecord, client: ClientRequest, plan: RoutePlan
+        self,
+        bench: BenchRequest,
+        record: RequestRecord,
+        client: ClientRequest,
+        plan: RoutePlan,
+        core: RoutingCore,
     ) -> int:
-        attempt = self.core.sent(client, plan, streaming=True)
+        attempt = core.sent(client, plan, streaming=True)
         record.endpoint = plan.endpoint.id
         decision = plan.decision
         self.decisions.append(
             (bench.request_id, plan.endpoint.id, decision.reason, decision.predicted_hit_tokens)
         )
-        self._in_flight[bench.request_id] = _InFlight(bench, record, client, plan, attempt)
+        self._in_flight[bench.request_id] = _InFlight(bench, record, client, plan, attempt, core)
         return self._pod_index[plan.endpoint.id]
 
     def rejected(self, request: TraceRequest, pod: int, error: str, now: float) -> None:
         self.now = now
+        if request.request_id in self._warm:
+            self._warm_done(request.request_id, ok=False, prompt_tokens=0)
+            return
         flight = self._in_flight.pop(request.request_id)
-        self.core.first_byte(flight.plan, flight.attempt, streamed=False)
-        self.core.finished(
+        flight.core.first_byte(flight.plan, flight.attempt, streamed=False)
+        flight.core.finished(
             flight.request,
             flight.plan,
             flight.attempt,
@@ -331,16 +424,22 @@ class RouterDriver(FleetDriver):
 
     def first_token(self, request: SimRequest, pod: int, now: float) -> None:
         self.now = now
+        if request.request_id in self._warm:
+            return
         flight = self._in_flight[request.request_id]
         flight.record.first_byte_s = now
-        self.core.first_byte(flight.plan, flight.attempt, streamed=True)
+        flight.core.first_byte(flight.plan, flight.attempt, streamed=True)
 
     def finished(self, request: SimRequest, pod: int, now: float) -> list[TraceRequest]:
         self.now = now
+        if request.request_id in self._warm:
+            return self._warm_done(
+                request.request_id, ok=True, prompt_tokens=len(request.prompt_token_ids)
+            )
         flight = self._in_flight.pop(request.request_id)
         cached = max(request.num_cached_tokens, 0)
         completion = len(request.output_token_ids)
-        self.core.finished(
+        flight.core.finished(
             flight.request,
             flight.plan,
             flight.attempt,
@@ -372,24 +471,78 @@ class RouterDriver(FleetDriver):
         frames = [b"", seq.to_bytes(8, "big"), encode_batch(EventBatch(now, list(events), 0))]
         self._complete(self._subscribers[pod].handle(frames))
 
-    def tick(self, fleet: DESFleet, now: float) -> None:
+    def tick(self, fleet: DESFleet, now: float) -> list[TraceRequest]:
         self.now = now
+        added = self._next_warm(now)  # any a rejected warm request left waiting
+        while self._scale and self._scale[0][0] <= now:
+            _, count = self._scale.pop(0)
+            first = len(fleet.engines)
+            ids = [f"pod-{first + i}" for i in range(count)]
+            for pod_id in ids:
+                fleet.add_pod(pod_id)
+            self._join(ids)
+            self._warm_queue.extend(self.core.warmup.take())
+            added.extend(self._next_warm(now))
         sample = self._ticks % self._sample_every == 0
+        scrape = self._ticks % self._scrape_every == 0
         self._ticks += 1
-        for engine, ep in zip(fleet.engines, self._endpoints, strict=True):
-            self.core.load_scraped(
-                ep,
-                ScrapedLoad(
-                    waiting=float(engine.num_waiting),
-                    running=float(engine.num_running),
-                    kv_cache_usage=engine.kv_cache.usage,
-                    scraped_at=now,
-                ),
+        if self._sharing is not None:
+            self._exchange_loads(now)
+        if not scrape and not sample:
+            return added
+        for index, engine in enumerate(fleet.engines):
+            load = ScrapedLoad(
+                waiting=float(engine.num_waiting),
+                running=float(engine.num_running),
+                kv_cache_usage=engine.kv_cache.usage,
+                scraped_at=now,
             )
+            if scrape:
+                for replica in self.replicas:
+                    replica.core.load_scraped(replica.in_order[index], load)
             if sample:
-                self.samples.append(
-                    LoadSample(now, ep.id, float(engine.num_running), float(engine.num_waiting))
-                )
+                self.samples.append(LoadSample(now, fleet.names[index], load.running, load.waiting))
+        return added
+
+    def _exchange_loads(self, now: float) -> None:
+        """What `http/load_sharing.py` does through Redis, in process and with no delay: every
+        replica publishes its own loads, then reads everyone else's."""
+        ids = [spec.id for spec in self._specs]
+        published = {
+            k: dict(zip(ids, replica.core.accounting.loads(ids, now), strict=True))
+            for k, replica in enumerate(self.replicas)
+        }
+        for k, replica in enumerate(self.replicas):
+            others = {str(j): loads for j, loads in published.items() if j != k}
+            replica.core.peers.update(others, now)
+
+    # -- warm requests -------------------------------------------------------------------
+
+    def _next_warm(self, now: float) -> list[TraceRequest]:
+        """Warm requests to send now, up to `warmup.concurrency` in flight (as the live warmer)."""
+        out = []
+        warmup = self.core.warmup
+        while self._warm_queue and self._warm_in_flight < warmup.config.concurrency:
+            request = self._warm_queue.pop(0)
+            deadline = warmup.deadline(request.endpoint_id)
+            if deadline is None or deadline <= now:  # its warm-up ended while this one waited
+                warmup.request_done(request, now, ok=False)
+                continue
+            body = request.body()
+            request_id = f"warm-{self._warm_sent}"
+            self._warm_sent += 1
+            self._warm[request_id] = (request, self._pod_index[request.endpoint_id])
+            self._warm_in_flight += 1
+            out.append(
+                TraceRequest(request_id, now, body["prompt"], 1, body.get("cache_salt"), None)
+            )
+        return out
+
+    def _warm_done(self, request_id: str, *, ok: bool, prompt_tokens: int) -> list[TraceRequest]:
+        request, _ = self._warm.pop(request_id)
+        self._warm_in_flight -= 1
+        self.core.warmup.request_done(request, self.now, ok=ok, prompt_tokens=prompt_tokens)
+        return self._next_warm(self.now)
 
 
 def run_des(
@@ -405,11 +558,20 @@ def run_des(
     pod_names: list[str] | None = None,
     config_update: dict[str, Any] | None = None,
     pool_class: str = "online",
+    cpu_offload: bool = False,
+    scale: Sequence[tuple[float, int]] = (),
+    warmup: WarmupConfig | None = None,
+    replicas: int = 1,
+    load_sharing: LoadSharingConfig | None = None,
 ) -> DesResult:
     """One policy over one workload on ``pods`` simulated engines, named ``pod-<i>`` or
-    ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id). `config_update`:
-    router config sections over the quick-start's (tenants, flow_control, ...); `pool_class`:
-    the class of the fleet's one pool."""
+    ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id); ``config_update``:
+    router config sections over the quick-start's (tenants, flow_control, ...); ``pool_class``:
+    the class of the fleet's one pool; ``cpu_offload``: the router prices the engines' CPU
+    offloading tier (``engine.kv_offloading_size_gib``); ``scale``: at time t, n more pods join
+    (``pod-<i>``); ``warmup``: the router's warm-up settings (default: its config's);
+    ``replicas``: router replicas behind one Service (each request goes to one at random),
+    exchanging their loads as ``load_sharing`` says (None: not at all)."""
     known = default_registry().names("policy")
     if policy not in known:
         raise ValueError(f"policy {policy!r} cannot run in des mode ({', '.join(known)})")
@@ -422,6 +584,11 @@ def run_des(
         progress=progress,
         config_update=config_update,
         pool_class=pool_class,
+        cpu_offload=cpu_offload,
+        scale=scale,
+        warmup=warmup,
+        replicas=replicas,
+        load_sharing=load_sharing,
     )
     try:
         fleet.run(driver.trace(workload), driver)

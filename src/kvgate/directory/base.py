@@ -60,7 +60,11 @@ class BlockIndex(Protocol):
     """Which pod holds which prefix blocks of one pool."""
 
     async def lookup(
-        self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
+        self,
+        keys: Sequence[BlockKey],
+        pods: Collection[str] | None = None,
+        *,
+        medium: str | None = None,
     ) -> dict[str, int]:
         """For each pod, how many *leading* blocks of the chain `keys` it holds.
 
@@ -73,6 +77,10 @@ class BlockIndex(Protocol):
         - `pods`, when given, restricts the answer to those pods (unknown ones are ignored);
           `None` means every known pod.
         - Entries of a previous generation and expired approximate entries never count.
+        - `medium`, when given, counts only blocks held in that medium (approximate entries,
+          routing history of what a pod computed, count as `DEFAULT_MEDIUM`): e.g. how much of
+          a match is on the GPU when the rest is in an offloading tier. It may cost more than a
+          plain lookup (a scan per pod rather than one per 32 pods in Redis).
         """
         ...
 

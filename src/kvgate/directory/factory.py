@@ -9,7 +9,7 @@ the configured server. With a `DirectoryMetrics`, the index is wrapped in
 
 from __future__ import annotations
 
-from kvgate.api.router_config import DirectoryConfig
+from kvgate.api.router_config import DirectoryConfig, RedisConfig
 from kvgate.directory.base import (
     DEFAULT_MAX_APPROXIMATE_PER_POD,
     DEFAULT_MAX_BLOCKS_PER_POD,
@@ -19,7 +19,29 @@ from kvgate.directory.fallback import FallbackIndex
 from kvgate.directory.instrumented import InstrumentedBlockIndex
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
-from kvgate.directory.redis import RedisBlockIndex
+from kvgate.directory.redis import RedisBlockIndex, RedisConnection
+
+
+def redis_connection(config: RedisConfig) -> RedisConnection:
+    """The connection `config` describes, its secrets and CA bundle read now; raises ValueError
+    (naming the setting, never a secret's value) if one cannot be read or the URL is wrong."""
+    url = config.url_secret.read().strip() if config.url_secret else config.url
+    ca_pem = None
+    if config.ca_bundle is not None:
+        try:
+            ca_pem = config.ca_bundle.read()
+        except ValueError as exc:
+            raise ValueError(f"redis.ca_bundle: {exc}") from exc
+    try:
+        return RedisConnection(
+            url,
+            password=config.password.read() if config.password else None,
+            cluster=config.cluster,
+            ca_pem=ca_pem,
+        )
+    except ValueError as exc:
+        where = "redis.url_secret" if config.url_secret else "redis.url"
+        raise ValueError(f"{where}: {exc}") from None
 
 
 def create_index(
@@ -27,7 +49,6 @@ def create_index(
     pool_key: str,
     *,
     metrics: DirectoryMetrics | None = None,
-    redis_password: str | None = None,
     max_blocks_per_pod: int = DEFAULT_MAX_BLOCKS_PER_POD,
     max_approximate_per_pod: int = DEFAULT_MAX_APPROXIMATE_PER_POD,
 ) -> BlockIndex:
@@ -38,10 +59,9 @@ def create_index(
             max_blocks_per_pod=max_blocks_per_pod, max_approximate_per_pod=max_approximate_per_pod
         )
     elif config.backend == "redis":
-        index = RedisBlockIndex.from_url(
-            config.redis.url,
+        index = RedisBlockIndex.connect(
+            redis_connection(config.redis),
             pool_key,
-            password=redis_password,
             socket_timeout_seconds=config.redis.socket_timeout_seconds,
             key_prefix=config.redis.key_prefix,
             max_blocks_per_pod=max_blocks_per_pod,
@@ -63,8 +83,7 @@ def create_pool_index(
     failures and degraded state are counted in `metrics` (`kvgate_directory_fallback_*`)."""
     if config.backend == "memory":
         return create_index(config, pool_key, metrics=metrics)
-    password = config.redis.password.read() if config.redis.password else None
-    shared = create_index(config, pool_key, metrics=metrics, redis_password=password)
+    shared = create_index(config, pool_key, metrics=metrics)
     return FallbackIndex(
         shared,
         MemoryBlockIndex(),

@@ -207,14 +207,18 @@ class FallbackIndex:
         return result
 
     async def lookup(
-        self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
+        self,
+        keys: Sequence[BlockKey],
+        pods: Collection[str] | None = None,
+        *,
+        medium: str | None = None,
     ) -> dict[str, int]:
         self._maybe_resync()
         if self.degraded:
-            return await self.local.lookup(keys, pods)
-        found = await self._read("lookup", self.shared.lookup(keys, pods))
+            return await self.local.lookup(keys, pods, medium=medium)
+        found = await self._read("lookup", self.shared.lookup(keys, pods, medium=medium))
         if found is _FAILED:
-            return await self.local.lookup(keys, pods)
+            return await self.local.lookup(keys, pods, medium=medium)
         if not (self._unsynced or self._rebuilding):
             return found  # type: ignore[no-any-return]
         unsynced = self.unsynced if pods is None else self.unsynced & set(pods)
@@ -222,7 +226,7 @@ class FallbackIndex:
             return found  # type: ignore[no-any-return]
         # The shared answer is stale for these pods until they are rebuilt: use the local one.
         result = {pod: n for pod, n in found.items() if pod not in unsynced}
-        result.update(await self.local.lookup(keys, unsynced))
+        result.update(await self.local.lookup(keys, unsynced, medium=medium))
         return result
 
     async def get_generation(self, pod: str) -> str | None:

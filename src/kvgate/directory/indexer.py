@@ -37,6 +37,7 @@ class SubscriptionManager:
         metrics: DirectoryMetrics | None = None,
         limits: KvEventsConfig | None = None,
         kv_cache_group: int | None = 0,
+        offload_tier: bool = False,
         restart_backoff_seconds: float = 1.0,
     ) -> None:
         self._index = index
@@ -44,6 +45,7 @@ class SubscriptionManager:
         self._metrics = metrics
         self._limits = limits
         self._group = kv_cache_group
+        self._offload_tier = offload_tier
         self._backoff = restart_backoff_seconds
         self._context = zmq.asyncio.Context()
         self._subscribers: dict[str, PodSubscriber] = {}
@@ -93,6 +95,7 @@ class SubscriptionManager:
             metrics=self._metrics,
             limits=self._limits,
             kv_cache_group=self._group,
+            offload_tier=self._offload_tier,
         )
         self._subscribers[endpoint.pod] = sub
         self._tasks[endpoint.pod] = asyncio.create_task(

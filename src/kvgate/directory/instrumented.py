@@ -72,10 +72,15 @@ class InstrumentedBlockIndex:
         return result
 
     async def lookup(
-        self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
+        self,
+        keys: Sequence[BlockKey],
+        pods: Collection[str] | None = None,
+        *,
+        medium: str | None = None,
     ) -> dict[str, int]:
-        result = await self._observe("lookup", self.inner.lookup(keys, pods))
-        self._matched.observe(max(result.values(), default=0))
+        result = await self._observe("lookup", self.inner.lookup(keys, pods, medium=medium))
+        if medium is None:  # a tier's share of a match is not another match
+            self._matched.observe(max(result.values(), default=0))
         return result
 
     async def add(

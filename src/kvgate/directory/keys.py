@@ -11,6 +11,7 @@ Cluster they live in one slot and the multi-key Lua scripts of `redis_scripts.py
     <base>gc:<slot>   HASH  a cleared pod's former `x:` hash, erased from `m:` in bounded steps
     <base>gcq         LIST  slots waiting for that; <base>free LIST reusable slots
     <base>meta        HASH  next_slot
+    <base>load        HASH  router replica -> "<redis ms>|<json loads>" (`replica_load.py`)
 
 `x:<pod>` is the pod's reverse index: clearing a pod renames it away (O(1)) and its entries
 are reclaimed in O(its blocks) steps; nothing ever SCANs or FLUSHes. Pod names go into key
@@ -46,6 +47,10 @@ class PoolKeys:
     @property
     def registry(self) -> str:
         return self.base + "pods"
+
+    @property
+    def replica_load(self) -> str:
+        return self.base + "load"
 
     def exact(self, pod: str) -> str:
         return self.base + "x:" + pod

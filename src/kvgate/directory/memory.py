@@ -123,7 +123,11 @@ class MemoryBlockIndex:
     # -- lookup ------------------------------------------------------------------------------
 
     async def lookup(
-        self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
+        self,
+        keys: Sequence[BlockKey],
+        pods: Collection[str] | None = None,
+        *,
+        medium: str | None = None,
     ) -> dict[str, int]:
         if pods is None:
             states = list(self._pods.items())
@@ -136,6 +140,8 @@ class MemoryBlockIndex:
         for _, state in states:
             self._collect_expired(state, now)
             active |= state.bit
+        if medium is not None:
+            return self._lookup_in(medium, keys, states, now)
         result: dict[str, int] = {}
         get, zero, n = self._masks.get, itertools.repeat(0), len(keys)
         start, width = 0, 64
@@ -162,6 +168,26 @@ class MemoryBlockIndex:
             width *= 4
         for pod, state in states:
             if state.bit & active:
+                result[pod] = n
+        return result
+
+    def _lookup_in(
+        self, medium: str, keys: Sequence[BlockKey], states: list[tuple[str, _Pod]], now: float
+    ) -> dict[str, int]:
+        """`lookup` counting only entries in `medium`: one walk of the chain per pod."""
+        bit = self._media.get(medium, 0)
+        approximate_counts = medium == DEFAULT_MEDIUM
+        result: dict[str, int] = {}
+        for pod, state in states:
+            exact, approx = state.exact, state.approx
+            n = 0
+            for key in keys:
+                if not exact.get(key, 0) & bit and not (
+                    approximate_counts and approx.get(key, 0.0) > now
+                ):
+                    break
+                n += 1
+            if n:
                 result[pod] = n
         return result
 

@@ -12,20 +12,30 @@ operation is one Lua script (`redis_scripts.py`), hence one round trip and atomi
   over-full pod has missed removals and any victim is as good) and on approximate entries
   (soonest-expiring first), by collecting expired approximate entries on each write, and by a
   TTL on each approximate ZSET (an idle pool's routing history disappears entirely).
+
+Connections (`RedisConnection`): one server (`redis://`, `rediss://` for TLS, optionally with a
+CA bundle) or a Redis Cluster (`cluster=True`; the URL names any node, the client discovers the
+others and follows slot moves and failovers). Every key of a pool shares its hash tag, so a
+pool lives in one cluster slot and each script runs on the one master that owns it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.maint_notifications import MaintNotificationsConfig
 
 from kvgate.directory import redis_scripts
 from kvgate.directory.base import (
@@ -43,6 +53,56 @@ from kvgate.directory.keys import DEFAULT_PREFIX, PoolKeys
 from kvgate.prefix import BlockKey
 
 _Arg = str | bytes | int | float
+Client = aioredis.Redis | RedisCluster
+
+
+@dataclass(frozen=True, slots=True)
+class RedisConnection:
+    """How to reach the directory's Redis (docs/directory.md, "Redis as deployed")."""
+
+    url: str
+    """redis://host:port/db, rediss:// for TLS, unix:///path; may carry user:password@ (then
+    from a Secret)."""
+    password: str | None = None
+    """Overrides a password in the URL."""
+    cluster: bool = False
+    """Redis Cluster: `url` names any node (the database must be 0)."""
+    ca_pem: str | None = None
+    """PEM CA bundle that signs the server's certificate (rediss:// only); default: the system's
+    trust store."""
+
+    def __post_init__(self) -> None:
+        scheme = urlsplit(self.url).scheme
+        if scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"Redis URL must be redis://, rediss:// or unix://, got {scheme!r}")
+        if self.ca_pem is not None and scheme != "rediss":
+            raise ValueError("a CA bundle needs a rediss:// (TLS) URL")
+        if self.cluster and scheme == "unix":
+            raise ValueError("a Redis Cluster is reached over TCP, not unix://")
+
+    def client(self, socket_timeout_seconds: float | None) -> Client:
+        """A new client (connection pool) for this connection."""
+        options: dict[str, Any] = {
+            "socket_timeout": socket_timeout_seconds,
+            "socket_connect_timeout": socket_timeout_seconds,
+            "decode_responses": False,
+            # redis-py's "maintenance notifications" (a managed-Redis feature kvgate does not
+            # use) would add a handshake to every new connection.
+            "maint_notifications_config": MaintNotificationsConfig(enabled=False),
+        }
+        if self.password is not None:
+            options["password"] = self.password
+        if self.ca_pem is not None:
+            options["ssl_ca_data"] = self.ca_pem
+        if self.cluster:
+            # The cluster client retries a failed node itself, after refreshing the slot map
+            # (a promoted replica takes over); bounded so that a call gives up in about one
+            # socket timeout per attempt, and the caller's local view answers.
+            return RedisCluster.from_url(self.url, retry=Retry(NoBackoff(), 1), **options)
+        # A pooled connection that Redis closed (restart, failover) is retried once on a
+        # fresh one; timeouts are not retried: the caller's latency budget is spent.
+        retry = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+        return aioredis.Redis.from_url(self.url, retry=retry, **options)
 
 
 def _packed(keys: Sequence[BlockKey]) -> list[_Arg]:
@@ -63,7 +123,7 @@ class RedisBlockIndex:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: Client,
         pool_key: str,
         *,
         key_prefix: str = DEFAULT_PREFIX,
@@ -80,13 +140,42 @@ class RedisBlockIndex:
         self._max_approx = max_approximate_per_pod
         self._clock = clock
         self._lookup = client.register_script(redis_scripts.LOOKUP)
+        self._lookup_medium = client.register_script(redis_scripts.LOOKUP_MEDIUM)
         self._add = client.register_script(redis_scripts.ADD)
         self._remove = client.register_script(redis_scripts.REMOVE)
         self._add_approximate = client.register_script(redis_scripts.ADD_APPROXIMATE)
         self._set_generation = client.register_script(redis_scripts.SET_GENERATION)
         self._clear = client.register_script(redis_scripts.CLEAR)
         self._collect = client.register_script(redis_scripts.COLLECT)
+        # redis-py 8.1's cluster client, first used by many tasks at once, loses connections
+        # ("Connection closed by server", "'NoneType' object has no attribute 'writelines'")
+        # while it reads the slot map: the index initialises it once, under a lock, first.
+        self._uninitialised_cluster = isinstance(client, RedisCluster)
+        self._initialising = asyncio.Lock()
         self._closed = False
+
+    @classmethod
+    def connect(
+        cls,
+        connection: RedisConnection,
+        pool_key: str,
+        *,
+        socket_timeout_seconds: float | None = None,
+        key_prefix: str = DEFAULT_PREFIX,
+        max_blocks_per_pod: int = DEFAULT_MAX_BLOCKS_PER_POD,
+        max_approximate_per_pod: int = DEFAULT_MAX_APPROXIMATE_PER_POD,
+        clock: Callable[[], float] = time.time,
+    ) -> RedisBlockIndex:
+        """An index owning a new client for `connection` (closed by `close`)."""
+        return cls(
+            connection.client(socket_timeout_seconds),
+            pool_key,
+            key_prefix=key_prefix,
+            max_blocks_per_pod=max_blocks_per_pod,
+            max_approximate_per_pod=max_approximate_per_pod,
+            clock=clock,
+            owns_client=True,
+        )
 
     @classmethod
     def from_url(
@@ -101,44 +190,53 @@ class RedisBlockIndex:
         max_approximate_per_pod: int = DEFAULT_MAX_APPROXIMATE_PER_POD,
         clock: Callable[[], float] = time.time,
     ) -> RedisBlockIndex:
-        """An index owning a new connection pool to `url` (closed by `close`)."""
-        client = aioredis.Redis.from_url(
-            url,
-            password=password,
-            socket_timeout=socket_timeout_seconds,
-            socket_connect_timeout=socket_timeout_seconds,
-            decode_responses=False,
-            # A pooled connection that Redis closed (restart, failover) is retried once on a
-            # fresh one; timeouts are not retried: the caller's latency budget is spent.
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        )
-        return cls(
-            client,
+        """`connect` to one plain Redis server at `url`."""
+        return cls.connect(
+            RedisConnection(url, password=password),
             pool_key,
+            socket_timeout_seconds=socket_timeout_seconds,
             key_prefix=key_prefix,
             max_blocks_per_pod=max_blocks_per_pod,
             max_approximate_per_pod=max_approximate_per_pod,
             clock=clock,
-            owns_client=True,
         )
 
     @property
     def keys(self) -> PoolKeys:
         return self._keys
 
+    async def _ready(self) -> Client:
+        if self._uninitialised_cluster:
+            async with self._initialising:
+                if self._uninitialised_cluster:
+                    assert isinstance(self._client, RedisCluster)
+                    await self._client.initialize()
+                    self._uninitialised_cluster = False
+        return self._client
+
     async def _run(self, script: AsyncScript, args: list[_Arg]) -> Any:
+        await self._ready()
         # KEYS carries the registry only so that cluster clients route the call to the pool's
         # slot; the scripts derive the pool's other keys from ARGV[1] (same hash tag).
         return await script(keys=[self._keys.registry], args=[self._keys.base, *args])
 
     async def lookup(
-        self, keys: Sequence[BlockKey], pods: Collection[str] | None = None
+        self,
+        keys: Sequence[BlockKey],
+        pods: Collection[str] | None = None,
+        *,
+        medium: str | None = None,
     ) -> dict[str, int]:
         if not keys or (pods is not None and not pods):
             return {}
         wanted = [] if pods is None else sorted(set(pods))
         head: list[_Arg] = [repr(float(self._clock())), -1 if pods is None else len(wanted)]
-        flat = await self._run(self._lookup, [*head, *wanted, *_packed(keys)])
+        script = self._lookup
+        if medium is not None:
+            check_medium(medium)
+            script = self._lookup_medium
+            head = [medium, int(medium == DEFAULT_MEDIUM), *head]
+        flat = await self._run(script, [*head, *wanted, *_packed(keys)])
         return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
 
     async def add(
@@ -206,14 +304,14 @@ class RedisBlockIndex:
             pass
 
     async def get_generation(self, pod: str) -> str | None:
-        value = await self._client.hget(self._keys.registry, pod)
+        value = await (await self._ready()).hget(self._keys.registry, pod)
         if value is None:
             return None
         generation = _text(value).partition("|")[2]  # "<slot>|<generation>"
         return generation or None
 
     async def pods(self) -> set[str]:
-        return {_text(p) for p in await self._client.hkeys(self._keys.registry)}
+        return {_text(p) for p in await (await self._ready()).hkeys(self._keys.registry)}
 
     async def stats(self) -> IndexStats:
         pods = await self.pods()

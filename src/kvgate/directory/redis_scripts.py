@@ -223,6 +223,55 @@ end
 return out
 """)
 
+# ARGV: base, medium, approximate counts (1/0), now, npods (-1 = every known pod), pods...,
+# key size, chain (as in LOOKUP). Counts per pod the leading blocks held in `medium` (its x:
+# hash lists the medium) or, when approximate entries count, by an unexpired one. One HMGET (and
+# ZMSCORE) per pod per chunk of the chain (growing 4x from 64), stopping at the pod's first miss.
+LOOKUP_MEDIUM = _script("""
+local needle, approx_counts = ',' .. ARGV[2] .. ',', ARGV[3] == '1'
+local now, npods = tonumber(ARGV[4]), tonumber(ARGV[5])
+local pods = {}
+if npods < 0 then
+  pods = redis.call('HKEYS', registry)
+else
+  for i = 6, 5 + npods do
+    if redis.call('HEXISTS', registry, ARGV[i]) == 1 then pods[#pods + 1] = ARGV[i] end
+  end
+end
+local keys = read_keys(6 + math.max(npods, 0))
+local nkeys = #keys
+local out = {}
+for _, pod in ipairs(pods) do
+  local x, z = base .. 'x:' .. pod, base .. 'a:' .. pod
+  local zset = approx_counts and redis.call('EXISTS', z) == 1
+  local n, i, width, missed = 0, 1, 64, false
+  while not missed and i <= nkeys do
+    local upto = math.min(nkeys, i + width - 1)
+    local media = redis.call('HMGET', x, unpack(keys, i, upto))
+    local scores = zset and redis.call('ZMSCORE', z, unpack(keys, i, upto))
+    for j = 1, #media do
+      local m = media[j]
+      local held = m and string.find(',' .. m .. ',', needle, 1, true)
+      if not held and scores then
+        local s = scores[j]
+        held = s and tonumber(s) > now
+      end
+      if not held then
+        missed = true
+        break
+      end
+      n = n + 1
+    end
+    i, width = upto + 1, math.min(width * 4, 2048)
+  end
+  if n > 0 then
+    out[#out + 1] = pod
+    out[#out + 1] = n
+  end
+end
+return out
+""")
+
 # ARGV: base, pod, generation ('' = none), medium, cap, key size, keys (as in LOOKUP)
 # Returns 1 when applied, 0 for a stale generation.
 ADD = _script("""

@@ -25,8 +25,12 @@ Algorithm, with `expected` = the next seq this subscriber needs (None before the
 * seq < expected: the engine restarted (seq went back, normally to 0): new generation, which
   clears the pod at once, then seq > 0 is handled as a first message.
 * Payloads that do not decode, frames that are not `[topic, seq, payload]`, rejected events:
-  counted, logged once, skipped. Events of other KV cache groups than `kv_cache_group` are
-  skipped (hybrid models).
+  counted, logged once, skipped. Only events of full-attention KV cache groups count (hybrid
+  models, `cache_groups.py`): those of sliding-window or mamba groups are skipped quietly,
+  those of a group of unknown kind other than `kv_cache_group` are counted and skipped.
+  Events of vLLM's CPU offloading tier (medium `CPU`) are indexed only with `offload_tier`
+  (the pool's `engine.cpu_offload`), and other media (a disk tier) never, so that an unpriced
+  tier never passes for GPU hits.
 * If the directory fails (Redis down), the batch's seq becomes `expected` again after a short
   back-off, so the next message triggers a replay and the directory catches up.
 
@@ -51,6 +55,7 @@ import zmq.asyncio
 
 from kvgate.api.router_config import KvEventsConfig
 from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex
+from kvgate.directory.cache_groups import CacheGroupFilter
 from kvgate.directory.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -60,6 +65,7 @@ from kvgate.directory.events import (
 )
 from kvgate.directory.metrics import DirectoryMetrics, LogOnce
 from kvgate.directory.replay import ReplayRange
+from kvgate.kvevents import MEDIUM_CPU
 from kvgate.prefix import BlockKey
 
 log = logging.getLogger(__name__)
@@ -96,6 +102,7 @@ class PodSubscriber:
         metrics: DirectoryMetrics | None = None,
         limits: KvEventsConfig | None = None,
         kv_cache_group: int | None = 0,
+        offload_tier: bool = False,
         retry_seconds: float = 0.5,
         drain_messages: int = 256,
     ) -> None:
@@ -105,7 +112,8 @@ class PodSubscriber:
         self._pool = pool
         self._metrics = metrics
         self._limits = limits or KvEventsConfig()
-        self._group = kv_cache_group
+        self._groups = CacheGroupFilter(kv_cache_group)
+        self._media = {DEFAULT_MEDIUM, MEDIUM_CPU} if offload_tier else {DEFAULT_MEDIUM}
         self._retry = retry_seconds
         self._token = secrets.token_hex(4)
         self._restarts = 0
@@ -266,11 +274,15 @@ class PodSubscriber:
                 ops.append(_Op("clear", DEFAULT_MEDIUM, []))
                 continue
             assert isinstance(event, BlockStored | BlockRemoved)
-            if self._group is not None and event.group_idx not in (None, self._group):
-                self._bad("other_kv_cache_group", f"group {event.group_idx}")
+            if not self._groups.accepts(event):
+                if not self._groups.is_partial_attention(event):
+                    self._bad("other_kv_cache_group", f"group {event.group_idx}")
                 continue
             op = "add" if isinstance(event, BlockStored) else "remove"
             medium = event.medium or DEFAULT_MEDIUM
+            if medium not in self._media:
+                continue  # a tier the pool's config does not price is no GPU hit
+
             if ops and ops[-1].op == op and ops[-1].medium == medium:
                 ops[-1].keys.extend(event.keys)
             else:

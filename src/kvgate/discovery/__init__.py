@@ -25,6 +25,6 @@ def build_discovery(pool: PoolConfig, endpoints: EndpointSet) -> Discovery:
         from kvgate.discovery.static import StaticDiscovery
 
         return StaticDiscovery(pool, endpoints)
-    from kvgate.discovery.kubernetes import KubernetesPodDiscovery
+    from kvgate.discovery.kubernetes import EndpointSliceDiscovery
 
-    return KubernetesPodDiscovery(pool, endpoints)
+    return EndpointSliceDiscovery(pool, endpoints)

@@ -45,6 +45,11 @@ class LoadSample:
     running: float = 0.0
     kv_cache_usage: float = 0.0
     scraped_at: float = 0.0  # monotonic seconds; 0 = never
+    # vllm:lora_requests_info: adapters of the pod's running and of its waiting requests, and
+    # how many a batch may use (0 = the pod reports no LoRA serving).
+    running_lora_adapters: frozenset[str] = frozenset()
+    waiting_lora_adapters: frozenset[str] = frozenset()
+    max_lora: int = 0
 
 
 @dataclass
@@ -54,6 +59,10 @@ class Endpoint:
     draining: bool = False  # leaving: no new requests, in-flight ones finish
     consecutive_failures: int = 0
     ejected_until: float = 0.0  # monotonic seconds
+    # LoRA adapters the pod used last (sent by this router or seen running), oldest first, at
+    # most its max_lora: vLLM keeps adapters in max_lora GPU slots and evicts the least recently
+    # used, so these are the ones it most likely has loaded.
+    recent_lora_adapters: list[str] = field(default_factory=list)
 
     @property
     def id(self) -> str:
@@ -68,6 +77,14 @@ class Endpoint:
 
     def load_fresh(self, now: float, stale_after: float) -> bool:
         return self.load.scraped_at > 0 and now - self.load.scraped_at <= stale_after
+
+    def note_lora_adapters(self, names: Iterable[str]) -> None:
+        recent = self.recent_lora_adapters
+        for name in names:
+            if name in recent:
+                recent.remove(name)
+            recent.append(name)
+        del recent[: max(0, len(recent) - max(1, self.load.max_lora))]
 
     def record_success(self) -> None:
         self.consecutive_failures = 0

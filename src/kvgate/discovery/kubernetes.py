@@ -1,16 +1,27 @@
-"""Discover a pool's ready engine pods by watching Pods in the Kubernetes API.
+"""Discover a pool's ready engine pods from the EndpointSlices of its Service.
 
-List the pods matching the pool's label selector, then watch from the list's resourceVersion;
-every event updates the pod table and the pool's endpoints are replaced with the ready pods
-(phase Running, a pod IP, condition Ready=True, not being deleted). A pod that becomes unready or
-is deleted leaves the endpoint set on the event that says so, which drops it from routing and
-forgets it in the directory at once (well within the 2 s budget). A watch that expires (410 Gone)
-or breaks is re-listed after a short backoff.
+Kubernetes' EndpointSlice controller keeps, for every Service with a selector, slices
+(`discovery.k8s.io/v1`) listing the selected pods with their addresses, the Service's ports
+resolved to container port numbers, and three conditions. List the Service's slices (label
+`kubernetes.io/service-name`), then watch from the list's resourceVersion; every event updates
+the slice table and the pool's endpoints are replaced with what the slices say now:
 
-Endpoint identity is `<namespace>/<pod>`; the generation is `<pod uid>:<engine restarts>` so that
-an engine container restart invalidates the pod's directory entries. Ports are looked up by name
-on the containers (`http`, `kv-events`, `kv-replay` by default), else the documented defaults.
-KV events are expected under the topic the operator renders, `kv@<pod IP>@<pool model>`.
+- **ready** endpoints are routed to (`ready` unset counts as true, as the API says);
+- **terminating** endpoints leave at once, even while still `serving`: the endpoint set drops
+  them, which forgets them in the directory within the 2 s budget. Only when a pool has no ready
+  endpoint at all are its serving terminating ones used (what kube-proxy does), so that a rolling
+  restart of a one-pod pool does not fail requests;
+- **dual stack**: a dual-stack Service has one slice per address family listing the same pods;
+  a pod (keyed by its `targetRef` UID) is used once, at the address of `ip_family` if it has
+  one, else IPv4, else IPv6. FQDN slices are ignored.
+
+A watch that expires (410 Gone) or breaks is re-listed after a short backoff.
+
+Endpoint identity is `<namespace>/<pod>` (from `targetRef`; `<namespace>/<address>` for
+endpoints that are not pods) and the generation is the pod UID: a pod that restarts its engine
+goes unready and leaves, and the engine's KV-event seq reset clears it besides. Ports are looked
+up by name on the slice (`http`, `kv-events`, `kv-replay` by default), else the documented
+defaults. KV events are expected under the topic the operator renders, `kv@<pod IP>@<model>`.
 """
 
 from __future__ import annotations
@@ -19,6 +30,8 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from kvgate.api.router_config import KubernetesDiscovery, PoolConfig
@@ -26,44 +39,111 @@ from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, kv_topic
 
 log = logging.getLogger(__name__)
 
-
-def pod_is_ready(pod: Any) -> bool:
-    status = pod.status
-    if pod.metadata.deletion_timestamp is not None or status is None:
-        return False
-    if status.phase != "Running" or not status.pod_ip:
-        return False
-    return any(c.type == "Ready" and c.status == "True" for c in status.conditions or [])
+SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+IP_FAMILIES = ("IPv4", "IPv6")
 
 
-def _port(pod: Any, name: str, default: int) -> int:
+@dataclass(frozen=True, slots=True)
+class SliceEndpoint:
+    """One endpoint of one slice, with what routing needs of it."""
+
+    id: str
+    generation: str
+    address: str
+    ports: dict[str, int]
+    ready: bool
+    serving: bool
+    terminating: bool
+
+
+def _port(ports: dict[str, int], name: str, default: int) -> int:
     if name.isdigit():
         return int(name)
-    for container in pod.spec.containers or []:
-        for port in container.ports or []:
-            if port.name == name:
-                return int(port.container_port)
-    return default
+    return ports.get(name, default)
 
 
-def pod_spec(pool: PoolConfig, disc: KubernetesDiscovery, pod: Any) -> EndpointSpec:
-    ip = pod.status.pod_ip
-    host = f"[{ip}]" if ":" in ip else ip
+def slice_endpoints(endpoint_slice: Any) -> list[SliceEndpoint]:
+    """The endpoints of one EndpointSlice (IPv4/IPv6 only), conditions defaulted as the API says:
+    ready unset = true, serving unset = ready, terminating unset = false."""
+    if endpoint_slice.address_type not in IP_FAMILIES:
+        return []
+    namespace = endpoint_slice.metadata.namespace
+    ports = {p.name or "": int(p.port) for p in endpoint_slice.ports or [] if p.port is not None}
+    found = []
+    for endpoint in endpoint_slice.endpoints or []:
+        if not endpoint.addresses:
+            continue
+        address = endpoint.addresses[0]
+        ref = endpoint.target_ref
+        is_pod = ref is not None and ref.kind == "Pod" and ref.name
+        conditions = endpoint.conditions
+        ready = conditions is None or conditions.ready is not False
+        serving = ready if conditions is None or conditions.serving is None else conditions.serving
+        terminating = conditions is not None and conditions.terminating is True
+        found.append(
+            SliceEndpoint(
+                id=f"{ref.namespace or namespace}/{ref.name}"
+                if is_pod
+                else f"{namespace}/{address}",
+                generation=(ref.uid or address) if is_pod else address,
+                address=address,
+                ports=ports,
+                ready=ready and not terminating,
+                serving=serving,
+                terminating=terminating,
+            )
+        )
+    return found
+
+
+def routable_endpoints(
+    slices: Iterable[Any], ip_family: str | None = None
+) -> list[tuple[str, SliceEndpoint]]:
+    """`(family, endpoint)` per pod to route to: the ready ones, else the serving terminating
+    ones; one address family per pod (`ip_family`, else IPv4, else IPv6)."""
+    by_pod: dict[str, dict[str, SliceEndpoint]] = {}
+    for endpoint_slice in slices:
+        for endpoint in slice_endpoints(endpoint_slice):
+            by_pod.setdefault(endpoint.id, {})[endpoint_slice.address_type] = endpoint
+    preference = [ip_family] if ip_family else []
+    preference += [f for f in IP_FAMILIES if f not in preference]
+    picked = []
+    for families in by_pod.values():
+        family = next(f for f in preference if f in families)
+        picked.append((family, families[family]))
+    ready = [(f, e) for f, e in picked if e.ready]
+    if ready:
+        return ready
+    return [(f, e) for f, e in picked if e.serving and e.terminating]
+
+
+def endpoint_spec(
+    pool: PoolConfig, disc: KubernetesDiscovery, family: str, endpoint: SliceEndpoint
+) -> EndpointSpec:
+    host = f"[{endpoint.address}]" if family == "IPv6" else endpoint.address
     ports = disc.ports
-    http = _port(pod, ports.http, ports.http_default)
-    events = _port(pod, ports.kv_events, ports.kv_events_default)
-    replay = _port(pod, ports.kv_replay, ports.kv_replay_default)
-    restarts = sum(s.restart_count or 0 for s in pod.status.container_statuses or [])
+    http = _port(endpoint.ports, ports.http, ports.http_default)
+    events = _port(endpoint.ports, ports.kv_events, ports.kv_events_default)
+    replay = _port(endpoint.ports, ports.kv_replay, ports.kv_replay_default)
     use_events = pool.engine.kv_events
     return EndpointSpec(
-        id=f"{pod.metadata.namespace}/{pod.metadata.name}",
+        id=endpoint.id,
         pool=pool.key,
         url=f"{disc.scheme}://{host}:{http}",
         kv_events=f"tcp://{host}:{events}" if use_events else None,
         kv_replay=f"tcp://{host}:{replay}" if use_events else None,
-        kv_topic=kv_topic(ip, pool.model),
-        generation=f"{pod.metadata.uid}:{restarts}",
+        kv_topic=kv_topic(endpoint.address, pool.model),
+        generation=endpoint.generation,
     )
+
+
+def pool_endpoint_specs(
+    pool: PoolConfig, disc: KubernetesDiscovery, slices: Iterable[Any]
+) -> list[EndpointSpec]:
+    return [
+        endpoint_spec(pool, disc, family, endpoint)
+        for family, endpoint in routable_endpoints(slices, disc.ip_family)
+    ]
 
 
 async def _load_kube_config() -> None:
@@ -75,15 +155,16 @@ async def _load_kube_config() -> None:
         await config.load_kube_config()
 
 
-class KubernetesPodDiscovery:
+class EndpointSliceDiscovery:
     def __init__(self, pool: PoolConfig, endpoints: EndpointSet) -> None:
         assert pool.endpoints.kubernetes is not None
         self.pool = pool
         self._disc = pool.endpoints.kubernetes
         self._namespace = self._disc.namespace or pool.namespace
+        self._selector = f"{SERVICE_NAME_LABEL}={self._disc.service}"
         self._endpoints = endpoints
         self._task: asyncio.Task[None] | None = None
-        self._pods: dict[str, Any] = {}
+        self._slices: dict[str, Any] = {}
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"kvgate-discovery-{self.pool.key}")
@@ -96,9 +177,7 @@ class KubernetesPodDiscovery:
             self._task = None
 
     async def _publish(self) -> None:
-        specs = [
-            pod_spec(self.pool, self._disc, pod) for pod in self._pods.values() if pod_is_ready(pod)
-        ]
+        specs = pool_endpoint_specs(self.pool, self._disc, self._slices.values())
         await self._endpoints.replace_pool(self.pool.key, specs)
 
     async def _run(self) -> None:
@@ -115,30 +194,30 @@ class KubernetesPodDiscovery:
                 await asyncio.sleep(backoff)
                 backoff = min(5.0, backoff * 2)
         async with client.ApiClient() as api_client:
-            api = client.CoreV1Api(api_client)
+            api = client.DiscoveryV1Api(api_client)
             backoff = 0.2
             while True:
                 try:
-                    listing = await api.list_namespaced_pod(
-                        self._namespace, label_selector=self._disc.label_selector
+                    listing = await api.list_namespaced_endpoint_slice(
+                        self._namespace, label_selector=self._selector
                     )
-                    self._pods = {p.metadata.name: p for p in listing.items}
+                    self._slices = {s.metadata.name: s for s in listing.items}
                     await self._publish()
                     version = listing.metadata.resource_version
                     backoff = 0.2
                     stream = watch.Watch().stream(
-                        api.list_namespaced_pod,
+                        api.list_namespaced_endpoint_slice,
                         self._namespace,
-                        label_selector=self._disc.label_selector,
+                        label_selector=self._selector,
                         resource_version=version,
                         timeout_seconds=300,
                     )
                     async for event in stream:
-                        pod = event["object"]
+                        endpoint_slice = event["object"]
                         if event["type"] == "DELETED":
-                            self._pods.pop(pod.metadata.name, None)
+                            self._slices.pop(endpoint_slice.metadata.name, None)
                         elif event["type"] in ("ADDED", "MODIFIED"):
-                            self._pods[pod.metadata.name] = pod
+                            self._slices[endpoint_slice.metadata.name] = endpoint_slice
                         else:
                             continue
                         await self._publish()
@@ -146,8 +225,8 @@ class KubernetesPodDiscovery:
                     raise
                 except ApiException as exc:
                     if exc.status != 410:
-                        log.warning("pod watch for %s failed: %s", self.pool.key, exc)
+                        log.warning("EndpointSlice watch for %s failed: %s", self.pool.key, exc)
                 except Exception as exc:
-                    log.warning("pod watch for %s broke: %r", self.pool.key, exc)
+                    log.warning("EndpointSlice watch for %s broke: %r", self.pool.key, exc)
                 await asyncio.sleep(backoff)
                 backoff = min(5.0, backoff * 2)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from kvgate.api.router_config import KvEventsConfig
 from kvgate.directory.base import BlockIndex
@@ -42,11 +42,15 @@ class EventIndexer:
         indexes: Mapping[str, BlockIndex],
         metrics: DirectoryMetrics | None = None,
         limits: KvEventsConfig | None = None,
+        offload_tier: Callable[[str], bool] = lambda pool: False,
     ) -> None:
+        """`offload_tier(pool)`: whether the pool's engines have a CPU offloading tier whose
+        events are indexed (its `engine.cpu_offload`; read when the pool's first pod appears)."""
         self._endpoints = endpoints
         self._indexes = indexes
         self._metrics = metrics
         self._limits = limits
+        self._offload_tier = offload_tier
         self._managers: dict[str, SubscriptionManager] = {}
 
     def subscribed(self, pool: str) -> set[str]:
@@ -69,7 +73,11 @@ class EventIndexer:
             return
         if manager is None:
             manager = SubscriptionManager(
-                index, pool=pool, metrics=self._metrics, limits=self._limits
+                index,
+                pool=pool,
+                metrics=self._metrics,
+                limits=self._limits,
+                offload_tier=self._offload_tier(pool),
             )
             self._managers[pool] = manager
         await manager.reconcile(

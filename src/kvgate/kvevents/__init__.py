@@ -7,6 +7,9 @@ Public names are listed here once; see docs/directory.md for how the indexer app
 from kvgate.kvevents.decode import HASH_SIZES, EventDecodeError, decode_batch, event_to_json
 from kvgate.kvevents.encode import encode_batch, external_hash
 from kvgate.kvevents.events import (
+    FULL_ATTENTION_KINDS,
+    KIND_FULL_ATTENTION,
+    MEDIUM_CPU,
     MEDIUM_GPU,
     REMOVED_FIELDS,
     STORED_FIELDS,
@@ -20,7 +23,10 @@ from kvgate.kvevents.events import (
 )
 
 __all__ = [
+    "FULL_ATTENTION_KINDS",
     "HASH_SIZES",
+    "KIND_FULL_ATTENTION",
+    "MEDIUM_CPU",
     "MEDIUM_GPU",
     "REMOVED_FIELDS",
     "STORED_FIELDS",

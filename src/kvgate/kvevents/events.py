@@ -6,7 +6,9 @@ payloads into them (`kvgate.kvevents.decode`). Field names and order are vLLM 0.
 Defaults are what an absent field decodes to: vLLM's own default where it declares one (every
 optional field defaults to None), and None for the three fields vLLM requires but older
 releases did not send (`lora_id`, `medium`, `lora_name`). A publisher therefore states what it
-publishes: the simulator sets `medium="GPU"` and `group_idx=0` as vLLM's GPU block pool does.
+publishes: the simulator sets `medium="GPU"`, `group_idx=0` and, on stores,
+`kv_cache_spec_kind="full_attention"` as vLLM 0.33 does for a model with one attention group
+(its KV cache manager annotates each store with its group's kind).
 
 vLLM 0.33's `BlockStored` also carries `locality`, `ownership`, `session_id` and
 `lookahead_token_ids`; kvgate neither sets nor reads them, so they are not modelled here
@@ -25,6 +27,14 @@ from kvgate.prefix import BlockKey, block_key
 BlockHash = bytes | int
 
 MEDIUM_GPU = "GPU"
+#: vLLM's CPU offloading tier (`--kv-offloading-backend native`, OffloadingConnector events).
+MEDIUM_CPU = "CPU"
+
+#: `kv_cache_spec_kind` values (vLLM's `KVCacheSpecKind`) of groups whose layers attend to the
+#: whole prefix: a block hit there is a hit for the request. Sliding-window, chunked-local and
+#: mamba groups keep only recent state, so their blocks say nothing about a long prefix.
+KIND_FULL_ATTENTION = "full_attention"
+FULL_ATTENTION_KINDS = frozenset({KIND_FULL_ATTENTION, "mla_attention", "sink_full_attention"})
 
 #: Wire order of each event's fields (vLLM declaration order; the array form uses it too).
 STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",

@@ -1,11 +1,11 @@
 """The kopf operator for InferencePool and RoutingPolicy (`kopf run -m kvgate.operator`).
 
 Importing this package registers the handlers: `startup` (settings, API client and the
-reconciler in `memo`), `pools`, `policies` and `children` (thin kopf handlers). The logic lives
+reconciler in `memo`), `pools`, `policies`, `children` and `gateway_pools` (thin kopf handlers). The logic lives
 in `reconcile` (kopf-free, tested with a fake API), the objects in `render` (pure builders) and
 `status` (pure condition rules).
 """
 
-from kvgate.operator import children, policies, pools, startup
+from kvgate.operator import children, gateway_pools, policies, pools, startup
 
-__all__ = ["children", "policies", "pools", "startup"]
+__all__ = ["children", "gateway_pools", "policies", "pools", "startup"]

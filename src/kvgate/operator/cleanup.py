@@ -15,27 +15,37 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvgate.directory.base import BlockIndex
+from kvgate.directory.redis_url import redacted_url
 
 
 @dataclass(frozen=True, slots=True)
 class RedisTarget:
-    """Where a policy keeps its directory."""
+    """Where a policy keeps its directory (secrets already read)."""
 
     url: str
     key_prefix: str
     password: str | None = None
+    cluster: bool = False
+    ca_pem: str | None = None
+
+    @property
+    def display_url(self) -> str:
+        """The URL without its password, for events and logs."""
+        return redacted_url(self.url)
 
 
 IndexFactory = Callable[[RedisTarget, str, float], BlockIndex]
 
 
 def redis_index(target: RedisTarget, pool_key: str, timeout_seconds: float) -> BlockIndex:
-    from kvgate.directory.redis import RedisBlockIndex
+    from kvgate.directory.redis import RedisBlockIndex, RedisConnection
 
-    return RedisBlockIndex.from_url(
-        target.url,
+    connection = RedisConnection(
+        target.url, password=target.password, cluster=target.cluster, ca_pem=target.ca_pem
+    )
+    return RedisBlockIndex.connect(
+        connection,
         pool_key,
-        password=target.password,
         socket_timeout_seconds=timeout_seconds,
         key_prefix=target.key_prefix,
     )

@@ -35,6 +35,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     (GROUP_VERSION, "InferencePool"): "inferencepools",
     (GROUP_VERSION, "RoutingPolicy"): "routingpolicies",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
 }
 
 

@@ -4,9 +4,9 @@
 render every child with the pure builders, server-side apply them all (which also undoes drift:
 an edited child gets its fields back, a deleted one is recreated), read back what the cluster
 reports and write the status. They never raise for problems a person must fix: an invalid spec,
-a missing pool or a failed API call becomes a `Degraded` condition with a readable message and
-a Warning event (posted once per new problem, not on every resync), and the next resync tries
-again. Calls for the same object are serialised by a per-object lock, because handlers, the
+a missing pool, Secret or ConfigMap (:mod:`kvgate.operator.references`) or a failed API call
+becomes a `Degraded` condition with a readable message and a Warning event (posted once per new
+problem, not on every resync), and the next resync tries again. Calls for the same object are serialised by a per-object lock, because handlers, the
 resync daemon and child watches may all ask for the same reconcile at once.
 
 A pool change cascades to the policies that select it (their router config and endpoint counts
@@ -27,11 +27,12 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from kvgate import __version__
-from kvgate.api.base import GROUP_VERSION, JsonDict
+from kvgate.api.base import GROUP_VERSION, DataKeyRef, JsonDict
 from kvgate.api.policy import POLICY_KIND, RoutingPolicySpec
 from kvgate.api.pool import POOL_KIND, InferencePoolSpec
 from kvgate.operator import cleanup
 from kvgate.operator.kube import Kube, KubeError
+from kvgate.operator.references import combined, missing_references
 from kvgate.operator.render import (
     Owner,
     SelectedPool,
@@ -39,6 +40,7 @@ from kvgate.operator.render import (
     policy_children,
     pool_children,
 )
+from kvgate.operator.render.gateway import GATEWAY_POOL_API_VERSION, GATEWAY_POOL_KIND, gateway_pool
 from kvgate.operator.render.router import indexer_name, needs_indexer, router_name
 from kvgate.operator.status import Problem, Rollout, policy_status, pool_status
 
@@ -221,7 +223,7 @@ class Reconciler:
                 )
             except Exception as exc:  # Redis down, timeout, auth: never block the deletion
                 message = (
-                    f"could not clear directory entries of {pool_key} at {target.url}: "
+                    f"could not clear directory entries of {pool_key} at {target.display_url}: "
                     f"{type(exc).__name__}: {exc}; stale entries expire or are replaced"
                 )
                 log.warning(message)
@@ -229,21 +231,46 @@ class Reconciler:
                     body, type="Warning", reason="DirectoryCleanupFailed", message=message
                 )
             else:
-                message = f"cleared {pods} pods of {pool_key} from the directory at {target.url}"
+                message = (
+                    f"cleared {pods} pods of {pool_key} from the directory at {target.display_url}"
+                )
                 await self.events(body, type="Normal", reason="DirectoryCleared", message=message)
         self._problems.pop((owner.kind, owner.namespace, owner.name), None)
         self._locks.pop((owner.kind, owner.namespace, owner.name), None)
 
     async def _redis_target(self, namespace: str, spec: RoutingPolicySpec) -> cleanup.RedisTarget:
         redis = spec.directory.redis
-        password = None
+        password = url = ca_pem = None
         if redis.password is not None:
-            secret = await self.kube.get("v1", "Secret", namespace, redis.password.name)
-            data = (secret or {}).get("data") or {}
-            if redis.password.key not in data:
-                raise ValueError(f"Secret {redis.password.name} has no key {redis.password.key}")
-            password = base64.b64decode(data[redis.password.key]).decode()
-        return cleanup.RedisTarget(url=redis.url, key_prefix=redis.key_prefix, password=password)
+            password = await self._secret_value(namespace, redis.password.name, redis.password.key)
+        if redis.url_secret is not None:
+            ref = redis.url_secret
+            url = (await self._secret_value(namespace, ref.name, ref.key)).strip()
+        if redis.ca_bundle is not None:
+            ca_pem = await self._file_value(namespace, redis.ca_bundle)
+        return cleanup.RedisTarget(
+            url=url or redis.url,
+            key_prefix=redis.key_prefix,
+            password=password,
+            cluster=redis.cluster,
+            ca_pem=ca_pem,
+        )
+
+    async def _secret_value(self, namespace: str, name: str, key: str) -> str:
+        secret = await self.kube.get("v1", "Secret", namespace, name)
+        data = (secret or {}).get("data") or {}
+        if key not in data:
+            raise ValueError(f"Secret {name} has no key {key}")
+        return base64.b64decode(data[key]).decode()
+
+    async def _file_value(self, namespace: str, ref: DataKeyRef) -> str:
+        if ref.secret is not None:
+            return await self._secret_value(namespace, ref.secret, ref.key)
+        config_map = await self.kube.get("v1", "ConfigMap", namespace, str(ref.config_map))
+        data = (config_map or {}).get("data") or {}
+        if ref.key not in data:
+            raise ValueError(f"ConfigMap {ref.config_map} has no key {ref.key}")
+        return str(data[ref.key])
 
     # -- policies ------------------------------------------------------------------------------
 
@@ -299,10 +326,41 @@ class Reconciler:
                 continue
             pools.append(SelectedPool(name=name, namespace=owner.namespace, spec=pool_spec))
             endpoints += int((item.get("status") or {}).get("readyReplicas") or 0)
+        if spec.pool_refs:
+            pools += await self._gateway_pools(owner, spec, problems)
         if not pools:
-            problems.append("no valid InferencePool matches spec.pools or spec.poolSelector")
+            problems.append(
+                "no valid InferencePool matches spec.pools, spec.poolRefs or spec.poolSelector"
+            )
         reason = "NoPools" if not pools else "PoolsMissing"
         return pools, endpoints, Problem(reason, "; ".join(problems)) if problems else None
+
+    async def _gateway_pools(
+        self, owner: Owner, spec: RoutingPolicySpec, problems: list[str]
+    ) -> list[SelectedPool]:
+        """The Gateway API InferencePools of `spec.poolRefs`; what is missing goes to `problems`."""
+        what = f"InferencePool ({GATEWAY_POOL_API_VERSION})"
+        try:
+            items = await self.kube.list(
+                GATEWAY_POOL_API_VERSION, GATEWAY_POOL_KIND, owner.namespace
+            )
+        except KubeError as exc:
+            problems.append(f"cannot list {what}s: {exc.message}")
+            return []
+        by_name = {
+            str(_meta(p).get("name")): p for p in items if not _meta(p).get("deletionTimestamp")
+        }
+        pools = []
+        for ref in spec.pool_refs:
+            body = by_name.get(ref.name)
+            if body is None:
+                problems.append(f"{what} {ref.name} not found in namespace {owner.namespace}")
+                continue
+            try:
+                pools.append(gateway_pool(owner.name, owner.namespace, ref, body))
+            except ValueError as exc:
+                problems.append(f"{what} {ref.name} cannot be routed to: {exc}")
+        return pools
 
     async def _indexer_replicas(self, owner: Owner, spec: RoutingPolicySpec) -> int | None:
         """1 when the policy needs `kvgate indexer`; 0 to park one it no longer needs."""
@@ -330,6 +388,8 @@ class Reconciler:
             except KubeError as exc:
                 problem = Problem("ApplyFailed", f"cannot list InferencePools: {exc.message}")
         if spec is not None and pools:
+            missing = await missing_references(self.kube, owner.namespace, spec, pools)
+            problem = combined(problem, missing)
             indexer_replicas = await self._indexer_replicas(owner, spec)
             try:
                 children, config_hash = policy_children(

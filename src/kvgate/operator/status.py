@@ -12,7 +12,9 @@ Three conditions, as users of Deployments expect them:
   reports `ReplicaFailure` or `ProgressDeadlineExceeded`.
 
 A condition's `lastTransitionTime` changes only when its status changes, so that
-`kubectl describe` shows when a resource last became (un)ready.
+`kubectl describe` shows when a resource last became (un)ready. `status.reason` repeats the
+reason that matters (Degraded's while degraded, else Ready's) for the Reason column of
+`kubectl get`, which can show only one JSONPath match.
 """
 
 from __future__ import annotations
@@ -143,6 +145,15 @@ def conditions(
     ]
 
 
+def summary_reason(conditions_: Sequence[JsonDict]) -> str:
+    """Degraded's reason while Degraded is True, else Ready's."""
+    by_type = {str(c.get("type")): c for c in conditions_}
+    degraded = by_type.get(DEGRADED, {})
+    if degraded.get("status") == ConditionStatus.TRUE:
+        return str(degraded.get("reason") or "")
+    return str(by_type.get(READY, {}).get("reason") or "")
+
+
 def pool_ready(rollout: Rollout) -> tuple[bool, str, str]:
     if rollout.desired == 0:
         return False, "ScaledToZero", "spec.replicas is 0"
@@ -173,6 +184,14 @@ def pool_status(
     previous: JsonDict,
     now: str,
 ) -> JsonDict:
+    found = conditions(
+        ready=pool_ready(rollout),
+        rollout=rollout,
+        problem=problem,
+        generation=generation,
+        previous=previous.get("conditions") or [],
+        now=now,
+    )
     return {
         "observedGeneration": generation,
         "replicas": rollout.replicas,
@@ -181,14 +200,8 @@ def pool_status(
         "endpoints": rollout.ready,
         "selector": selector,
         "servedModelName": served_model_name,
-        "conditions": conditions(
-            ready=pool_ready(rollout),
-            rollout=rollout,
-            problem=problem,
-            generation=generation,
-            previous=previous.get("conditions") or [],
-            now=now,
-        ),
+        "conditions": found,
+        "reason": summary_reason(found),
     }
 
 
@@ -203,19 +216,22 @@ def policy_status(
     previous: JsonDict,
     now: str,
 ) -> JsonDict:
+    found = conditions(
+        ready=policy_ready(rollout, endpoints),
+        rollout=rollout,
+        problem=problem,
+        generation=generation,
+        previous=previous.get("conditions") or [],
+        now=now,
+    )
     return {
         "observedGeneration": generation,
         "pools": pools,
+        "poolNames": ",".join(pools),
         "endpoints": endpoints,
         "replicas": rollout.replicas,
         "readyReplicas": rollout.ready,
         "configHash": config_hash,
-        "conditions": conditions(
-            ready=policy_ready(rollout, endpoints),
-            rollout=rollout,
-            problem=problem,
-            generation=generation,
-            previous=previous.get("conditions") or [],
-            now=now,
-        ),
+        "conditions": found,
+        "reason": summary_reason(found),
     }

@@ -34,6 +34,9 @@ from kubernetes_asyncio import client
 log = logging.getLogger(__name__)
 
 RESYNC_SECONDS = 1.0
+# A connection that finds no ready endpoint waits this long for one (a pod that has just become
+# Ready reaches the EndpointSlices a moment later), then is closed, as kube-proxy rejects it.
+NO_ENDPOINT_WAIT_SECONDS = 5.0
 HOSTS_HEADER = "127.0.0.1 localhost\n::1 localhost\n"
 
 
@@ -46,11 +49,30 @@ class Listener:
     backends: list[tuple[str, int]] = field(default_factory=list)
     server: asyncio.Server | None = None
     counter: itertools.count[int] = field(default_factory=itertools.count)
+    endpoint_wait_seconds: float = NO_ENDPOINT_WAIT_SECONDS
+    _has_backends: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.set_backends(self.backends)
+
+    def set_backends(self, backends: list[tuple[str, int]]) -> None:
+        self.backends = backends
+        if backends:
+            self._has_backends.set()
+        else:
+            self._has_backends.clear()
 
     def pick(self) -> tuple[str, int] | None:
         if not self.backends:
             return None
         return self.backends[next(self.counter) % len(self.backends)]
+
+    async def wait_and_pick(self) -> tuple[str, int] | None:
+        """A backend, waiting up to `endpoint_wait_seconds` for one; None if none came."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.endpoint_wait_seconds):
+                await self._has_backends.wait()
+        return self.pick()
 
 
 def ready_backends(slices: list[Mapping[str, Any]], port_name: str) -> list[tuple[str, int]]:
@@ -161,7 +183,7 @@ class ServiceProxy:
         for address, listener in wanted.items():
             current = self._listeners.get(address)
             if current is not None:
-                current.backends = listener.backends
+                current.set_backends(listener.backends)
                 continue
             try:
                 listener.server = await asyncio.start_server(
@@ -183,7 +205,7 @@ class ServiceProxy:
     async def _forward(
         self, listener: Listener, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        backend = listener.pick()
+        backend = await listener.wait_and_pick()
         try:
             if backend is None:
                 raise ConnectionRefusedError(f"no ready endpoint for {listener.service}")

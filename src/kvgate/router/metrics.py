@@ -207,6 +207,51 @@ class RouterMetrics:
             registry=r,
         )
 
+        # Warm-up of pods that join a pool (core/warmup.py).
+        self.warmups = Counter(
+            "kvgate_router_warmups_total",
+            "Warm-ups of pods that joined a pool, by result (warmed, timed_out, nothing_hot)",
+            ["pool", "result"],
+            registry=r,
+        )
+        self.warm_requests = Counter(
+            "kvgate_router_warm_requests_total",
+            "Warm requests (a hot prefix, max_tokens 1) sent to pods, by result (ok, error)",
+            ["pool", "result"],
+            registry=r,
+        )
+        self.warm_prefill_tokens = Counter(
+            "kvgate_router_warm_prefill_tokens_total",
+            "Prompt tokens of the warm requests pods answered",
+            ["pool"],
+            registry=r,
+        )
+        self.endpoint_warm_phase = Gauge(
+            "kvgate_router_endpoint_warm_phase",
+            "1 while a pod that joined is in this warm-up phase (warming: no client requests; "
+            "ramping: a growing share of them)",
+            ["pool", "endpoint", "phase"],
+            registry=r,
+        )
+
+        # Load shared between router replicas (http/load_sharing.py).
+        self.load_sharing_errors = Counter(
+            "kvgate_router_load_sharing_errors_total",
+            "Load exchanges with the other router replicas that failed or timed out, by pool",
+            ["pool"],
+            registry=r,
+        )
+        self.load_sharing_peers = Gauge(
+            "kvgate_router_load_sharing_peers",
+            "Other router replicas whose load this replica adds to its own",
+            registry=r,
+        )
+        self.load_sharing_degraded = Gauge(
+            "kvgate_router_load_sharing_degraded",
+            "1 while load sharing is on but the other replicas' load is too old to use",
+            registry=r,
+        )
+
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: `labels()` costs more than the update on the hot path."""
         key = (metric._name, labels)

@@ -2,9 +2,11 @@
 
 `RouterRuntime` owns: the routing core (`core/lifecycle.py`: decisions, endpoint accounting and
 learning), the HTTP client to the pods (pooled keep-alive connections, `http/upstream.py`), the
-proxy, one directory index per pool, the endpoint set fed by discovery, the load scraper, the
-embedded indexer (KV-event subscriptions, `kvgate.indexer`) and the config-file watcher. `start()` starts
-them; `stop()` cancels and awaits every task and closes every connection.
+proxy, the warmer of pods that join (`http/warmer.py`), the load exchange with the other
+router replicas (`http/load_sharing.py`), one directory index per pool, the endpoint set fed by
+discovery, the load scraper, the embedded indexer (KV-event subscriptions, `kvgate.indexer`)
+and the config-file watcher. `start()` starts them; `stop()` cancels and awaits every task and
+closes every connection.
 
 Reload: a new config builds a new `RouterState` (classifier, keyers, policy) and swaps it in
 atomically; requests already in flight keep the state they started with. Pools that remain keep
@@ -34,9 +36,11 @@ from kvgate.indexer.subscriptions import EventIndexer, refresh_directory_stats
 from kvgate.router.core.keys import Keyer, keyer_identity
 from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.core.routing import RouterState
+from kvgate.router.http.load_sharing import LoadSharer
 from kvgate.router.http.proxy import Proxy
 from kvgate.router.http.scrape import LoadScraper
 from kvgate.router.http.upstream import HttpxUpstream, RawUpstream, RoutingUpstream, Upstream
+from kvgate.router.http.warmer import Warmer
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.setup import build_keyer
 from kvgate.scoring.registry import build_policy
@@ -116,6 +120,8 @@ class RouterRuntime:
             clock=clock,
         )
         self.proxy = Proxy(self.upstream, self.core, limits)
+        self.warmer = Warmer(self.core, self.upstream, lambda: self.config.limits, clock=clock)
+        self.load_sharer = LoadSharer(self.core, lambda: self.config, self.metrics, clock=clock)
         self.scraper = LoadScraper(
             self.endpoints,
             self.upstream,
@@ -129,7 +135,11 @@ class RouterRuntime:
         self.endpoints.add_listener(self._endpoints_changed)
         self.indexer = (
             EventIndexer(
-                self.endpoints, self.indexes, self.directory_metrics, config.directory.kv_events
+                self.endpoints,
+                self.indexes,
+                self.directory_metrics,
+                config.directory.kv_events,
+                offload_tier=self._offload_tier,
             )
             if config.directory.embedded_indexer
             else None
@@ -142,9 +152,14 @@ class RouterRuntime:
     def config(self) -> RouterConfig:
         return self.core.state.config
 
+    def _offload_tier(self, pool: str) -> bool:
+        config = self.core.state.pools.get(pool)
+        return config is not None and config.engine.cpu_offload
+
     async def start(self) -> None:
         await self._sync_pools(self.config)
         self.scraper.start()
+        self.load_sharer.start()
         self._stats_task = asyncio.create_task(
             refresh_directory_stats(self.indexes, self._stats_interval_seconds),
             name="kvgate-directory-stats",
@@ -168,6 +183,8 @@ class RouterRuntime:
         if self.indexer is not None:
             await self.indexer.close()
         await self.scraper.stop()
+        await self.warmer.stop()
+        await self.load_sharer.stop()
         for index in self.indexes.values():
             await index.close()
         await self.upstream.aclose()
@@ -233,6 +250,7 @@ class RouterRuntime:
                     self.directory_metrics.fallback_errors.labels("set_generation").inc()
                     log.warning("could not set generation of %s: %r", ep.id, exc)
             log.info("endpoint %s joined pool %s (%s)", ep.id, ep.pool, ep.spec.url)
+        self.warmer.dispatch()
         self._update_endpoint_gauges()
 
     def _update_endpoint_gauges(self) -> None:

@@ -71,6 +71,10 @@ class EngineLoad:
     running: int
     kv_cache_usage: float  # 0..1
     observed_at: float  # clock value (seconds) when scraped; older than the stale limit = ignored
+    running_lora_adapters: frozenset[str] = frozenset()  # vllm:lora_requests_info
+    waiting_lora_adapters: frozenset[str] = frozenset()
+    max_lora: int = 0  # adapters a batch may use (--max-loras); 0 = no LoRA serving reported
+    recent_lora_adapters: frozenset[str] = frozenset()  # likely still in a GPU slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +106,11 @@ class RoutingRequest:
     request_class: RequestClass = "online"
     tenant: str | None = None
     session_id: str | None = None
+    # For pools whose engines offload KV blocks to CPU memory: each pod's leading blocks held
+    # on the GPU; the rest of its `matched_blocks` is in the CPU tier and must be loaded back
+    # (priced by the cost model's `cpu_load_tokens_per_second`). None: every match is on the GPU.
+    gpu_matched_blocks: Mapping[str, int] | None = None
+    lora_adapter: str | None = None  # the LoRA adapter the request names, if any
 
 
 class CostEstimate(NamedTuple):
@@ -117,7 +126,8 @@ class CostEstimate(NamedTuple):
     load: int  # effective requests on the pod (max of router in-flight and engine-reported)
     prefill_tokens_per_second: float  # effective rate used (learned or prior, decode-adjusted)
     queue_seconds: float  # predicted wait before this request's prefill starts
-    prefill_seconds: float  # predicted prefill time of the uncached tokens
+    prefill_seconds: float  # predicted prefill time of the uncached tokens (+ CPU-tier loads)
+    cpu_hit_tokens: int = 0  # of hit_tokens, those in the CPU tier (loaded back, not recomputed)
 
     @property
     def ttft_seconds(self) -> float:
@@ -223,6 +233,7 @@ class CandidateExplanation(NamedTuple):
         return {
             "endpoint": e.endpoint_id,
             "hit_tokens": e.hit_tokens,
+            "cpu_hit_tokens": e.cpu_hit_tokens,
             "uncached_tokens": e.uncached_tokens,
             "load": e.load,
             "prefill_tokens_per_second": round(e.prefill_tokens_per_second, 1),

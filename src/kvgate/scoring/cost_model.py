@@ -6,12 +6,19 @@ For endpoint *p* with prefill rate *r_p* (tokens/s):
                  (vLLM always recomputes at least the last prompt token), x approximate_hit_discount
                  when the keys are approximate
     uncached_p = prompt_tokens - hit_p
+    cpu_hit_p  = the part of hit_p held only in the pod's CPU offloading tier (pools with
+                 `cpu_offload`: hit_p minus the hit of the pod's leading GPU blocks)
     r_eff      = r_p * max(min_rate_fraction, 1 - running_p / max_num_batched_tokens)
                  (with chunked prefill every running decode takes one token of each step's budget)
     queue_p    = queued_tokens_p / r_eff                               (prefills ahead of us)
                + slot_wait_seconds * max(0, running + queued + 1 - max_num_seqs)   (batch full)
                + kv_pressure_seconds * max(0, kv_usage - kv_pressure_threshold) / (1 - threshold)
-    prefill_p  = uncached_p / r_eff
+               + lora_load_seconds      if the request names a LoRA adapter that none of the
+                                        pod's running or waiting requests uses and that is
+                                        not among the max_lora it used last (its GPU slots)
+               + lora_slot_wait_seconds if no running request uses it and the running ones
+                                        already use max_lora adapters (vLLM keeps it waiting)
+    prefill_p  = uncached_p / r_eff + cpu_hit_p / cpu_load_tokens_per_second
     ttft_p     = queue_p + prefill_p
 
 ``queued_tokens_p`` = the uncached tokens this router has sent to *p* and not yet seen a first byte
@@ -63,6 +70,17 @@ class CostModelParams(BaseModel):
     """Approximate keys (char blocks, routing history) may be wrong: count this share of a hit."""
     stale_after_seconds: float = Field(default=2.0, gt=0)
     """Engine-reported load older than this is ignored."""
+    cpu_load_tokens_per_second: float = Field(default=380_000.0, gt=0)
+    """How fast a CPU-tier hit is copied back to the GPU (pools with `cpu_offload`): host-to-
+    device bandwidth over KV bytes per token. Default: PCIe Gen5 x16 at ~50 GB/s over
+    Llama-3.1-8B's 128 KiB a token, 38x the default prefill prior (docs/scoring.md)."""
+    lora_load_seconds: float = Field(default=0.05, ge=0)
+    """Added on a pod whose running and waiting requests do not use the request's LoRA adapter
+    (``vllm:lora_requests_info``) and that did not use it among its last ``max_lora`` adapters:
+    it has to load the adapter into a GPU slot first."""
+    lora_slot_wait_seconds: float = Field(default=1.0, ge=0)
+    """Added when no running request of the pod uses the adapter and its batch already uses
+    ``max_lora`` others: vLLM keeps the request waiting until one of them has none left."""
 
 
 class CostModel:
@@ -70,9 +88,12 @@ class CostModel:
 
     __slots__ = (
         "_approx",
+        "_cpu_rate",
         "_foreign",
         "_kv_seconds",
         "_kv_threshold",
+        "_lora_load",
+        "_lora_slot_wait",
         "_max_batched",
         "_min_fraction",
         "_prior",
@@ -93,6 +114,9 @@ class CostModel:
         self._kv_seconds = p.kv_pressure_seconds
         self._approx = p.approximate_hit_discount
         self._stale = p.stale_after_seconds
+        self._cpu_rate = p.cpu_load_tokens_per_second
+        self._lora_load = p.lora_load_seconds
+        self._lora_slot_wait = p.lora_slot_wait_seconds
 
     def hit_tokens(self, request: RoutingRequest, matched_blocks: int) -> int:
         """Prompt tokens the pod would serve from cache, given its leading matched blocks."""
@@ -123,12 +147,17 @@ class CostModel:
         matched_blocks: int,
         now: float,
         unmeasured_rate: float | None = None,
+        gpu_blocks: int | None = None,
     ) -> CostEstimate:
-        """``unmeasured_rate`` replaces the prior when the endpoint has no learned rate."""
+        """``unmeasured_rate`` replaces the prior when the endpoint has no learned rate;
+        ``gpu_blocks``: how many of the matched blocks lead on the GPU (None: all of them)."""
         hit = self.hit_tokens(request, matched_blocks) if matched_blocks > 0 else 0
         uncached = request.prompt_tokens - hit
         if uncached < 0:
             uncached = 0
+        cpu_hit = 0
+        if gpu_blocks is not None and gpu_blocks < matched_blocks and hit:
+            cpu_hit = hit - (self.hit_tokens(request, gpu_blocks) if gpu_blocks > 0 else 0)
         rate = endpoint.prefill_tokens_per_second or unmeasured_rate or self._prior
         queued_tokens = float(endpoint.pending_prefill_tokens)
         load = endpoint.in_flight
@@ -155,8 +184,22 @@ class CostModel:
             if usage > self._kv_threshold:
                 excess = (usage - self._kv_threshold) / (1.0 - self._kv_threshold)
                 queue += (excess if excess < 1.0 else 1.0) * self._kv_seconds
+            adapter = request.lora_adapter
+            if adapter is not None and engine.max_lora > 0:
+                running_loras = engine.running_lora_adapters
+                if adapter not in running_loras:
+                    if (
+                        adapter not in engine.waiting_lora_adapters
+                        and adapter not in engine.recent_lora_adapters
+                    ):
+                        queue += self._lora_load
+                    if len(running_loras) >= engine.max_lora:
+                        queue += self._lora_slot_wait
         queue += queued_tokens / rate
-        return CostEstimate(endpoint.id, hit, uncached, load, rate, queue, uncached / rate)
+        prefill = uncached / rate
+        if cpu_hit:
+            prefill += cpu_hit / self._cpu_rate
+        return CostEstimate(endpoint.id, hit, uncached, load, rate, queue, prefill, cpu_hit)
 
     def estimate_all(
         self,
@@ -168,4 +211,12 @@ class CostModel:
         get = matched_blocks.get
         estimate = self.estimate
         peers = self.unmeasured_rates(endpoints)
-        return {e.id: estimate(request, e, get(e.id, 0), now, peers.get(e.pool)) for e in endpoints}
+        on_gpu = request.gpu_matched_blocks
+        if on_gpu is None:
+            return {
+                e.id: estimate(request, e, get(e.id, 0), now, peers.get(e.pool)) for e in endpoints
+            }
+        return {
+            e.id: estimate(request, e, get(e.id, 0), now, peers.get(e.pool), on_gpu.get(e.id, 0))
+            for e in endpoints
+        }

@@ -16,6 +16,7 @@ from typing import Any
 
 from kvgate.prefix import HASH_ALGOS, HashAlgo
 from kvgate.sim.engine import EngineConfig
+from kvgate.sim.lora import lora_config, parse_lora_module
 from kvgate.sim.profile import DEFAULT_PROFILE
 
 
@@ -123,8 +124,19 @@ def add_vllm_arguments(parser: argparse.ArgumentParser, *, single_pod: bool = Tr
         "--gpu-memory-utilization", type=_fraction, default=defaults.gpu_memory_utilization
     )
     parser.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    parser.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        default=None,
+        help="GiB of host memory for the CPU offloading tier of the KV cache",
+    )
+    parser.add_argument("--kv-offloading-backend", default=None, help="native (vLLM's own)")
     parser.add_argument("--enable-prompt-tokens-details", action="store_true")
     parser.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
+    parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None)
+    parser.add_argument("--max-loras", type=int, default=1)
+    parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
@@ -146,6 +158,12 @@ def add_vllm_arguments(parser: argparse.ArgumentParser, *, single_pod: bool = Tr
         default=64,
         help="answer length of a chat request without max_tokens (where vLLM stops at EOS)",
     )
+    sim.add_argument(
+        "--sim-lora-load-seconds",
+        type=float,
+        default=0.05,
+        help="simulated seconds to load a LoRA adapter into one of the --max-loras GPU slots",
+    )
 
 
 def config_from_args(
@@ -162,6 +180,14 @@ def config_from_args(
         raise ValueError("--sim-time-scale must be > 0")
     if args.tensor_parallel_size < 1:
         raise ValueError("--tensor-parallel-size must be >= 1")
+    offloading = args.kv_offloading_size or 0.0
+    if offloading < 0:
+        raise ValueError("--kv-offloading-size must be >= 0")
+    if args.kv_offloading_backend not in (None, "native"):
+        raise ValueError(
+            f"--kv-offloading-backend {args.kv_offloading_backend!r}: the simulator models "
+            "vLLM's native CPU offloading only"
+        )
     engine = EngineConfig(
         block_size=args.block_size,
         num_gpu_blocks=args.num_gpu_blocks_override,
@@ -171,6 +197,10 @@ def config_from_args(
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len or EngineConfig().max_model_len,
         seed=args.seed if args.sim_seed is None else args.sim_seed,
+        kv_offloading_size_gib=offloading,
+        lora=lora_config(
+            args.enable_lora, args.lora_modules, args.max_loras, args.sim_lora_load_seconds
+        ),
     )
     kwargs: dict[str, Any] = {}
     if hasattr(args, "kv_events_config"):  # `serve`; a fleet sets these per pod

@@ -137,8 +137,10 @@ class FleetDriver:
     def kv_events(self, pod: int, events: Sequence[KVEvent], now: float) -> None:
         """One step's KV events, as the pod publishes them."""
 
-    def tick(self, fleet: DESFleet, now: float) -> None:
-        """Periodic callback (``tick_interval_s``)."""
+    def tick(self, fleet: DESFleet, now: float) -> Iterable[TraceRequest]:
+        """Periodic callback (``tick_interval_s``); may add pods (:meth:`DESFleet.add_pod`) and
+        returns requests to add (arrival times >= ``now``)."""
+        return ()
 
     def holding(self) -> bool:
         """The driver still holds requests back: the run goes on (ticking) until it lets go."""
@@ -224,6 +226,15 @@ class DESFleet:
         ]
         self.names = list(names) if names else [f"pod-{i}" for i in range(num_pods)]
         self.block_size = config.block_size
+        self._config, self._profile = config, profile
+
+    def add_pod(self, name: str) -> int:
+        """A pod joins the fleet (a scale-up) with an empty cache; returns its index."""
+        index = len(self.engines)
+        config = replace(self._config, seed=self._config.seed + index)
+        self.engines.append(SimEngine(config, self._profile, self.hasher))
+        self.names.append(name)
+        return index
 
     def pod_states(self, block_hashes: Sequence[bytes], max_hit_blocks: int) -> list[PodState]:
         return [
@@ -270,7 +281,11 @@ class DESFleet:
                 continue
             now, kind, _, payload = heapq.heappop(heap)
             if kind == _TICK:
-                driver.tick(self, now)
+                for added in driver.tick(self, now):
+                    if added.arrival_time < now:
+                        raise ValueError("a request cannot arrive in the past")
+                    heapq.heappush(heap, (added.arrival_time, _ARRIVAL, next(order), added))
+                scheduled.extend([False] * (len(self.engines) - len(scheduled)))  # pods added
                 assert interval is not None
                 heapq.heappush(heap, (now + interval, _TICK, next(order), None))
                 for held in driver.released(now):

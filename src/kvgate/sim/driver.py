@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from kvgate.sim.engine import SimEngine, StepResult
+from kvgate.sim.lora import LoraModule
 from kvgate.sim.request import SimRequest
 
 log = logging.getLogger(__name__)
@@ -88,10 +89,11 @@ class EngineDriver:
         prompt_token_ids: list[int],
         max_tokens: int,
         cache_salt: str | None = None,
+        lora: LoraModule | None = None,
     ) -> RequestStream:
         """Queue a request (raises ``RequestRejected`` for requests vLLM refuses)."""
         req = self.engine.add_request(
-            request_id, prompt_token_ids, max_tokens, self.now(), cache_salt=cache_salt
+            request_id, prompt_token_ids, max_tokens, self.now(), cache_salt=cache_salt, lora=lora
         )
         stream = RequestStream(req)
         self._streams[req] = stream

@@ -14,10 +14,12 @@ same request produces the same output (and the same decode-block hashes) on ever
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kvgate.kvevents import KVEvent
 from kvgate.sim.kv_cache import KVCacheManager
+from kvgate.sim.lora import LoraConfig, LoraModule, LoraSlots
 from kvgate.sim.profile import PerformanceProfile
 from kvgate.sim.request import BlockHasher, SimRequest, Status
 from kvgate.sim.scheduler import Scheduler, SchedulerConfig
@@ -40,6 +42,9 @@ class EngineConfig:
     max_model_len: int = 131072
     seed: int = 0
     vocab_size: int = 32000
+    # vLLM --kv-offloading-size (GiB of host memory for the CPU offloading tier; 0 = none)
+    kv_offloading_size_gib: float = 0.0
+    lora: LoraConfig | None = None  # None: --enable-lora not given
 
 
 def kv_cache_blocks(config: EngineConfig, profile: PerformanceProfile) -> int:
@@ -92,16 +97,23 @@ class SimEngine:
 
     def _start_fresh(self) -> None:
         self.kv_cache = KVCacheManager(
-            self.num_gpu_blocks, self.config.block_size, self.config.enable_prefix_caching
+            self.num_gpu_blocks,
+            self.config.block_size,
+            self.config.enable_prefix_caching,
+            num_cpu_blocks=self.profile.num_cpu_blocks(
+                self.config.block_size, self.config.kv_offloading_size_gib
+            ),
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
                 max_num_seqs=self.config.max_num_seqs,
                 max_num_batched_tokens=self.config.max_num_batched_tokens,
                 max_model_len=self.config.max_model_len,
+                max_loras=self.config.lora.max_loras if self.config.lora else None,
             ),
             self.kv_cache,
         )
+        self.lora_slots = LoraSlots(self.config.lora.max_loras if self.config.lora else 0)
 
     # -- requests --------------------------------------------------------------------------
 
@@ -113,8 +125,10 @@ class SimEngine:
         arrival_time: float,
         cache_salt: str | None = None,
         block_hashes: list[bytes] | None = None,
+        lora: LoraModule | None = None,
     ) -> SimRequest:
-        """Queue a request; ``block_hashes`` may carry its prompt's hashes, already computed."""
+        """Queue a request; ``block_hashes`` may carry its prompt's hashes, already computed;
+        ``lora``: the adapter it names (one of the engine's ``--lora-modules``)."""
         n = len(prompt_token_ids)
         if n == 0:
             raise RequestRejected("The prompt cannot be empty.")
@@ -138,6 +152,7 @@ class SimEngine:
             max_tokens=max_tokens,
             arrival_time=arrival_time,
             cache_salt=cache_salt,
+            lora=lora,
         )
         if self.config.enable_prefix_caching:
             if block_hashes is not None:
@@ -164,6 +179,14 @@ class SimEngine:
     def num_waiting(self) -> int:
         return len(self.scheduler.waiting)
 
+    def lora_adapters(self) -> tuple[list[str], list[str]]:
+        """Adapter names of the running and of the waiting requests (vLLM's scheduler stats)."""
+
+        def names(requests: Iterable[SimRequest]) -> list[str]:
+            return list(dict.fromkeys(r.lora.name for r in requests if r.lora is not None))
+
+        return names(self.scheduler.running), names(self.scheduler.waiting)
+
     def next_step_time(self, not_before: float) -> float | None:
         """When the next step starts if the previous one ended at ``not_before``."""
         if self.scheduler.running:
@@ -183,6 +206,11 @@ class SimEngine:
             else:
                 prefill.append((context, num_new))
         end = now + self.profile.step_seconds(prefill, decode)
+        if batch.loaded_tokens:  # copies from the CPU tier, modelled as part of the step
+            end += self.profile.load_seconds(batch.loaded_tokens)
+        if self.config.lora is not None:
+            adapters = {req.lora.name for req, _n, _c in batch.items if req.lora is not None}
+            end += self.lora_slots.use(sorted(adapters)) * self.config.lora.load_seconds
         result = StepResult(start=now, end=end, num_preempted=len(batch.preempted))
         stats = self.stats
         if batch.preempted:

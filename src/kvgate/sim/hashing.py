@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kvgate.prefix import BlockHasher, HashAlgo, hash_block
+from kvgate.sim.lora import LoraModule
 
 
 class PrefixBlockHasher:
@@ -22,9 +23,12 @@ class PrefixBlockHasher:
         self.block_size = block_size
         self.none_hash = self._chain.none_hash
 
-    def prompt_hashes(self, token_ids: Sequence[int], cache_salt: str | None) -> list[bytes]:
+    def prompt_hashes(
+        self, token_ids: Sequence[int], cache_salt: str | None, lora: LoraModule | None = None
+    ) -> list[bytes]:
         """Hashes of every full block of a prompt."""
-        return self._chain.hash_blocks(token_ids, cache_salt=cache_salt)
+        key = lora.key if lora is not None else None
+        return self._chain.hash_blocks(token_ids, lora=key, cache_salt=cache_salt)
 
     def __call__(
         self, parent: bytes | None, tokens: Sequence[int], extra_keys: tuple[Any, ...] | None

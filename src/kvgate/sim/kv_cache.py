@@ -14,6 +14,14 @@
 - Full blocks are cached (and a ``BlockStored`` event emitted) as soon as their tokens are
   computed; evicting a cached block emits one ``BlockRemoved`` per hash; resetting the prefix
   cache (only possible while no request holds blocks) emits ``AllBlocksCleared``.
+- Optional CPU offloading tier (vLLM's ``--kv-offloading-backend native``): ``num_cpu_blocks``
+  blocks in host memory, least recently used evicted first. A cached block evicted from the GPU
+  (its last copy there) is stored in it (``BlockStored`` with medium ``CPU`` after the GPU's
+  ``BlockRemoved``; its eviction from the tier, ``BlockRemoved`` ``CPU``). A request's prefix
+  continues into the tier after its GPU hit (``cpu_hit_blocks``): those blocks are copied back
+  into new GPU blocks (cached there again, a ``BlockStored`` ``GPU``), count as computed, and
+  cost the engine their transfer time instead of their prefill (``engine.py``). Both tiers are
+  dropped by a reset.
 """
 
 from __future__ import annotations
@@ -22,6 +30,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from kvgate.kvevents import (
+    KIND_FULL_ATTENTION,
+    MEDIUM_CPU,
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockHash,
@@ -33,9 +43,20 @@ from kvgate.sim.request import SimRequest
 
 
 class KVCacheManager:
-    def __init__(self, num_gpu_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_gpu_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        num_cpu_blocks: int = 0,
+    ) -> None:
         if num_gpu_blocks < 2:
             raise ValueError("num_gpu_blocks must be at least 2 (block 0 is the null block)")
+        if num_cpu_blocks < 0:
+            raise ValueError("num_cpu_blocks must be >= 0")
+        self.num_cpu_blocks = num_cpu_blocks if enable_caching else 0
+        # The CPU tier: hash -> None, front = least recently used (evicted first).
+        self._cpu: OrderedDict[bytes, None] = OrderedDict()
         self.num_gpu_blocks = num_gpu_blocks
         self.block_size = block_size
         self.enable_caching = enable_caching
@@ -69,6 +90,22 @@ class KVCacheManager:
         n = 0
         for h in block_hashes:
             if h not in self._cached:
+                break
+            n += 1
+        return n
+
+    @property
+    def num_cpu_cached_blocks(self) -> int:
+        return len(self._cpu)
+
+    def cpu_hit_blocks(self, request: SimRequest, gpu_hit_blocks: int) -> int:
+        """How many blocks after the request's GPU hit the CPU tier holds (to load back)."""
+        if not self._cpu:
+            return 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        n = 0
+        for h in request.block_hashes[gpu_hit_blocks:max_blocks]:
+            if h not in self._cpu:
                 break
             n += 1
         return n
@@ -150,6 +187,7 @@ class KVCacheManager:
         if len(self._free) != self.num_gpu_blocks - 1:
             return False
         self._cached.clear()
+        self._cpu.clear()
         self._hash = [None] * self.num_gpu_blocks
         self._events.append(AllBlocksCleared())
         return True
@@ -159,6 +197,7 @@ class KVCacheManager:
     def _get_new_blocks(self, n: int) -> list[int]:
         free = self._free
         out: list[int] = []
+        offloaded: list[bytes] = []
         for _ in range(n):
             b, _unused = free.popitem(last=False)
             h = self._hash[b]
@@ -167,12 +206,49 @@ class KVCacheManager:
                 del holders[b]
                 if not holders:
                     del self._cached[h]
+                    offloaded.append(h)
                 self._hash[b] = None
                 # vLLM's GPU block pool states the medium and the (single) KV cache group
                 self._events.append(BlockRemoved([h], medium=MEDIUM_GPU, group_idx=0))
             self._ref_cnt[b] = 1
             out.append(b)
+        if offloaded and self.num_cpu_blocks:
+            self._offload(offloaded)
         return out
+
+    def _offload(self, hashes: list[bytes]) -> None:
+        """Store blocks the GPU evicted in the CPU tier, evicting its least recently used."""
+        cpu = self._cpu
+        stored: list[BlockHash] = []
+        for h in hashes:
+            if h in cpu:
+                cpu.move_to_end(h)
+            else:
+                cpu[h] = None
+                stored.append(h)
+        removed: list[BlockHash] = []
+        while len(cpu) > self.num_cpu_blocks:
+            removed.append(cpu.popitem(last=False)[0])
+        if stored:  # vLLM's offloading events carry no token ids
+            self._events.append(
+                BlockStored(
+                    stored,
+                    None,
+                    [],
+                    self.block_size,
+                    medium=MEDIUM_CPU,
+                    group_idx=0,
+                    kv_cache_spec_kind=KIND_FULL_ATTENTION,
+                )
+            )
+        if removed:
+            self._events.append(BlockRemoved(removed, medium=MEDIUM_CPU, group_idx=0))
+
+    def touch_cpu(self, request: SimRequest, start: int, count: int) -> None:
+        """Mark blocks loaded back from the CPU tier as recently used there."""
+        for h in request.block_hashes[start : start + count]:
+            if h in self._cpu:
+                self._cpu.move_to_end(h)
 
     def _cache_full_blocks(self, request: SimRequest, num_tokens: int) -> None:
         bs = self.block_size
@@ -193,8 +269,11 @@ class KVCacheManager:
                 token_ids=request.all_token_ids[start * bs : full * bs],
                 block_size=bs,
                 medium=MEDIUM_GPU,
+                lora_id=request.lora.id if request.lora is not None else None,
+                lora_name=request.lora.name if request.lora is not None else None,
                 extra_keys=[request.event_extra_keys(i) for i in range(start, full)],
                 group_idx=0,
+                kv_cache_spec_kind=KIND_FULL_ATTENTION,
             )
         )
         request.num_cached_blocks = full

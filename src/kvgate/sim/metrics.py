@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -117,6 +117,7 @@ class PodMetrics:
         self, engine: SimEngine, model_name: str, cache_info: dict[str, str], engine_index: int = 0
     ) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
+        self._engine = engine
         labels = (model_name, str(engine_index))
         self.registry.register(
             _EngineCollector(engine, labels, {**cache_info, "engine": str(engine_index)})
@@ -151,7 +152,23 @@ class PodMetrics:
             REQUEST_LATENCY_BUCKETS,
         ).labels(*labels)
 
+        # vLLM sets a new label set to the current (wall) time after every step; old label sets
+        # stay exposed with their older times (kvgate.sim.lora).
+        self._lora_info: Gauge | None = None
+        if engine.config.lora is not None:
+            self._lora_info = Gauge(
+                "vllm:lora_requests_info",
+                "Running stats on lora requests.",
+                ["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+                registry=self.registry,
+            )
+
     def observe_step(self, result: StepResult) -> None:
+        if self._lora_info is not None and self._engine.config.lora is not None:
+            running, waiting = self._engine.lora_adapters()
+            self._lora_info.labels(
+                str(self._engine.config.lora.max_loras), ",".join(waiting), ",".join(running)
+            ).set_to_current_time()
         step = result.end - result.start
         for req, _token in result.tokens:
             if len(req.output_token_ids) == 1:

@@ -10,13 +10,20 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from kvgate.prefix import extra_keys_for_block
+
+if TYPE_CHECKING:
+    from kvgate.sim.lora import LoraModule
 
 
 class BlockHasher(Protocol):
     """vLLM's ``hash_block_tokens`` for one pool configuration (algorithm and seed)."""
 
-    def prompt_hashes(self, token_ids: Sequence[int], cache_salt: str | None) -> list[bytes]:
+    def prompt_hashes(
+        self, token_ids: Sequence[int], cache_salt: str | None, lora: LoraModule | None = None
+    ) -> list[bytes]:
         """Hashes of every full block of a prompt."""
         ...
 
@@ -42,6 +49,7 @@ class SimRequest:
     max_tokens: int
     arrival_time: float
     cache_salt: str | None = None
+    lora: LoraModule | None = None
     output_token_ids: list[int] = field(default_factory=list)
     all_token_ids: list[int] = field(default_factory=list)
     block_hashes: list[bytes] = field(default_factory=list)
@@ -76,23 +84,23 @@ class SimRequest:
         return self.status is Status.FINISHED
 
     def extra_keys(self, block_index: int) -> tuple[Any, ...] | None:
-        """The hash extra keys of a block (``cache_salt`` on block 0 only)."""
-        if block_index == 0 and self.cache_salt:
-            return (("cache_salt", self.cache_salt),)
-        return None
+        """The hash extra keys of a block: ``("lora", name, path)`` on every block of an
+        adapter's request, then ``("cache_salt", salt)`` on block 0 only."""
+        lora = self.lora.key if self.lora is not None else None
+        return extra_keys_for_block(block_index, lora, self.cache_salt)
 
     def event_extra_keys(self, block_index: int) -> tuple[Any, ...] | None:
-        """The untagged form of :meth:`extra_keys` published in KV events."""
-        if block_index == 0 and self.cache_salt:
-            return (self.cache_salt,)
-        return None
+        """The untagged form of :meth:`extra_keys` published in KV events (vLLM's
+        ``to_event_extra_keys``: the adapter name, the salt)."""
+        keys = self.extra_keys(block_index)
+        return None if keys is None else tuple(key[1] for key in keys)
 
     def update_block_hashes(self, hasher: BlockHasher, block_size: int) -> None:
         """Hash every full block of ``all_token_ids`` not hashed yet."""
         tokens = self.all_token_ids
         hashes = self.block_hashes
         if not hashes and len(tokens) >= 2 * block_size:
-            hashes.extend(hasher.prompt_hashes(tokens, self.cache_salt))
+            hashes.extend(hasher.prompt_hashes(tokens, self.cache_salt, self.lora))
             return
         while (len(hashes) + 1) * block_size <= len(tokens):
             i = len(hashes)

@@ -9,7 +9,8 @@ Each step has a token budget (``max_num_batched_tokens``):
    or is itself preempted.
 2. If nothing was preempted, waiting requests are admitted in order while the budget lasts and
    fewer than ``max_num_seqs`` run: a request's prefix-cache hit is looked up when it is first
-   admitted (or re-admitted after preemption), its remaining prompt is chunked to the budget, and
+   admitted (or re-admitted after preemption), continued into the CPU offloading tier (those
+   blocks are loaded back, not computed), its remaining prompt is chunked to the budget, and
    admission stops at the first request whose blocks do not fit.
 
 A request that arrives after the step starts (``arrival_time > now``) waits for the next step.
@@ -29,6 +30,7 @@ class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     max_model_len: int = 131072
+    max_loras: int | None = None  # distinct LoRA adapters per batch; None: LoRA off
 
 
 @dataclass
@@ -39,6 +41,8 @@ class ScheduledBatch:
     preempted: list[SimRequest] = field(default_factory=list)
     # Per newly admitted request: (prompt tokens looked up, tokens hit) for the prefix metrics.
     prefix_lookups: list[tuple[int, int]] = field(default_factory=list)
+    # Tokens copied back from the CPU offloading tier this step (their transfer takes time).
+    loaded_tokens: int = 0
 
 
 class Scheduler:
@@ -102,16 +106,35 @@ class Scheduler:
     ) -> None:
         kv = self.kv_cache
         bs = kv.block_size
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
+        max_loras = self.config.max_loras
+        loras = {r.lora.name for r in self.running if r.lora is not None}
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[i]
             if req.arrival_time > now:
                 break
-            computed = kv.get_computed_blocks(req) if req.num_computed_tokens == 0 else []
-            num_hit = len(computed) * bs
+            if (
+                req.lora is not None
+                and max_loras is not None
+                and req.lora.name not in loras
+                and len(loras) >= max_loras
+            ):
+                i += 1  # vLLM skips it (no free adapter slot) and keeps its place
+                continue
+            first = req.num_computed_tokens == 0
+            computed = kv.get_computed_blocks(req) if first else []
+            # Blocks after the GPU hit that the CPU tier holds: new GPU blocks, filled by a copy.
+            loaded = kv.cpu_hit_blocks(req, len(computed)) if first else 0
+            num_hit = (len(computed) + loaded) * bs
             num_new = min(req.num_tokens - req.num_computed_tokens - num_hit, budget)
-            if not kv.allocate_slots(req, num_new, computed):
+            if not kv.allocate_slots(req, loaded * bs + num_new, computed):
                 break
-            self.waiting.popleft()
+            if loaded:
+                kv.touch_cpu(req, len(computed), loaded)
+                batch.loaded_tokens += loaded * bs
+            del self.waiting[i]
+            if req.lora is not None:
+                loras.add(req.lora.name)
             self.running.append(req)
             req.status = Status.RUNNING
             req.num_computed_tokens += num_hit

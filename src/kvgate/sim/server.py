@@ -71,6 +71,8 @@ class SimApp:
         self.pod = pod
         self.model = pod.config.served_model_name
         self._names = set(pod.config.served_model_names or [pod.config.model])
+        lora = pod.config.engine.lora
+        self._adapters = {m.name: m for m in lora.modules} if lora is not None else {}
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
@@ -138,6 +140,19 @@ class SimApp:
             }
             for name in sorted(self._names)
         ]
+        cards += [
+            {
+                "id": module.name,
+                "object": "model",
+                "created": self.pod.created,
+                "owned_by": "vllm",
+                "root": module.path,
+                "parent": self.model,
+                "max_model_len": self.pod.config.engine.max_model_len,
+                "permission": [],
+            }
+            for module in self._adapters.values()
+        ]
         await _respond(send, 200, json.dumps({"object": "list", "data": cards}).encode())
 
     async def _reset_prefix_cache(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -196,7 +211,8 @@ class SimApp:
             return
         try:
             req = parse_request(raw, chat, self.pod.codec)
-            if req.model and req.model not in self._names:
+            adapter = self._adapters.get(req.model)
+            if req.model and req.model not in self._names and adapter is None:
                 raise BadRequest(f"The model `{req.model}` does not exist.", 404, "NotFoundError")
             max_tokens = req.max_tokens
             if max_tokens is None:  # chat without a limit: stop where vLLM would hit EOS
@@ -204,7 +220,11 @@ class SimApp:
                 max_tokens = max(1, min(self.pod.config.chat_output_tokens, room))
             request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
             stream = self.pod.driver.submit(
-                request_id, req.prompt_token_ids, max_tokens, cache_salt=req.cache_salt
+                request_id,
+                req.prompt_token_ids,
+                max_tokens,
+                cache_salt=req.cache_salt,
+                lora=adapter,
             )
         except BadRequest as exc:
             await _respond(send, exc.status, error_body(exc.message, exc.status, exc.err_type))

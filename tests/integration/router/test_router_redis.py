@@ -71,3 +71,26 @@ async def test_redis_outage_costs_no_request(sim_pods, redis_server_factory, cli
         assert _gauge(metrics, "kvgate_directory_fallback_degraded") == 0.0
         index = runtime.indexes["default/p"]
         assert not index.degraded
+
+
+async def test_two_routers_share_a_redis_cluster_directory(sim_pods, redis_cluster_url, client):
+    """The same on a three-master Redis Cluster (`cluster: true`, the URL names one node)."""
+    pods = sim_pods(3)
+    urls = [p.url for p in pods]
+    redis = {"url": redis_cluster_url, "cluster": True, "socket_timeout_seconds": 1.0}
+    directory = {"backend": "redis", "redis": redis}
+    async with (
+        serve_router(pool_config(urls, directory=directory)) as (first, _),
+        serve_router(pool_config(urls, directory=directory)) as (second, runtime),
+    ):
+        messages = [SYSTEM, {"role": "user", "content": "Question one?"}]
+        body = {"model": "m", "messages": messages, "max_tokens": 4}
+        resp = await client.post(first + "/v1/chat/completions", json=body)
+        holder = resp.headers["x-kvgate-endpoint"]
+        follow = {**body, "messages": [SYSTEM, {"role": "user", "content": "Question two?"}]}
+        resp = await client.post(second + "/v1/chat/completions", json=follow)
+        assert resp.headers["x-kvgate-endpoint"] == holder
+        assert resp.headers["x-kvgate-decision"] == "prefix-hit"
+        metrics = (await client.get(second + "/metrics")).text
+        assert _gauge(metrics, "kvgate_directory_fallback_degraded") == 0
+        assert holder in await runtime.indexes["default/p"].pods()

@@ -11,10 +11,12 @@ from pydantic import BaseModel, ValidationError
 
 from kvgate.api import router_config as rc
 from kvgate.api import sections
+from kvgate.api.base import DataKeyRef
 from kvgate.api.policy import RoutingPolicySpec
 from kvgate.api.pool import InferencePoolSpec
 from kvgate.operator.render.config import (
     SelectedPool,
+    data_env_name,
     router_config,
     router_config_yaml,
     secret_env_name,
@@ -99,7 +101,10 @@ FULL_POLICY: dict[str, Any] = {
         "redis": {
             "url": "redis://r:6379/1",
             "keyPrefix": "kv",
+            "urlSecret": {"name": "redis", "key": "url"},
             "password": {"name": "redis", "key": "password"},
+            "cluster": True,
+            "caBundle": {"configMap": "redis-ca", "key": "ca.crt"},
             "socketTimeoutSeconds": 0.2,
             "resyncIntervalSeconds": 3.0,
         },
@@ -145,7 +150,8 @@ def test_full_policy_sets_every_shared_field() -> None:
         for name in model.model_fields_set:
             value = getattr(model, name)
             for item in value if isinstance(value, list) else [value]:
-                if isinstance(item, BaseModel):
+                # a DataKeyRef names a Secret or a ConfigMap, never both
+                if isinstance(item, BaseModel) and not isinstance(item, DataKeyRef):
                     out += unset(item, f"{path}.{name}")
         return out
 
@@ -162,14 +168,22 @@ def test_every_policy_field_reaches_the_router_config() -> None:
     # Secrets arrive as the environment variables the router container is given.
     redis = config.directory.redis.password
     assert redis == rc.SecretRef(env=secret_env_name(spec.directory.redis.password))  # type: ignore[arg-type]
+    url = config.directory.redis.url_secret
+    assert url == rc.SecretRef(env=secret_env_name(spec.directory.redis.url_secret))  # type: ignore[arg-type]
+    # Other data (a ConfigMap's key) arrives the same way.
+    ca = config.directory.redis.ca_bundle
+    assert ca == rc.SecretRef(env=data_env_name(spec.directory.redis.ca_bundle))  # type: ignore[arg-type]
     tenant = config.tenants.tenants[0]
     assert tenant.api_keys[0].env == secret_env_name(spec.tenants.tenants[0].api_keys[0])
 
 
 def _without_secrets(value: Any) -> Any:
-    """Replace every secret (a {name, key} Secret key, or a {value, file, env} SecretRef)."""
+    """Replace every secret (a {name, key} Secret key, or a {value, file, env} SecretRef) and
+    every Secret-or-ConfigMap key ({secret, config_map, key})."""
     if isinstance(value, dict):
         if set(value) in ({"name", "key"}, {"value", "file", "env"}):
+            return "<secret>"
+        if set(value) == {"secret", "config_map", "key"}:
             return "<secret>"
         return {k: _without_secrets(v) for k, v in value.items()}
     if isinstance(value, list):

@@ -120,10 +120,25 @@ def test_max_model_len_below_block_size_is_rejected() -> None:
     assert _check(POOL, {"model": "m", "engine": {"maxModelLen": 4096}}) == []
 
 
-@pytest.mark.parametrize("arg", ["--port", "--port=9000", "--kv-events-config={}", "--block-size"])
+@pytest.mark.parametrize(
+    "arg", ["--port", "--port=9000", "--kv-events-config={}", "--block-size", "--max-loras=4"]
+)
 def test_extra_args_cannot_override_managed_flags(arg: str) -> None:
     failures = _check(POOL, {"model": "m", "engine": {"extraArgs": ["--seed", "1", arg]}})
-    assert len(failures) == 1 and "use the matching spec.engine field" in failures[0]
+    assert len(failures) == 1 and "use the matching spec.engine or spec.lora field" in failures[0]
+
+
+def test_lora_adapters_are_unique_and_need_no_equals_sign() -> None:
+    adapters = [{"name": "sql", "path": "/a/sql"}, {"name": "sql", "path": "/a/sql2"}]
+    assert _check(POOL, {"model": "m", "lora": {"adapters": adapters}}) == [
+        "LoRA adapter names must be unique"
+    ]
+    with pytest.raises(ValidationError):
+        InferencePoolSpec.model_validate(
+            {"model": "m", "lora": {"adapters": [{"name": "a=b", "path": "/p"}]}}
+        )
+    with pytest.raises(ValidationError):
+        InferencePoolSpec.model_validate({"model": "m", "lora": {"adapters": []}})
 
 
 def test_other_extra_args_pass() -> None:
@@ -140,7 +155,7 @@ def test_tokenizer_path_and_configmap_are_exclusive() -> None:
 
 def test_a_policy_must_name_a_pool() -> None:
     message = (
-        "a RoutingPolicy must name at least one pool: set spec.pools or "
+        "a RoutingPolicy must name at least one pool: set spec.pools, spec.poolRefs or "
         "spec.poolSelector.matchLabels"
     )
     assert _check(POLICY, {}) == [message]
@@ -149,6 +164,19 @@ def test_a_policy_must_name_a_pool() -> None:
     assert _check(POLICY, {"poolSelector": {"matchLabels": {}}}) == [message]
     assert _check(POLICY, {"pools": ["llama"]}) == []
     assert _check(POLICY, {"poolSelector": {"matchLabels": {"team": "a"}}}) == []
+    assert _check(POLICY, {"poolRefs": []}) == [message]
+    assert _check(POLICY, {"poolRefs": [{"name": "gie", "model": "m"}]}) == []
+
+
+def test_gateway_pool_refs_name_each_pool_once_with_a_valid_block_size() -> None:
+    refs = [{"name": "gie", "model": "m"}, {"name": "gie", "model": "n"}]
+    assert _check(POLICY, {"poolRefs": refs}) == ["poolRefs must name each InferencePool once"]
+    refs = [{"name": "gie", "model": "m", "blockSize": 12}]
+    assert _check(POLICY, {"poolRefs": refs}) == ["blockSize must be a power of two, 1 to 256"]
+    with pytest.raises(ValidationError):
+        RoutingPolicySpec.model_validate(
+            {"poolRefs": [{"name": "gie", "model": "m", "group": "kvgate.io"}]}
+        )
 
 
 def test_tenant_names_must_be_unique() -> None:
@@ -205,6 +233,26 @@ def test_external_indexer_needs_the_redis_directory() -> None:
     assert len(failures) == 1 and "needs backend: redis" in failures[0]
     spec = {"pools": ["p"], "directory": {"embeddedIndexer": False, "backend": "redis"}}
     assert _check(POLICY, spec) == []
+
+
+def test_warm_up_cannot_send_more_prefixes_than_it_remembers() -> None:
+    spec = {"pools": ["p"], "warmup": {"topPrefixes": 300}}  # rememberedPrefixes defaults to 256
+    failures = _check(POLICY, spec)
+    assert len(failures) == 1 and "topPrefixes cannot exceed" in failures[0]
+    assert (
+        _check(POLICY, {"pools": ["p"], "warmup": {"topPrefixes": 300, "rememberedPrefixes": 300}})
+        == []
+    )
+
+
+def test_load_sharing_needs_the_redis_directory_and_a_ttl_over_its_interval() -> None:
+    spec = {"pools": ["p"], "loadSharing": {"enabled": True}}
+    failures = _check(POLICY, spec)
+    assert len(failures) == 1 and "needs directory.backend: redis" in failures[0]
+    spec["directory"] = {"backend": "redis"}
+    assert _check(POLICY, spec) == []
+    spec["loadSharing"] = {"enabled": True, "intervalSeconds": 1.0, "ttlSeconds": 0.5}
+    assert any("ttlSeconds must be longer" in f for f in _check(POLICY, spec))
 
 
 def _defaults_with_rules(node: Json, path: str = "") -> list[tuple[str, Json, Json]]:

@@ -93,3 +93,44 @@ def test_decisions_are_the_routing_cores_and_deterministic():
     reasons = {reason for _rid, _ep, reason, _hit in first.decisions}
     assert "prefix-hit" in reasons
     assert any(hit > 0 for *_rest, hit in first.decisions)
+
+
+def test_replicas_route_one_workload_over_one_directory_and_exchange_their_loads():
+    from kvgate.api.fleet import LoadSharingConfig
+
+    w = build_workload("shared-prefix", PARAMS)
+    fleet = DESFleet(3, EngineConfig(), load_profile(DEFAULT_PROFILE))
+    driver = RouterDriver(fleet, "kvgate", replicas=3, load_sharing=LoadSharingConfig())
+    try:
+        fleet.run(driver.trace(w), driver)
+    finally:
+        driver.close()
+    assert len(driver.records) == 24 and all(r.ok for r in driver.records)
+    answered = [
+        sum(
+            sample.value
+            for metric in replica.core.metrics.registry.collect()
+            if metric.name == "kvgate_router_requests"
+            for sample in metric.samples
+            if sample.name == "kvgate_router_requests_total"
+        )
+        for replica in driver.replicas
+    ]
+    assert sum(answered) == 24 and all(answered)  # every replica routed some of them
+    assert all(r.core.peers.replicas == 2 for r in driver.replicas)
+    assert driver.tick_interval_s == LoadSharingConfig().interval_seconds
+    # Hits come from the one directory every replica reads.
+    assert sum(r.cached_tokens for r in driver.records) > 0
+
+
+def test_a_scale_up_warms_the_new_pods_before_they_take_requests():
+    from kvgate.api.fleet import WarmupConfig
+
+    w = build_workload("shared-prefix", {**PARAMS, "prompts_per_group": "30", "rate_rps": "20"})
+    result = run_des(w, "kvgate", 2, scale=[(3.0, 1)], warmup=WarmupConfig(ramp_seconds=0.5))
+    assert all(r.ok for r in result.records)
+    on_new = [r for r in result.records if r.endpoint == "pod-2"]
+    assert on_new and min(r.sent_s for r in on_new) >= 3.0
+    # warmed: the new pod's first request already hits a system prompt
+    first = min(on_new, key=lambda r: r.sent_s)
+    assert first.cached_tokens >= 512

@@ -22,7 +22,6 @@ from chart_render import (
 )
 
 from kvgate.api.router_config import parse_router_config
-from kvgate.operator.render.engine import engine_selector_string
 
 INDEXER = {"enabled": True, "pools": [{"name": "sim", "namespace": "apps", "model": "sim-model"}]}
 
@@ -171,14 +170,16 @@ def test_indexer_config_is_a_valid_router_config_on_the_bundled_redis() -> None:
     (pool,) = config.pools
     assert pool.key == "apps/sim"
     assert pool.endpoints.kubernetes is not None
-    # The indexer finds exactly the pods the operator labels as the pool's engines.
-    assert set(pool.endpoints.kubernetes.label_selector.split(",")) == set(
-        engine_selector_string("sim").split(",")
-    )
+    # The indexer reads the EndpointSlices of the Service the operator renders for the pool.
+    assert pool.endpoints.kubernetes.service == "sim"
     role = one(docs, "Role", "kvgate-indexer")
     assert role["metadata"]["namespace"] == "apps"
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        }
     ]
     container = one(docs, "Deployment", "kvgate-indexer")["spec"]["template"]["spec"]["containers"][
         0
@@ -204,6 +205,30 @@ def test_external_redis_replaces_the_bundled_one() -> None:
     assert indexer_config(no_password).directory.redis.password is None
     no_env = one(no_password, "Deployment", "kvgate-indexer")["spec"]["template"]["spec"]
     assert "env" not in no_env["containers"][0]
+
+
+@pytest.mark.parametrize(
+    ("tls", "volume"),
+    [
+        ({"caConfigMap": "redis-ca"}, {"configMap": {"name": "redis-ca"}}),
+        ({"caSecret": "redis-tls", "caKey": "ca.pem"}, {"secret": {"secretName": "redis-tls"}}),
+    ],
+)
+def test_managed_redis_cluster_with_url_secret_and_tls(
+    tls: dict[str, str], volume: dict[str, Any]
+) -> None:
+    external = {"urlSecret": "managed", "cluster": True, "tls": tls}
+    docs = render({"redis": {"enabled": False, "external": external}, "indexer": INDEXER})
+    redis = indexer_config(docs).directory.redis
+    assert redis.cluster and redis.url_secret is not None and redis.url_secret.env == "REDIS_URL"
+    key = tls.get("caKey", "ca.crt")
+    assert redis.ca_bundle is not None and redis.ca_bundle.file == f"/var/lib/kvgate/redis-ca/{key}"
+    pod = one(docs, "Deployment", "kvgate-indexer")["spec"]["template"]["spec"]
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in pod["containers"][0]["env"]}
+    assert env == {"REDIS_URL": {"name": "managed", "key": "redis-url"}}
+    assert {"name": "redis-ca", **volume} in pod["volumes"]
+    mount = {"name": "redis-ca", "mountPath": "/var/lib/kvgate/redis-ca", "readOnly": True}
+    assert mount in pod["containers"][0]["volumeMounts"]
 
 
 def test_service_monitors_need_both_the_value_and_the_crd() -> None:
@@ -323,15 +348,22 @@ def test_notes_tell_the_user_what_to_apply_next() -> None:
         "install", "kvgate", str(CHART), "--dry-run=client", "--namespace", "kvgate-system"
     )
     notes = result.stdout.split("NOTES:", 1)[1]
-    assert "examples/pool-simulated.yaml" in notes and "examples/policy.yaml" in notes
+    assert "examples/policy-simulated.yaml" in notes and "examples/policy.yaml" in notes
     assert "redis://kvgate-redis.kvgate-system.svc:6379/0" in notes
     assert "password: {name: kvgate-redis, key: redis-password}" in notes
 
 
-def test_chart_links_resolve_to_the_repository_sources() -> None:
-    assert (CHART / "files" / "crds").resolve() == ROOT / "crds"
-    assert (CHART / "files" / "rbac").resolve() == ROOT / "deploy" / "rbac"
-    assert Path(CHART / "files" / "crds").is_symlink()
+def test_the_repository_paths_link_into_the_chart() -> None:
+    """The chart holds the real files (helm warns about links inside a chart, not outside it)."""
+    assert (ROOT / "crds").resolve() == CHART / "files" / "crds"
+    assert (ROOT / "deploy" / "rbac").resolve() == CHART / "files" / "rbac"
+    assert not (CHART / "files" / "crds").is_symlink()
+    assert not (CHART / "files" / "rbac").is_symlink()
+
+
+def test_helm_prints_nothing_but_the_manifests() -> None:
+    result = helm("template", "kvgate", str(CHART), "--namespace", "kvgate-system")
+    assert result.stderr == ""
 
 
 def test_install_docs_list_every_value() -> None:
@@ -342,7 +374,7 @@ def test_install_docs_list_every_value() -> None:
 
 
 def test_packaged_chart_carries_the_linked_files(tmp_path: Path) -> None:
-    """`helm package` resolves files/crds and files/rbac: the published chart needs no repo."""
+    """`helm package` carries files/crds and files/rbac: the published chart needs no repo."""
     helm("package", str(CHART), "--destination", str(tmp_path))
     (package,) = tmp_path.glob("kvgate-*.tgz")
     packaged = helm("template", "kvgate", str(package), "--namespace", "kvgate-system").stdout

@@ -166,6 +166,26 @@ class BlockIndexConformance:
         await index.remove("a", keys[:1], medium="CPU")
         assert await index.lookup(keys) == {}
 
+    async def test_lookup_in_one_medium(self, index: BlockIndex, clock: FakeClock) -> None:
+        """A GPU tier holding the first blocks and a CPU tier holding more of the chain."""
+        keys = chain(60)
+        await index.add("a", keys[:20])
+        await index.add("a", keys[5:50], medium="CPU")
+        await index.add("b", keys[:30], medium="CPU")
+        await index.add_approximate("c", keys[:APPROX_CAP], ttl_seconds=10)
+        assert await index.lookup(keys) == {"a": 50, "b": 30, "c": APPROX_CAP}
+        assert await index.lookup(keys, medium="GPU") == {"a": 20, "c": APPROX_CAP}
+        assert await index.lookup(keys, medium="CPU") == {"b": 30}
+        assert await index.lookup(keys, ["a", "ghost"], medium="GPU") == {"a": 20}
+        assert await index.lookup(keys[5:], ["a"], medium="CPU") == {"a": 45}
+        assert await index.lookup(keys, medium="NVME") == {}
+        clock.advance(11)  # routing history expired
+        assert await index.lookup(keys, medium="GPU") == {"a": 20}
+        await index.remove("a", keys[:3])  # a GPU hole at block 0 ends the GPU match
+        assert await index.lookup(keys, ["a"], medium="GPU") == {}
+        assert await index.lookup(keys, ["a"]) == {}  # block 0 is held nowhere now
+        assert await index.lookup(keys[3:], ["a"]) == {"a": 47}
+
     async def test_bad_medium_and_pod_are_rejected(self, index: BlockIndex) -> None:
         with pytest.raises(ValueError):
             await index.add("a", chain(1), medium="")

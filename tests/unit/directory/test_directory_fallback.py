@@ -52,9 +52,11 @@ class FlakyIndex(MemoryBlockIndex):
         if self.down:
             raise ConnectionError("redis down")
 
-    async def lookup(self, keys: Sequence[bytes], pods: Any = None) -> dict[str, int]:
+    async def lookup(
+        self, keys: Sequence[bytes], pods: Any = None, *, medium: str | None = None
+    ) -> dict[str, int]:
         self._call("lookup")
-        return await super().lookup(keys, pods)
+        return await super().lookup(keys, pods, medium=medium)
 
     async def add(self, pod: str, keys: Sequence[bytes], **kwargs: Any) -> bool:
         self._call("add")

@@ -103,14 +103,66 @@ async def test_events_apply_in_order_within_and_across_batches(
     assert events == {"BlockStored": 5, "BlockRemoved": 1, "AllBlocksCleared": 1}
 
 
+async def test_cpu_tier_media_with_an_offloading_pool(registry: CollectorRegistry) -> None:
+    ctx = zmq.asyncio.Context()
+    sub = PodSubscriber(
+        PodEndpoint("p", "tcp://127.0.0.1:1", topic="t"), FlakyIndex(), ctx, offload_tier=True
+    )
+    try:
+        index = index_of(sub)
+        await sub.handle(msg(0, stored(h(0), medium="CPU"), stored(h(0)), BlockRemoved([h(0)])))
+        assert await index.lookup([h(0)]) == {"p": 1}  # still in CPU
+        assert await index.lookup([h(0)], medium="GPU") == {}
+        await sub.handle(msg(1, BlockRemoved([h(0)], medium="CPU")))
+        assert await index.lookup([h(0)]) == {}
+        # A disk tier is priced by nothing: never indexed.
+        await sub.handle(msg(2, stored(h(1), medium="STORAGE")))
+        assert await index.lookup([h(1)]) == {}
+    finally:
+        ctx.destroy(linger=0)
+
+
 async def test_media_and_groups(sub: PodSubscriber, registry: CollectorRegistry) -> None:
     index = index_of(sub)
-    await sub.handle(msg(0, stored(h(0), medium="CPU"), stored(h(0)), BlockRemoved([h(0)])))
-    assert await index.lookup([h(0)]) == {"p": 1}  # still in CPU
+    # The pool declares no CPU tier: its events are not GPU hits, and are skipped.
+    await sub.handle(msg(0, stored(h(0), medium="CPU"), stored(h(3))))
+    assert await index.lookup([h(0)]) == {}
+    assert await index.lookup([h(3)]) == {"p": 1}
     await sub.handle(msg(1, stored(h(1), group=1), stored(h(2), group=0)))
     assert await index.lookup([h(1)]) == {}
     assert await index.lookup([h(2)]) == {"p": 1}
     assert bad(registry, "other_kv_cache_group") == 1
+
+
+async def test_hybrid_models_count_only_full_attention_groups(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
+    """A sliding-window group (here group 0) and a full-attention group (1) of one hybrid
+    model: only the full-attention group's blocks say how much of a prefix the pod holds."""
+    index = index_of(sub)
+
+    def kind_stored(key: bytes, group: int, kind: str) -> BlockStored:
+        return BlockStored([key], None, [0] * 16, 16, group_idx=group, kv_cache_spec_kind=kind)
+
+    await sub.handle(
+        msg(
+            0,
+            kind_stored(h(0), 0, "sliding_window"),
+            kind_stored(h(0), 1, "full_attention"),
+            kind_stored(h(1), 1, "full_attention"),
+            kind_stored(h(5), 0, "sliding_window"),  # only the window's group holds it
+            kind_stored(h(6), 2, "mamba"),
+        )
+    )
+    assert await index.lookup([h(0), h(1)]) == {"p": 2}
+    assert await index.lookup([h(5)]) == {} and await index.lookup([h(6)]) == {}
+    # The window slid past block 0: that group drops it, the full-attention group still holds it.
+    await sub.handle(msg(1, BlockRemoved([h(0)], group_idx=0)))
+    assert await index.lookup([h(0), h(1)]) == {"p": 2}
+    # A removal carries no kind: the group's kind was learned from its stores.
+    await sub.handle(msg(2, BlockRemoved([h(1)], group_idx=1)))
+    assert await index.lookup([h(0), h(1)]) == {"p": 1}
+    assert bad(registry, "other_kv_cache_group") == 0  # expected, not bad input
 
 
 async def test_seq_handling_without_replay(sub: PodSubscriber, registry: CollectorRegistry) -> None:

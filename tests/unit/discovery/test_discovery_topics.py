@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvgate.api.router_config import RouterConfig
-from kvgate.discovery.kubernetes import pod_spec
+from kvgate.discovery.kubernetes import pool_endpoint_specs
 from kvgate.discovery.static import static_specs
 from kvgate.operator.render.engine import kv_events_config
 from kvgate.sim.config import add_vllm_arguments
@@ -39,19 +39,26 @@ def test_static_endpoints_derive_the_operator_topic_or_take_their_own() -> None:
     assert topics == ["kv@10.0.0.5@llama", "kv@fd00::7@llama", "mine", ""]
 
 
-def _pod(ip: str) -> SimpleNamespace:
+def _slice(ip: str) -> SimpleNamespace:
     return SimpleNamespace(
-        metadata=SimpleNamespace(name="e-0", namespace="ns", uid="u", deletion_timestamp=None),
-        spec=SimpleNamespace(containers=[]),
-        status=SimpleNamespace(pod_ip=ip, container_statuses=[]),
+        metadata=SimpleNamespace(name="s", namespace="ns"),
+        address_type="IPv6" if ":" in ip else "IPv4",
+        ports=[],
+        endpoints=[
+            SimpleNamespace(
+                addresses=[ip],
+                conditions=None,
+                target_ref=SimpleNamespace(kind="Pod", name="e-0", namespace="ns", uid="u"),
+            )
+        ],
     )
 
 
 def test_kubernetes_pods_expect_what_the_operator_renders() -> None:
-    pool = _pool({"kubernetes": {"label_selector": "a=b"}}, model="Qwen/Qwen3-8B")
+    pool = _pool({"kubernetes": {"service": "llama"}}, model="Qwen/Qwen3-8B")
     rendered = json.loads(kv_events_config("Qwen/Qwen3-8B"))["topic"]
     for ip in ("10.244.1.7", "fd00::1:7"):
-        spec = pod_spec(pool, pool.endpoints.kubernetes, _pod(ip))
+        [spec] = pool_endpoint_specs(pool, pool.endpoints.kubernetes, [_slice(ip)])
         assert spec.kv_topic == rendered.replace("$(POD_IP)", ip)
 
 

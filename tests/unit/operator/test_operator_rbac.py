@@ -67,9 +67,10 @@ def test_operator_may_watch_what_it_watches() -> None:
 def test_operator_holds_what_the_router_role_grants() -> None:
     role = next(d for d in _docs("router.yaml") if d["kind"] == "Role")
     for rule in role["rules"]:
-        for resource in rule["resources"]:
-            for verb in rule["verbs"]:
-                assert allowed("v1", resource, verb)
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert allowed(f"{group}/v1" if group else "v1", resource, verb)
 
 
 def test_reference_router_role_matches_the_rendered_one() -> None:

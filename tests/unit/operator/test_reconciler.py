@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import pytest
@@ -199,7 +200,7 @@ async def test_policy_renders_router_and_config(kube: FakeKube, events: Events) 
     config = parse_router_config(config_map["data"]["router.yaml"])
     assert [p.model for p in config.pools] == ["llama-8b"]
     assert config.pools[0].endpoints.kubernetes is not None
-    assert "kvgate.io/pool=llama" in config.pools[0].endpoints.kubernetes.label_selector
+    assert config.pools[0].endpoints.kubernetes.service == "llama"
     deployment = kube.find("Deployment", "front-router")
     assert deployment is not None
     container = deployment["spec"]["template"]["spec"]["containers"][0]
@@ -314,6 +315,51 @@ async def test_finalizer_never_hangs_when_redis_is_down(kube: FakeKube, events: 
     assert events.reasons() == ["DirectoryCleanupFailed"]
     assert "could not clear directory entries of default/llama" in events.posted[0][3]
     assert rec._clear_pool is clear_pool
+
+
+async def test_finalizer_reads_the_url_secret_and_ca_bundle_and_hides_the_password(
+    kube: FakeKube, events: Events
+) -> None:
+    calls: list[Any] = []
+
+    async def clear_pool(target: Any, pool_key: str, *, timeout_seconds: float) -> int:
+        calls.append(target)
+        return 1
+
+    rec = make(kube, events, clear_pool=clear_pool)
+    url = "rediss://kv:hunter2@managed.example:6380/0"
+    kube.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "managed", "namespace": "default"},
+            "data": {"url": base64.b64encode(url.encode()).decode()},
+        }
+    )
+    kube.put(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "redis-ca", "namespace": "default"},
+            "data": {"ca.crt": "-----BEGIN CERTIFICATE-----\n"},
+        }
+    )
+    redis = {
+        "urlSecret": {"name": "managed", "key": "url"},
+        "cluster": True,
+        "caBundle": {"configMap": "redis-ca", "key": "ca.crt"},
+    }
+    kube.put(policy("shared", directory={"backend": "redis", "redis": redis}))
+    await rec.finalize_pool(kube.put(pool()))
+    [target] = calls
+    assert (target.url, target.cluster, target.ca_pem) == (
+        url,
+        True,
+        "-----BEGIN CERTIFICATE-----\n",
+    )
+    assert events.reasons() == ["DirectoryCleared"]
+    assert "rediss://kv:***@managed.example:6380/0" in events.posted[0][3]
+    assert "hunter2" not in events.posted[0][3]
 
 
 async def test_finalizer_reports_a_missing_password_secret(kube: FakeKube, events: Events) -> None:

@@ -107,7 +107,13 @@ def test_rendered_args_are_accepted_by_the_simulator() -> None:
     full = spec(
         servedModelName="sim",
         cache={"hashAlgo": "sha256_cbor", "hashSeed": 5},
-        engine={"blockSize": 32, "maxModelLen": 2048, "maxNumSeqs": 4, "gpuMemoryUtilization": 0.5},
+        engine={
+            "blockSize": 32,
+            "maxModelLen": 2048,
+            "maxNumSeqs": 4,
+            "gpuMemoryUtilization": 0.5,
+            "cpuOffloadGib": 16,
+        },
     )
     args = [a.replace("$(POD_IP)", "10.244.0.7") for a in engine_args(full)]
     parsed = parser.parse_args(args)
@@ -117,3 +123,50 @@ def test_rendered_args_are_accepted_by_the_simulator() -> None:
     assert server.hash_seed == "5"
     assert server.enable_prompt_tokens_details is True
     assert server.kv_events.topic == "kv@10.244.0.7@sim"
+    assert server.engine.kv_offloading_size_gib == 16.0
+
+
+def test_cpu_offloading_renders_vllm_flags_and_tells_the_router() -> None:
+    from kvgate.operator.render.config import SelectedPool, pool_config
+
+    offloading = spec(engine={"cpuOffloadGib": 0.5})
+    args = engine_args(offloading)
+    assert args[args.index("--kv-offloading-backend") + 1] == "native"
+    assert args[args.index("--kv-offloading-size") + 1] == "0.5"
+    assert pool_config(SelectedPool("p", "ns", offloading)).engine.cpu_offload
+    plain = spec()
+    assert "--kv-offloading-size" not in engine_args(plain)
+    assert not pool_config(SelectedPool("p", "ns", plain)).engine.cpu_offload
+
+
+def test_lora_adapters_become_vllm_flags_and_router_config() -> None:
+    from kvgate.operator.render.config import SelectedPool, pool_config
+    from kvgate.sim.config import add_vllm_arguments
+
+    lora = {
+        "adapters": [{"name": "sql", "path": "/adapters/sql"}, {"name": "chat", "path": "org/c"}],
+        "maxLoras": 2,
+        "maxLoraRank": 64,
+    }
+    pool = spec(lora=lora)
+    args = engine_args(pool)
+    assert "--enable-lora" in args
+    assert flag(args, "--max-loras") == "2" and flag(args, "--max-lora-rank") == "64"
+    at = args.index("--lora-modules")
+    assert args[at + 1 : at + 3] == ["sql=/adapters/sql", "chat=org/c"]
+    # The simulator (and vLLM) parse exactly these flags.
+    parser = argparse.ArgumentParser()
+    add_vllm_arguments(parser, single_pod=True)
+    parsed = parser.parse_args(args)
+    assert parsed.enable_lora and parsed.max_loras == 2
+    assert parsed.lora_modules == [
+        ("sql", "/adapters/sql"),
+        ("chat", "org/c"),
+    ]
+    config = pool_config(SelectedPool("llama", "ai", pool))
+    assert [(a.name, a.path) for a in config.lora_adapters] == [
+        ("sql", "/adapters/sql"),
+        ("chat", "org/c"),
+    ]
+    assert config.lora_for("chat") is not None and "sql" in config.model_names
+    assert "--enable-lora" not in engine_args(spec())

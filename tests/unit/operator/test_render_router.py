@@ -14,9 +14,13 @@ OWNER = Owner(kind="RoutingPolicy", name="front", namespace="ai", uid="u2")
 POOL = SelectedPool("llama", "ai", InferencePoolSpec.model_validate({"model": "m"}))
 
 
-def render(**spec: Any) -> dict[str, Any]:
+def render(indexer_replicas: int | None = None, **spec: Any) -> dict[str, Any]:
     children, _ = policy_children(
-        OWNER, RoutingPolicySpec.model_validate({"pools": ["llama"], **spec}), [POOL], "img"
+        OWNER,
+        RoutingPolicySpec.model_validate({"pools": ["llama"], **spec}),
+        [POOL],
+        "img",
+        indexer_replicas,
     )
     return {f"{c['kind']}/{c['metadata']['name']}": c for c in children}
 
@@ -90,3 +94,32 @@ def test_tokenizer_config_map_is_mounted_for_the_router() -> None:
     deployment = next(c for c in children if c["kind"] == "Deployment")
     volumes = deployment["spec"]["template"]["spec"]["volumes"]
     assert {"name": "tokenizer-llama", "configMap": {"name": "tok"}} in volumes
+
+
+def test_redis_url_from_a_secret_and_ca_bundle_reach_router_and_indexer() -> None:
+    redis = {
+        "urlSecret": {"name": "managed-redis", "key": "url"},
+        "cluster": True,
+        "caBundle": {"configMap": "redis-ca", "key": "ca.crt"},
+    }
+    objects = render(1, directory={"backend": "redis", "embeddedIndexer": False, "redis": redis})
+    config = parse_router_config(objects["ConfigMap/front-router-config"]["data"]["router.yaml"])
+    assert config.directory.redis.cluster
+    url, ca = config.directory.redis.url_secret, config.directory.redis.ca_bundle
+    assert url is not None and url.env is not None and ca is not None and ca.env is not None
+    for name in ("Deployment/front-router", "Deployment/front-indexer"):
+        container = objects[name]["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+        assert env[url.env] == {"secretKeyRef": {"name": "managed-redis", "key": "url"}}
+        assert env[ca.env] == {"configMapKeyRef": {"name": "redis-ca", "key": "ca.crt"}}
+
+
+def test_a_ca_bundle_in_a_secret_comes_by_secret_key_ref() -> None:
+    redis = {"caBundle": {"secret": "redis-tls", "key": "ca.crt"}, "url": "rediss://r:6380/0"}
+    objects = render(directory={"backend": "redis", "redis": redis})
+    config = parse_router_config(objects["ConfigMap/front-router-config"]["data"]["router.yaml"])
+    assert config.directory.redis.ca_bundle is not None
+    container = objects["Deployment/front-router"]["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    ref = env[str(config.directory.redis.ca_bundle.env)]
+    assert ref == {"secretKeyRef": {"name": "redis-tls", "key": "ca.crt"}}

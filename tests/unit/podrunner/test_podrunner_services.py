@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
-from kvgate.podrunner.services import HOSTS_HEADER, hosts_file, ready_backends
+from kvgate.podrunner.services import HOSTS_HEADER, Listener, hosts_file, ready_backends
 
 
 def endpoint_slice(
@@ -59,3 +61,16 @@ def test_hosts_file_names_short_only_when_unambiguous() -> None:
         "10.96.0.12 router.a.svc.cluster.local router.a.svc router.a router",
         "10.96.0.11 redis.b.svc.cluster.local redis.b.svc redis.b",
     ]
+
+
+async def test_a_connection_waits_for_an_endpoint_that_is_about_to_be_ready() -> None:
+    listener = Listener("default/router", "http")
+    asyncio.get_running_loop().call_later(0.2, listener.set_backends, [("10.244.0.5", 8000)])
+    assert await listener.wait_and_pick() == ("10.244.0.5", 8000)
+
+
+async def test_a_connection_with_no_endpoint_gives_up_after_its_wait() -> None:
+    started = time.monotonic()
+    listener = Listener("default/router", "http", endpoint_wait_seconds=0.3)
+    assert await listener.wait_and_pick() is None
+    assert 0.3 <= time.monotonic() - started < 2

@@ -1,4 +1,4 @@
-"""Fake pods behind httpx.MockTransport, and a config for them (router unit tests)."""
+"""Fake pods behind httpx.MockTransport, a config for them, and a routing core on a clock."""
 
 from __future__ import annotations
 
@@ -7,8 +7,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from prometheus_client import CollectorRegistry
 
 from kvgate.api.router_config import RouterConfig
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.discovery.endpoints import Endpoint, EndpointSet, EndpointSpec
+from kvgate.router.core.lifecycle import RoutingCore
+from kvgate.router.metrics import RouterMetrics
+from kvgate.router.runtime import build_state
 
 
 def _resp(status: int, data: bytes, content_type: str = "application/json") -> httpx.Response:
@@ -78,3 +85,28 @@ def make_config(n: int = 2, **overrides: Any) -> RouterConfig:
     }
     data.update(overrides)
     return RouterConfig.model_validate(data)
+
+
+async def routing_core(
+    config: RouterConfig, now: list[float], pods: int
+) -> tuple[RoutingCore, EndpointSet]:
+    """A core on the clock `now[0]`, told of endpoint changes, with the first pool's pods
+    replaced by pod0..pod{pods-1}."""
+    endpoints = EndpointSet(lambda: now[0])
+    pool = config.pools[0]
+    core = RoutingCore(
+        build_state(config),
+        endpoints,
+        {pool.key: MemoryBlockIndex()},
+        RouterMetrics(),
+        DirectoryMetrics(CollectorRegistry()).fallback_errors,
+        clock=lambda: now[0],
+    )
+
+    async def changed(added: list[Endpoint], removed: list[Endpoint]) -> None:
+        core.endpoints_changed(added, removed)
+
+    endpoints.add_listener(changed)
+    specs = [EndpointSpec(f"pod{i}:8000", pool.key, f"http://pod{i}:8000") for i in range(pods)]
+    await endpoints.replace_pool(pool.key, specs)
+    return core, endpoints

@@ -51,7 +51,7 @@ def test_endpoints_need_exactly_one_source():
                         "model": "m",
                         "endpoints": {
                             "static": [{"url": "http://x:1"}],
-                            "kubernetes": {"label_selector": "a=b"},
+                            "kubernetes": {"service": "b"},
                         },
                     }
                 ]

@@ -4,17 +4,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from prometheus_client import CollectorRegistry
-from tests.unit.router.fakes import make_config
+from tests.unit.router.fakes import make_config, routing_core
 
-from kvgate.directory.memory import MemoryBlockIndex
-from kvgate.directory.metrics import DirectoryMetrics
-from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, LoadSample
+from kvgate.discovery.endpoints import LoadSample
 from kvgate.router.core.accounting import Accounting
 from kvgate.router.core.learn import Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
-from kvgate.router.metrics import RouterMetrics
-from kvgate.router.runtime import build_state
 
 BODY = {"model": "m", "prompt": list(range(64)), "max_tokens": 4}
 
@@ -58,28 +53,8 @@ def test_an_endpoint_that_rejoins_starts_from_zero():
 
 async def _core(n: int = 2) -> tuple[RoutingCore, list[float]]:
     now = [100.0]
-    config = make_config(n)
-    endpoints = EndpointSet(lambda: now[0])
-    pool = config.pools[0]
-    core = RoutingCore(
-        build_state(config),
-        endpoints,
-        {pool.key: MemoryBlockIndex()},
-        RouterMetrics(),
-        DirectoryMetrics(CollectorRegistry()).fallback_errors,
-        clock=lambda: now[0],
-    )
-    endpoints.add_listener(_async(core.endpoints_changed))
-    specs = [EndpointSpec(f"pod{i}:8000", pool.key, f"http://pod{i}:8000") for i in range(n)]
-    await endpoints.replace_pool(pool.key, specs)
+    core, _ = await routing_core(make_config(n), now, n)
     return core, now
-
-
-def _async(fn):  # type: ignore[no-untyped-def]
-    async def call(*args):  # type: ignore[no-untyped-def]
-        fn(*args)
-
-    return call
 
 
 async def test_a_request_is_in_flight_from_sent_until_finished_and_its_outcome_is_learned():

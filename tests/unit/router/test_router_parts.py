@@ -1,7 +1,6 @@
 """Pure parts of the router: classification, keys, usage, load parsing, sessions."""
 
 import argparse
-from types import SimpleNamespace
 
 import pytest
 
@@ -142,6 +141,30 @@ def test_parse_load_sums_label_sets_and_ignores_others():
     assert (load.waiting, load.running, load.kv_cache_usage) == (3.0, 4.0, 0.5)
 
 
+def test_parse_load_reads_the_newest_lora_requests_info():
+    # vLLM sets a new label set to the current time after each step; old ones stay exposed.
+    text = "\n".join(
+        [
+            "# TYPE vllm:lora_requests_info gauge",
+            'vllm:lora_requests_info{max_lora="2",running_lora_adapters="sql,chat",'
+            'waiting_lora_adapters=""} 1.7e9',
+            'vllm:lora_requests_info{max_lora="2",running_lora_adapters="chat",'
+            'waiting_lora_adapters="code, sql"} 1.8e9',
+            'vllm:lora_requests_info{max_lora="2",running_lora_adapters="",'
+            'waiting_lora_adapters=""} 1.75e9',
+            'vllm:num_requests_running{model_name="m"} 3',
+        ]
+    )
+    load = parse_load(text, now=1.0)
+    assert load.running_lora_adapters == {"chat"}
+    assert load.waiting_lora_adapters == {"code", "sql"}
+    assert load.max_lora == 2 and load.running == 3
+    plain = parse_load('vllm:num_requests_running{model_name="m"} 1', now=1.0)
+    assert plain.max_lora == 0 and not plain.running_lora_adapters
+    bad = parse_load('vllm:lora_requests_info{max_lora="x",running_lora_adapters="a"} 1', now=1.0)
+    assert bad.max_lora == 0 and bad.running_lora_adapters == {"a"}
+
+
 def test_quick_start_flags_build_a_config():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
@@ -175,49 +198,6 @@ def test_quick_start_flags_build_a_config():
         config_from_args(bad)
     with pytest.raises(ValueError):
         config_from_args(parser.parse_args([]))
-
-
-def test_kubernetes_pod_readiness_and_spec():
-    from kvgate.discovery.kubernetes import pod_is_ready, pod_spec
-
-    def pod(ready="True", ip="10.0.0.5", deleting=None, restarts=0):
-        return SimpleNamespace(
-            metadata=SimpleNamespace(
-                name="e-0", namespace="ns", uid="u1", deletion_timestamp=deleting
-            ),
-            spec=SimpleNamespace(
-                containers=[
-                    SimpleNamespace(ports=[SimpleNamespace(name="http", container_port=9000)])
-                ]
-            ),
-            status=SimpleNamespace(
-                phase="Running",
-                pod_ip=ip,
-                conditions=[SimpleNamespace(type="Ready", status=ready)],
-                container_statuses=[SimpleNamespace(restart_count=restarts)],
-            ),
-        )
-
-    assert pod_is_ready(pod())
-    assert not pod_is_ready(pod(ready="False"))
-    assert not pod_is_ready(pod(ip=None))
-    assert not pod_is_ready(pod(deleting="now"))
-    cfg = RouterConfig.model_validate(
-        {
-            "pools": [
-                {
-                    "name": "p",
-                    "namespace": "ns",
-                    "model": "m",
-                    "endpoints": {"kubernetes": {"label_selector": "a=b"}},
-                }
-            ]
-        }
-    )
-    pool = cfg.pools[0]
-    spec = pod_spec(pool, pool.endpoints.kubernetes, pod(restarts=2))
-    assert spec.id == "ns/e-0" and spec.url == "http://10.0.0.5:9000"
-    assert spec.kv_events == "tcp://10.0.0.5:5557" and spec.generation == "u1:2"
 
 
 def test_exact_chat_keys_match_the_engine_hashing_of_the_rendered_prompt():

@@ -127,7 +127,7 @@ async def test_reload_keeps_warm_keyers_of_unchanged_pools(router_app):
     assert runtime.core.state.keyer_by_pool["default/p"] is not before
 
 
-async def test_kubernetes_pod_that_turns_unready_leaves_routing_and_directory(monkeypatch):
+async def test_kubernetes_pod_that_terminates_leaves_routing_and_directory(monkeypatch):
     from types import SimpleNamespace
 
     import httpx
@@ -144,7 +144,7 @@ async def test_kubernetes_pod_that_turns_unready_leaves_routing_and_directory(mo
                     "namespace": "ns",
                     "model": "m",
                     "engine": {"kv_events": False},
-                    "endpoints": {"kubernetes": {"label_selector": "app=engine"}},
+                    "endpoints": {"kubernetes": {"service": "engine"}},
                 }
             ]
         }
@@ -154,27 +154,32 @@ async def test_kubernetes_pod_that_turns_unready_leaves_routing_and_directory(mo
     try:
         discovery = runtime.discoveries["ns/p"]
 
-        def pod(name, ready):
+        def endpoint(name, ready, terminating=False):
             return SimpleNamespace(
-                metadata=SimpleNamespace(
-                    name=name, namespace="ns", uid=f"uid-{name}", deletion_timestamp=None
-                ),
-                spec=SimpleNamespace(containers=[]),
-                status=SimpleNamespace(
-                    phase="Running",
-                    pod_ip="10.0.0.1" if name == "a" else "10.0.0.2",
-                    conditions=[SimpleNamespace(type="Ready", status=ready)],
-                    container_statuses=[],
-                ),
+                addresses=["10.0.0.1" if name == "a" else "10.0.0.2"],
+                conditions=SimpleNamespace(ready=ready, serving=ready, terminating=terminating),
+                target_ref=SimpleNamespace(kind="Pod", name=name, namespace="ns", uid=f"u-{name}"),
             )
 
-        discovery._pods = {"a": pod("a", "True"), "b": pod("b", "True")}
+        def endpoint_slice(*endpoints):
+            return SimpleNamespace(
+                metadata=SimpleNamespace(name="engine-x", namespace="ns"),
+                address_type="IPv4",
+                ports=[SimpleNamespace(name="http", port=8000)],
+                endpoints=list(endpoints),
+            )
+
+        discovery._slices = {"engine-x": endpoint_slice(endpoint("a", True), endpoint("b", True))}
         await discovery._publish()
         assert {ep.id for ep in runtime.endpoints.all()} == {"ns/a", "ns/b"}
         index = runtime.indexes["ns/p"]
         await index.add_approximate("ns/b", [b"k" * 32], 60)
         assert await index.lookup([b"k" * 32]) == {"ns/b": 1}
-        discovery._pods["b"] = pod("b", "False")  # the watch reports b unready
+        # The watch reports b deleted: terminating, still serving.
+        discovery._slices["engine-x"] = endpoint_slice(
+            endpoint("a", True), endpoint("b", False, terminating=True)
+        )
+        discovery._slices["engine-x"].endpoints[1].conditions.serving = True
         await discovery._publish()
         assert {ep.id for ep in runtime.endpoints.all()} == {"ns/a"}
         assert await index.lookup([b"k" * 32]) == {}

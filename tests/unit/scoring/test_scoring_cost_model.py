@@ -129,3 +129,57 @@ def test_holder_wins_until_its_extra_queue_exceeds_the_hit_prefill_time() -> Non
     below = m.estimate(req, endpoint(0, pending_prefill_tokens=4000), hit_blocks, 0.0)
     above = m.estimate(req, endpoint(0, pending_prefill_tokens=4200), hit_blocks, 0.0)
     assert below.ttft_seconds < idle < above.ttft_seconds
+
+
+def test_a_cpu_tier_hit_costs_its_copy_back_less_than_recompute_more_than_gpu() -> None:
+    m = model(cpu_load_tokens_per_second=40 * RATE)
+    pods = [endpoint(0), endpoint(1), endpoint(2)]
+    # pod-0 holds 200 blocks on the GPU; pod-1 the same 200, 50 on the GPU and 150 in CPU memory;
+    # pod-2 nothing.
+    req = request(4096, gpu_matched_blocks={"pod-0": 200, "pod-1": 50})
+    est = m.estimate_all(req, pods, {"pod-0": 200, "pod-1": 200}, now=0.0)
+    gpu, tiered, cold = est["pod-0"], est["pod-1"], est["pod-2"]
+    assert gpu.hit_tokens == tiered.hit_tokens == 3200 and tiered.cpu_hit_tokens == 2400
+    assert gpu.cpu_hit_tokens == 0 and gpu.prefill_seconds == pytest.approx(896 / RATE)
+    assert tiered.prefill_seconds == pytest.approx(896 / RATE + 2400 / (40 * RATE))
+    assert gpu.ttft_seconds < tiered.ttft_seconds < cold.ttft_seconds
+    # Without a tier (gpu_matched_blocks None) the same match is all on the GPU.
+    plain = m.estimate_all(request(4096), pods, {"pod-1": 200}, now=0.0)["pod-1"]
+    assert plain.cpu_hit_tokens == 0 and plain.prefill_seconds == gpu.prefill_seconds
+
+
+def test_a_pod_without_the_requests_lora_adapter_pays_to_load_it() -> None:
+    m = model(lora_load_seconds=0.2, lora_slot_wait_seconds=1.0)
+
+    def queue(adapter: str | None, running: set[str], waiting: set[str], max_lora: int) -> float:
+        engine = EngineLoad(
+            0, len(running), 0.0, 0.0, frozenset(running), frozenset(waiting), max_lora
+        )
+        ep = endpoint(0, engine=engine)
+        return m.estimate(request(1024, lora_adapter=adapter), ep, 0, now=0.0).queue_seconds
+
+    assert queue("sql", {"sql"}, set(), 2) == 0.0  # running there: loaded
+    assert queue("sql", set(), {"sql"}, 2) == 0.0  # queued there, a slot is free
+    assert queue("sql", {"chat"}, set(), 2) == pytest.approx(0.2)  # a free slot: load only
+    assert queue("sql", {"chat", "code"}, set(), 2) == pytest.approx(1.2)  # every slot taken
+    assert queue("sql", {"chat", "code"}, {"sql"}, 2) == pytest.approx(1.0)  # waits behind its own
+    assert queue(None, {"chat", "code"}, set(), 2) == 0.0  # base-model requests are not slotted
+    assert queue("sql", set(), set(), 0) == 0.0  # the pod reports no LoRA serving: unknown
+
+
+def test_an_adapter_the_pod_used_last_is_taken_as_still_loaded() -> None:
+    from kvgate.discovery.endpoints import Endpoint, EndpointSpec, LoadSample
+
+    ep = Endpoint(EndpointSpec(id="p", pool="ns/p", url="http://p"), LoadSample(max_lora=2))
+    ep.note_lora_adapters(["sql", "chat"])
+    ep.note_lora_adapters(["sql"])
+    ep.note_lora_adapters(["code"])  # two GPU slots: chat, the least recently used, is out
+    assert ep.recent_lora_adapters == ["sql", "code"]
+    m = model(lora_load_seconds=0.2)
+    engine = EngineLoad(
+        0, 0, 0.0, 0.0, frozenset(), frozenset(), 2, frozenset(ep.recent_lora_adapters)
+    )
+    snapshot = endpoint(0, engine=engine)
+    warm = m.estimate(request(1024, lora_adapter="sql"), snapshot, 0, now=0.0)
+    cold = m.estimate(request(1024, lora_adapter="chat"), snapshot, 0, now=0.0)
+    assert warm.queue_seconds == 0.0 and cold.queue_seconds == pytest.approx(0.2)

@@ -51,3 +51,15 @@ def test_vllm_flag_conventions() -> None:
     assert default_events.kv_events.publisher == "zmq"
     assert default_events.kv_events.endpoint == "tcp://*:5557"
     assert _parse([]).hash_seed is None
+
+
+def test_kv_offloading_flags_as_vllm_spells_them() -> None:
+    config = _parse(
+        ["--model", "m", "--kv-offloading-backend", "native", "--kv-offloading-size", "8"]
+    )
+    assert config.engine.kv_offloading_size_gib == 8.0
+    assert _parse(["--model", "m"]).engine.kv_offloading_size_gib == 0.0
+    with pytest.raises(ValueError, match="native CPU offloading only"):
+        _parse(["--model", "m", "--kv-offloading-backend", "lmcache", "--kv-offloading-size", "8"])
+    with pytest.raises(ValueError, match=">= 0"):
+        _parse(["--model", "m", "--kv-offloading-size", "-1"])

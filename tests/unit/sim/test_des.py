@@ -158,8 +158,9 @@ class _Sessions(FleetDriver):
     def kv_events(self, pod: int, events: Sequence[object], now: float) -> None:
         self.events += len(events)
 
-    def tick(self, fleet: DESFleet, now: float) -> None:
+    def tick(self, fleet: DESFleet, now: float) -> list[TraceRequest]:
         self.ticks.append(now)
+        return []
 
 
 def test_closed_loop_sessions_and_every_hook() -> None:

@@ -157,3 +157,63 @@ def test_late_arrival_waits_for_the_next_step(make_engine: EngineFactory) -> Non
     assert steps[0].start == 0.0 and len(steps[0].tokens) == 1
     assert b.first_token_time is not None and a.first_token_time is not None
     assert b.first_token_time > a.first_token_time
+
+
+def _gib(blocks: int) -> float:
+    return blocks * 16 * H100_LLAMA3_8B.kv_bytes_per_token / 1024**3
+
+
+def test_cpu_offloading_tier_keeps_evicted_blocks_and_loads_them_back(
+    make_engine: EngineFactory,
+) -> None:
+    """64 GPU blocks, a 128-block CPU tier: a second prompt evicts the first from the GPU into
+    the CPU tier, and the first prompt again hits there, faster than recomputing, slower than
+    a GPU hit."""
+    from kvgate.kvevents import MEDIUM_CPU, BlockRemoved
+
+    engine = make_engine(num_gpu_blocks=64, kv_offloading_size_gib=_gib(128), max_model_len=1008)
+    assert engine.kv_cache.num_cpu_blocks == 128
+    first = engine.add_request("a", prompt(960), 1, arrival_time=0.0)
+    engine.run_until_idle()
+    engine.add_request("b", prompt(960, offset=5000), 1, arrival_time=10.0)
+    events = [e for step in engine.run_until_idle(10.0) for e in step.events]
+    offloaded = [e for e in events if isinstance(e, BlockStored) and e.medium == MEDIUM_CPU]
+    # b's 61 blocks took the free ones (a's uncached last block and 2 never used) and evicted
+    # 57 of a's 60 cached ones (least recently freed, i.e. its tail, first) to the CPU tier
+    assert sum(len(e.block_hashes) for e in offloaded) == 57
+    gpu_removed = [e for e in events if isinstance(e, BlockRemoved) and e.medium == "GPU"]
+    assert {h for e in gpu_removed for h in e.block_hashes} >= set(offloaded[0].block_hashes)
+    on_gpu = engine.kv_cache.cached_prefix_blocks(first.block_hashes)
+    again = engine.add_request("c", prompt(960), 1, arrival_time=20.0)
+    events = [e for step in engine.run_until_idle(20.0) for e in step.events]
+    assert again.num_cached_tokens == 944  # every full block but the last token's
+    loaded = _ttft(20.0, again.first_token_time)
+    recompute = _ttft(0.0, first.first_token_time)
+    gpu_hit = H100_LLAMA3_8B.step_seconds([(944, 16)], [])
+    assert gpu_hit < loaded < recompute
+    assert loaded == pytest.approx(gpu_hit + H100_LLAMA3_8B.load_seconds(944 - on_gpu * 16))
+    # Loaded blocks are cached on the GPU again (and stay in the CPU tier).
+    stored_gpu = [e for e in events if isinstance(e, BlockStored) and e.medium == "GPU"]
+    assert sum(len(e.block_hashes) for e in stored_gpu) >= 59 - on_gpu
+
+
+def test_cpu_tier_evicts_least_recently_used_and_says_so(make_engine: EngineFactory) -> None:
+    from kvgate.kvevents import MEDIUM_CPU, BlockRemoved
+
+    engine = make_engine(num_gpu_blocks=20, kv_offloading_size_gib=_gib(16), max_model_len=288)
+    events = []
+    for i in range(4):
+        engine.add_request(str(i), prompt(272, offset=1000 * i), 1, arrival_time=10.0 * i)
+        events += [e for step in engine.run_until_idle(10.0 * i) for e in step.events]
+    assert engine.kv_cache.num_cpu_cached_blocks == 16
+    assert any(isinstance(e, BlockRemoved) and e.medium == MEDIUM_CPU for e in events)
+
+
+def test_no_offloading_tier_by_default(make_engine: EngineFactory) -> None:
+    engine = make_engine(num_gpu_blocks=20, max_model_len=288)
+    events = []
+    for i in range(3):
+        engine.add_request(str(i), prompt(272, offset=1000 * i), 1, arrival_time=10.0 * i)
+        events += [e for step in engine.run_until_idle(10.0 * i) for e in step.events]
+    assert engine.kv_cache.num_cpu_cached_blocks == 0
+    assert events and all(getattr(e, "medium", "GPU") == "GPU" for e in events)

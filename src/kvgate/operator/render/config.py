@@ -3,9 +3,10 @@
 `router_config` translates the policy (Kubernetes conventions) and each selected pool into
 :class:`kvgate.api.router_config.RouterConfig`, which validates the result: the router loads
 exactly what the operator renders. Secrets are never copied: the config names an environment
-variable that the router container fills from the Secret key (`secretKeyRef`). A pool's
-tokenizer ConfigMap is referenced by its mount path, and each pool's engines by the label
-selector of its Deployment.
+variable that the router container fills from the Secret key (`secretKeyRef`); other data
+(the Redis CA bundle) likewise from a Secret or ConfigMap key (`configMapKeyRef`). A pool's
+tokenizer ConfigMap is referenced by its mount path, and each pool's engines by the
+EndpointSlices of its Service (named after the pool).
 """
 
 from __future__ import annotations
@@ -19,21 +20,38 @@ import yaml
 from pydantic import BaseModel
 
 from kvgate.api import router_config as rc
-from kvgate.api.base import JsonDict, SecretKeyRef
+from kvgate.api.base import DataKeyRef, JsonDict, SecretKeyRef
 from kvgate.api.policy import RoutingPolicySpec
 from kvgate.api.pool import InferencePoolSpec
-from kvgate.operator.render.engine import engine_selector_string
 
 TOKENIZERS_DIR = "/var/lib/kvgate/tokenizers"
 
 
 @dataclass(frozen=True, slots=True)
+class GatewayTarget:
+    """Where a Gateway API InferencePool's engines are: the headless Service the operator renders
+    for them (`kvgate.operator.render.gateway`)."""
+
+    service: str
+    selector: dict[str, str]
+    port: int
+    kv_events: bool
+
+
+@dataclass(frozen=True, slots=True)
 class SelectedPool:
-    """An InferencePool a policy routes to."""
+    """An InferencePool a policy routes to: kvgate's own, or (with `gateway`) one of the Gateway
+    API Inference Extension, its engines described by the policy's reference."""
 
     name: str
     namespace: str
     spec: InferencePoolSpec
+    gateway: GatewayTarget | None = None
+
+    @property
+    def service(self) -> str:
+        """The Service whose EndpointSlices list the pool's engines."""
+        return self.gateway.service if self.gateway is not None else self.name
 
 
 def secret_env_name(ref: SecretKeyRef) -> str:
@@ -45,6 +63,15 @@ def secret_env_name(ref: SecretKeyRef) -> str:
 
 def _secret(ref: SecretKeyRef) -> rc.SecretRef:
     return rc.SecretRef(env=secret_env_name(ref))
+
+
+def data_env_name(ref: DataKeyRef) -> str:
+    """The router's environment variable holding a Secret's or a ConfigMap's key."""
+    if ref.secret is not None:
+        return secret_env_name(SecretKeyRef(name=ref.secret, key=ref.key))
+    readable = re.sub(r"[^A-Z0-9]+", "_", f"{ref.config_map}_{ref.key}".upper()).strip("_")[:48]
+    digest = hashlib.sha256(f"configmap/{ref.config_map}/{ref.key}".encode()).hexdigest()[:6]
+    return f"KVGATE_CONFIG_{readable}_{digest.upper()}"
 
 
 def _tokenizer(pool: SelectedPool) -> rc.TokenizerConfig:
@@ -76,21 +103,27 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
             hash_algo=spec.cache.hash_algo,
             hash_seed=str(spec.cache.hash_seed),
             tokenizer=_tokenizer(pool),
-            kv_events=True,
+            kv_events=pool.gateway.kv_events if pool.gateway is not None else True,
+            cpu_offload=spec.engine.cpu_offload_gib is not None,
         ),
         endpoints=rc.EndpointsConfig(
-            kubernetes=rc.KubernetesDiscovery(
-                namespace=pool.namespace, label_selector=engine_selector_string(pool.name)
-            )
+            kubernetes=rc.KubernetesDiscovery(namespace=pool.namespace, service=pool.service)
         ),
+        lora_adapters=[
+            rc.LoraAdapter(name=a.name, path=a.path)
+            for a in (spec.lora.adapters if spec.lora else [])
+        ],
     )
 
 
 def _router_secrets(value: Any) -> Any:
     """A spec section as router-config input: every Secret key becomes the `SecretRef` of the
-    environment variable the router container gets it in; everything else is kept as is."""
+    environment variable the router container gets it in (a Secret's or ConfigMap's key
+    too); everything else is kept as is."""
     if isinstance(value, SecretKeyRef):
         return _secret(value)
+    if isinstance(value, DataKeyRef):
+        return rc.SecretRef(env=data_env_name(value))
     if isinstance(value, BaseModel):
         return {name: _router_secrets(getattr(value, name)) for name in type(value).model_fields}
     if isinstance(value, list):
@@ -111,6 +144,8 @@ def router_config(spec: RoutingPolicySpec, pools: list[SelectedPool]) -> rc.Rout
         flow_control=spec.flow_control,
         policy=spec.scoring,
         sessions=spec.sessions,
+        warmup=spec.warmup,
+        load_sharing=spec.load_sharing,
         tenants=rc.TenantsConfig.model_validate(_router_secrets(spec.tenants)),
         directory=rc.DirectoryConfig.model_validate(_router_secrets(spec.directory)),
         admin=rc.AdminConfig(
@@ -126,18 +161,35 @@ def router_config_yaml(config: rc.RouterConfig) -> str:
 
 
 def secret_env(spec: RoutingPolicySpec) -> list[JsonDict]:
-    """`env` entries of the router container: one `secretKeyRef` per Secret key the config uses."""
-    refs = {secret_env_name(r): r for r in secret_refs(spec)}
-    return [
-        {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-        for name, ref in sorted(refs.items())
-    ]
+    """`env` entries of the router container: one `secretKeyRef` per Secret key the config uses
+    and one `configMapKeyRef` per ConfigMap key."""
+    sources: dict[str, JsonDict] = {
+        secret_env_name(r): {"secretKeyRef": {"name": r.name, "key": r.key}}
+        for r in secret_refs(spec)
+    }
+    for ref in data_refs(spec):
+        if ref.secret is not None:
+            sources[data_env_name(ref)] = {"secretKeyRef": {"name": ref.secret, "key": ref.key}}
+        else:
+            source = {"name": str(ref.config_map), "key": ref.key}
+            sources[data_env_name(ref)] = {"configMapKeyRef": source}
+    return [{"name": name, "valueFrom": source} for name, source in sorted(sources.items())]
+
+
+def data_refs(spec: RoutingPolicySpec) -> list[DataKeyRef]:
+    return [r for r in (spec.directory.redis.ca_bundle,) if r is not None]
 
 
 def secret_refs(spec: RoutingPolicySpec) -> list[SecretKeyRef]:
     refs = [k for t in spec.tenants.tenants for k in t.api_keys]
     refs += [t.cache_salt for t in spec.tenants.tenants if t.cache_salt]
-    for ref in (spec.tenants.salt_secret, spec.directory.redis.password, spec.router.admin_token):
+    redis = spec.directory.redis
+    for ref in (
+        spec.tenants.salt_secret,
+        redis.password,
+        redis.url_secret,
+        spec.router.admin_token,
+    ):
         if ref is not None:
             refs.append(ref)
     return refs

@@ -100,6 +100,14 @@ def engine_args(spec: InferencePoolSpec) -> list[str]:
         args += ["--max-model-len", str(engine.max_model_len)]
     if engine.max_num_seqs is not None:
         args += ["--max-num-seqs", str(engine.max_num_seqs)]
+    if engine.cpu_offload_gib is not None:
+        args += ["--kv-offloading-backend", "native"]
+        args += ["--kv-offloading-size", f"{engine.cpu_offload_gib:g}"]
+    if spec.lora is not None:
+        args += ["--enable-lora", "--max-loras", str(spec.lora.max_loras)]
+        if spec.lora.max_lora_rank is not None:
+            args += ["--max-lora-rank", str(spec.lora.max_lora_rank)]
+        args += ["--lora-modules", *(f"{a.name}={a.path}" for a in spec.lora.adapters)]
     return args + list(engine.extra_args)
 
 

@@ -5,8 +5,9 @@ so the kubelet swaps the file in place and the router reloads it without a resta
 configuration needs (tenant API keys and salts, the Redis password, the admin token) reach the
 container as `secretKeyRef` environment variables that the config names, never copied into
 the ConfigMap. Each pool's engines are
-discovered by the label selector of its Deployment, so the router only needs to watch Pods in
-its namespace: that is the whole of its Role. With the Redis directory and
+discovered from the EndpointSlices of the pool's Service (for a Gateway API InferencePool, the
+headless Service rendered by :mod:`kvgate.operator.render.gateway`), so the router only needs to
+watch EndpointSlices in its namespace: that is the whole of its Role. With the Redis directory and
 `embeddedIndexer: false`, a `kvgate indexer` Deployment (same config, same Role) feeds the
 directory from the engines' KV events instead of the routers.
 """
@@ -40,6 +41,7 @@ from kvgate.operator.render.config import (
     router_config_yaml,
     secret_env,
 )
+from kvgate.operator.render.gateway import gateway_service
 
 _SHUTDOWN_GRACE_SECONDS: float = ServerConfig.model_fields["shutdown_grace_seconds"].default
 
@@ -233,7 +235,7 @@ def router_service(owner: Owner, spec: RoutingPolicySpec) -> JsonDict:
 
 
 def router_rbac(owner: Owner) -> list[JsonDict]:
-    """ServiceAccount, Role (read Pods: endpoint discovery) and RoleBinding of the router."""
+    """ServiceAccount, Role (read EndpointSlices: endpoint discovery) and RoleBinding."""
     name = router_name(owner.name)
     labels = router_labels(owner.name)
     return [
@@ -243,7 +245,11 @@ def router_rbac(owner: Owner) -> list[JsonDict]:
             "kind": "Role",
             "metadata": metadata(name, owner, labels),
             "rules": [
-                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+                {
+                    "apiGroups": ["discovery.k8s.io"],
+                    "resources": ["endpointslices"],
+                    "verbs": ["get", "list", "watch"],
+                }
             ],
         },
         {
@@ -272,6 +278,7 @@ def policy_children(
     config_yaml = router_config_yaml(router_config(spec, pools))
     children = [
         *router_rbac(owner),
+        *(gateway_service(owner, p) for p in pools if p.gateway is not None),
         router_config_map(owner, config_yaml),
         router_service(owner, spec),
         router_deployment(owner, spec, pools, default_image),

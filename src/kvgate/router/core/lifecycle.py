@@ -21,7 +21,11 @@
   (enough in a row eject it for a while), counted; the caller may plan again.
 - `cancelled(attempt)`: the client went away; nothing is learned.
 - `load_scraped` / `scrape_failed`: the load scraper's findings (engine load, active health).
-- `endpoints_changed(added, removed)`: forget what departed endpoints left behind.
+- `peers.update(...)`: the other router replicas' load on each pod (`peer_load.py`), added to
+  this replica's own counts in every decision while it is fresh.
+- `endpoints_changed(added, removed)`: forget what departed endpoints left behind; a pod that
+  joins a pool with other pods is warmed with the pool's hottest prefixes before it takes its
+  full share (`warmup.py`; the I/O side sends what `warmup.take()` hands it).
 
 Only `admit`, `route`, `dispatch`, `plan` and `explain` await anything (the directory: a Redis round trip with the redis
 backend); every hook is plain synchronous code. Time comes from the injected clock: monotonic in
@@ -50,8 +54,10 @@ from kvgate.router.core.classify import Classification
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keys import RequestKeys
 from kvgate.router.core.learn import Learner, Outcome, Usage
+from kvgate.router.core.peer_load import PeerLoads
 from kvgate.router.core.routing import RoutePlan, Router, RouterState
 from kvgate.router.core.sessions import SessionTracker
+from kvgate.router.core.warmup import Warmup
 from kvgate.router.metrics import RouterMetrics
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
@@ -94,6 +100,8 @@ class RoutingCore:
         self.endpoints = endpoints
         self.accounting = Accounting()
         self.estimator = PrefillRateEstimator()
+        self.warmup = Warmup(config.warmup, metrics)
+        self.peers = PeerLoads(config.load_sharing.ttl_seconds)
         self.router = Router(
             state,
             endpoints,
@@ -102,6 +110,8 @@ class RoutingCore:
             estimator=self.estimator,
             rng=rng,
             clock=clock,
+            admits=self.warmup.admits,
+            peers=self.peers,
         )
         self.learner = Learner(
             metrics,
@@ -130,6 +140,8 @@ class RoutingCore:
         self.router.state = state
         self.learner.ttl = config.directory.approximate_ttl_seconds
         self.learner.access_log = config.server.access_log
+        self.warmup.configure(config.warmup)
+        self.peers.ttl_seconds = config.load_sharing.ttl_seconds
         self.sessions.configure(
             config.sessions.max_sessions,
             config.sessions.ttl_seconds,
@@ -277,8 +289,10 @@ class RoutingCore:
         if not first_try:
             self.metrics.child(self.metrics.retries, plan.pool.key).inc()
         await self.learner.routed(plan)
-        if first_try and plan.classification.session_id is not None:
-            self.sessions.observe(plan, request.body)
+        if first_try:
+            self.warmup.hot.observe(plan, self.clock())
+            if plan.classification.session_id is not None:
+                self.sessions.observe(plan, request.body)
         return plan
 
     async def explain(self, request: ClientRequest) -> RoutePlan:
@@ -297,6 +311,9 @@ class RoutingCore:
     def sent(self, request: ClientRequest, plan: RoutePlan, *, streaming: bool) -> Attempt:
         endpoint_id = plan.endpoint.spec.id
         request.tried.append(endpoint_id)
+        adapter = plan.pool.lora_for(plan.classification.model)
+        if adapter is not None:
+            plan.endpoint.note_lora_adapters([adapter.name])
         attempt = self.accounting.sent(
             endpoint_id,
             self.clock(),
@@ -377,6 +394,7 @@ class RoutingCore:
         """A fresh /metrics scrape: engine load, and active health (an ejected endpoint that
         answers is back in rotation)."""
         ep.load = sample
+        ep.note_lora_adapters(sorted(sample.running_lora_adapters))
         if not ep.healthy(self.clock()):
             log.info("endpoint %s answers again; back in rotation", ep.id)
             ep.ejected_until = 0.0
@@ -390,12 +408,19 @@ class RoutingCore:
             log.warning("endpoint %s ejected: /metrics failing (%r)", ep.id, reason)
 
     def endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
+        now = self.clock()
         for ep in removed:
+            self.warmup.left(ep)
             self.estimator.forget(ep.id)
             self.router.history.forget(ep.id)
             self.accounting.forget(ep.id)
+            self.peers.forget(ep.id)
+        joining = {ep.id for ep in added}
         for ep in added:
             self.metrics.init_endpoint(ep.pool, ep.id)
+            # Pods that were there before (not joining with it) are what it is warmed against.
+            others = [m for m in self.endpoints.in_pool(ep.pool) if m.id not in joining]
+            self.warmup.joined(ep, others, now)
         self.flow.pump()
 
     def endpoint_load(self) -> MutableMapping[str, int]:

@@ -4,10 +4,13 @@
 2. Candidates: ready, non-ejected, non-draining endpoints of the class's home pools; plus, for
    batch requests, online endpoints whose load is under the borrowing limits (so online traffic
    never waits behind batch); plus, for online requests with no home endpoint, batch endpoints.
+   Pods warming up take no client request, then a growing share (`warmup.py`).
 3. Pools are grouped by hashing identity (`keys.keyer_identity`); each group's keys are computed
    once, its pools' directories are looked up, and the policy decides over the group. With
    several groups (pools with different tokenizers or block sizes) the decision with the lowest
    predicted TTFT wins.
+   Each endpoint's snapshot counts this router's in-flight and pending prefill, plus the other
+   replicas' while their view is fresh (`peer_load.py`).
 4. The routing core (`lifecycle.py`) records the decision; the proxy sends the request.
 
 Everything here is in memory except the directory lookup (a Redis round trip with the redis
@@ -23,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.api.router_config import PoolConfig, RouterConfig
-from kvgate.directory.base import BlockIndex
+from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex
 from kvgate.discovery.endpoints import Endpoint, EndpointSet
 from kvgate.prefix import LoraKey
 from kvgate.router.core.accounting import Accounting
@@ -31,6 +34,7 @@ from kvgate.router.core.classify import Classification, Classifier
 from kvgate.router.core.errors import RouterError, unavailable
 from kvgate.router.core.keying import KeyingPool
 from kvgate.router.core.keys import Keyer, RequestKeys, keyer_identity
+from kvgate.router.core.peer_load import PeerLoads
 from kvgate.scoring.base import (
     ChoiceHistory,
     Decision,
@@ -95,6 +99,8 @@ class Router:
         estimator: PrefillRateEstimator | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        admits: Callable[[str, float, random.Random], bool] | None = None,
+        peers: PeerLoads | None = None,
     ) -> None:
         self.state = state
         self.endpoints = endpoints
@@ -105,6 +111,10 @@ class Router:
         self.rng = rng or random.Random(state.config.policy.seed)
         self.clock = clock
         self.keying = KeyingPool(state.config.keying)
+        # May a client request go to this endpoint now (pods warming up: `warmup.py`)?
+        self.admits = admits
+        # The other router replicas' load on each endpoint (`peer_load.py`), added to ours.
+        self.peers = peers
 
     async def plan(
         self,
@@ -138,7 +148,7 @@ class Router:
                 )
                 if keys_by_pool is not None:
                     keys_by_pool[pool_key] = keys
-            matched = await self._lookup(keys, members)
+            matched, on_gpu = await self._lookup(keys, members)
             request = RoutingRequest(
                 model=cls.model,
                 prompt_tokens=keys.prompt_tokens,
@@ -148,6 +158,8 @@ class Router:
                 request_class=cls.request_class,
                 tenant=cls.tenant,
                 session_id=cls.session_id,
+                gpu_matched_blocks=on_gpu,
+                lora_adapter=lora.name if lora is not None else None,
             )
             snapshots = self.snapshots(members, now)
             try:
@@ -194,7 +206,10 @@ class Router:
         """Immutable views of `members` for the policy (hot path: lookups hoisted)."""
         pools = self.state.pools
         stale = self.state.config.load_metrics.stale_after_seconds
-        loads = self.accounting.loads([ep.spec.id for ep in members], now)
+        ids = [ep.spec.id for ep in members]
+        loads = self.accounting.loads(ids, now)
+        if self.peers is not None:
+            loads = self.peers.added(ids, loads, now)
         rates = self._pool_rates(members)
         # Every candidate ejected: fail open (trying a pod beats refusing the request).
         fail_open = all(now < ep.ejected_until for ep in members)
@@ -214,7 +229,14 @@ class Router:
                     pending_prefill_requests=mine.pending_prefill_requests,
                     pending_prefill_tokens=mine.pending_prefill_tokens,
                     engine=EngineLoad(
-                        int(load.waiting), int(load.running), load.kv_cache_usage, scraped
+                        int(load.waiting),
+                        int(load.running),
+                        load.kv_cache_usage,
+                        scraped,
+                        load.running_lora_adapters,
+                        load.waiting_lora_adapters,
+                        load.max_lora,
+                        frozenset(ep.recent_lora_adapters),
                     )
                     if scraped > 0 and now - scraped <= stale
                     else None,
@@ -279,7 +301,11 @@ class Router:
             eps = self.endpoints.in_pool(pool.key)
             if excluded:
                 eps = [ep for ep in eps if ep.spec.id not in excluded]
-            return [ep for ep in eps if not ep.draining]
+            eps = [ep for ep in eps if not ep.draining]
+            if self.admits is not None and eps:
+                admitted = [ep for ep in eps if self.admits(ep.spec.id, now, self.rng)]
+                eps = admitted or eps  # every pod warming up: fail open
+            return eps
 
         chosen: list[Endpoint] = [ep for pool in cls.home_pools for ep in usable(pool)]
         if cls.request_class == "batch":
@@ -314,19 +340,33 @@ class Router:
             and running < limits.max_running_requests
         )
 
-    async def _lookup(self, keys: RequestKeys, members: list[Endpoint]) -> dict[str, int]:
+    async def _lookup(
+        self, keys: RequestKeys, members: list[Endpoint]
+    ) -> tuple[dict[str, int], dict[str, int] | None]:
+        """Each pod's leading matched blocks and, when a pool has a CPU offloading tier, how
+        many of them lead on the GPU (a second lookup, for the pods that matched only)."""
         if not keys.block_keys:
-            return {}
+            return {}, None
         by_pool: dict[str, list[str]] = {}
         for ep in members:
             spec = ep.spec
             by_pool.setdefault(spec.pool, []).append(spec.id)
         matched: dict[str, int] = {}
+        on_gpu: dict[str, int] | None = None
         for pool, pods in by_pool.items():
             index = self.indexes.get(pool)
-            if index is not None:
-                matched.update(await index.lookup(keys.block_keys, pods))
-        return matched
+            if index is None:
+                continue
+            found = await index.lookup(keys.block_keys, pods)
+            matched.update(found)
+            config = self.state.pools.get(pool)
+            if found and config is not None and config.engine.cpu_offload:
+                held = await index.lookup(keys.block_keys, found, medium=DEFAULT_MEDIUM)
+                on_gpu = {} if on_gpu is None else on_gpu
+                on_gpu.update({pod: held.get(pod, 0) for pod in found})
+        if on_gpu is not None:  # pools without the tier: all on the GPU
+            on_gpu.update({pod: n for pod, n in matched.items() if pod not in on_gpu})
+        return matched, on_gpu
 
 
 def _lora(pool: PoolConfig, model: str) -> LoraKey | None:

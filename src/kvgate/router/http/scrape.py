@@ -2,8 +2,11 @@
 
 Every `interval` the scraper fetches all endpoints' /metrics concurrently (each bounded by a
 timeout), parses the three gauges routing needs (`vllm:num_requests_waiting`,
-`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, summed over label sets) and stores them
-with the time of the scrape. Both a scrape and its failure go to the routing core, which owns
+`vllm:num_requests_running`, `vllm:kv_cache_usage_perc`, summed over label sets) and, on pods
+serving LoRA adapters, `vllm:lora_requests_info` (the newest of its label sets: vLLM sets a new
+one to the current time after each step and leaves the old ones exposed; its labels
+`running_lora_adapters` / `waiting_lora_adapters` are comma-joined adapter names, `max_lora` the
+adapters a batch may use), and stores them with the time of the scrape. Both a scrape and its failure go to the routing core, which owns
 endpoint state: a failed scrape counts as a health failure there (enough in a row eject the pod
 until it answers again).
 Load older than `stale_after` is treated as unknown by the scoring snapshot.
@@ -18,7 +21,7 @@ import time
 from collections.abc import Callable
 
 from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
-from kvgate.promtext import sum_samples
+from kvgate.promtext import newest_sample, sum_samples
 from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
 
@@ -31,6 +34,9 @@ _WANTED = {
     # vLLM < 0.10 spelled it gpu_cache_usage_perc.
     "vllm:gpu_cache_usage_perc": "kv_cache_usage",
 }
+LORA_INFO = "vllm:lora_requests_info"
+MAX_LORA_ADAPTERS = 1024  # names kept per pod: a label is bounded by the page, this by count
+MAX_LORA_NAME_CHARS = 253
 
 
 def parse_load(text: str, now: float) -> LoadSample:
@@ -39,12 +45,29 @@ def parse_load(text: str, now: float) -> LoadSample:
     for name, total in sum_samples(text, _WANTED).items():
         field = _WANTED[name]
         values[field] = values.get(field, 0.0) + total
+    running: frozenset[str] = frozenset()
+    waiting: frozenset[str] = frozenset()
+    max_lora = 0
+    info = newest_sample(text, LORA_INFO)
+    if info is not None:
+        running = _adapter_names(info.labels.get("running_lora_adapters", ""))
+        waiting = _adapter_names(info.labels.get("waiting_lora_adapters", ""))
+        with contextlib.suppress(ValueError):
+            max_lora = max(0, int(info.labels.get("max_lora", "0")))
     return LoadSample(
         waiting=values["waiting"],
         running=values["running"],
         kv_cache_usage=values["kv_cache_usage"],
         scraped_at=now,
+        running_lora_adapters=running,
+        waiting_lora_adapters=waiting,
+        max_lora=max_lora,
     )
+
+
+def _adapter_names(label: str) -> frozenset[str]:
+    names = (n.strip() for n in label.split(",", MAX_LORA_ADAPTERS)[:MAX_LORA_ADAPTERS])
+    return frozenset(n for n in names if n and len(n) <= MAX_LORA_NAME_CHARS)
 
 
 class LoadScraper:

@@ -12,6 +12,11 @@ pod of the model's pools for the request's class). The admin's own bearer token 
 an API key. Each target gets the request with `max_tokens=1`, non-streaming, with the tenant's
 salt, so that a changed system prompt or memory block is cached before users arrive. The answer
 names the tenant and lists, per pod, the HTTP status and the engine's `cached_tokens`.
+
+Or, instead of a prompt: `{"top": N, "model": M, "tenant": T}`: the N prefixes of model M that
+T's requests shared most (what a pod that joins is warmed with, `core/hot_prefixes.py`), each
+sent as token ids to every pod of M's pools; the answer lists, per prefix, its tokens and each
+pod's result. Use it after a cache reset, or to re-warm pods with what traffic has shown is hot.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from kvgate.discovery.endpoints import Endpoint
 from kvgate.router.core.errors import RouterError, bad_request
 from kvgate.router.core.lifecycle import ClientRequest
-from kvgate.router.http.upstream import UpstreamError, read_all
-from kvgate.router.http.usage import usage_from_json_body
+from kvgate.router.core.warmup import WARM_PATH, WarmRequest
+from kvgate.router.http.warmer import send_warm
 
 if TYPE_CHECKING:
     from kvgate.router.runtime import RouterRuntime
@@ -47,12 +53,14 @@ def authorize(token: str | None, authorization: str | None) -> None:
 async def warm(
     runtime: RouterRuntime, body: dict[str, Any], headers: Mapping[str, str]
 ) -> dict[str, Any]:
-    targets = body.pop("targets", "chosen")
-    if targets not in ("chosen", "all"):
-        raise bad_request("`targets` must be `chosen` or `all`", param="targets")
     tenant = body.pop("tenant", None)
     if tenant is not None and not isinstance(tenant, str):
         raise bad_request("`tenant` must be a string", param="tenant")
+    if "top" in body:
+        return await _warm_top(runtime, body, headers, tenant)
+    targets = body.pop("targets", "chosen")
+    if targets not in ("chosen", "all"):
+        raise bad_request("`targets` must be `chosen` or `all`", param="targets")
     kind = "chat" if "messages" in body else "completion"
     path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
     core = runtime.core
@@ -68,30 +76,13 @@ async def warm(
     if cls.cache_salt is not None:
         forward["cache_salt"] = cls.cache_salt
     payload = json.dumps(forward).encode()
-    timeout = runtime.config.limits.first_byte_timeout_seconds
+    limits = runtime.config.limits
 
-    async def one(url: str, endpoint_id: str) -> dict[str, Any]:
-        try:
-            response = await runtime.upstream.request(
-                "POST",
-                url + path,
-                payload,
-                [(b"content-type", b"application/json")],
-                connect_timeout=runtime.config.limits.connect_timeout_seconds,
-                head_timeout=timeout,
-            )
-            content = await read_all(response)
-        except UpstreamError as exc:
-            return {"endpoint": endpoint_id, "status": None, "error": str(exc)}
-        usage = usage_from_json_body(content)
-        return {
-            "endpoint": endpoint_id,
-            "status": response.status,
-            "prompt_tokens": usage.prompt_tokens if usage else None,
-            "cached_tokens": usage.cached_tokens if usage else None,
-        }
+    async def one(ep: Endpoint) -> dict[str, Any]:
+        result = await send_warm(runtime.upstream, ep.spec.url, path, payload, limits)
+        return {"endpoint": ep.id, **result}
 
-    results = await asyncio.gather(*(one(ep.spec.url, ep.id) for ep in endpoints))
+    results = await asyncio.gather(*(one(ep) for ep in endpoints))
     for ep in endpoints:
         await core.learner.routed(replace(plan, endpoint=ep, pool=core.state.pools[ep.pool]))
     return {
@@ -101,3 +92,42 @@ async def warm(
         "blocks": len(plan.keys.block_keys),
         "results": list(results),
     }
+
+
+async def _warm_top(
+    runtime: RouterRuntime, body: dict[str, Any], headers: Mapping[str, str], tenant: str | None
+) -> dict[str, Any]:
+    """`{"top": N, "model": M, "tenant": T}`: the N hottest prefixes the router has seen for
+    model M and tenant T (`core/hot_prefixes.py`), each sent to every ready pod of M's pools."""
+    top = body.pop("top")
+    extra = sorted(set(body) - {"model", "targets"})
+    if extra:
+        raise bad_request(f"unexpected fields with `top`: {extra}", param=extra[0])
+    if body.pop("targets", "all") != "all":
+        raise bad_request("`top` warms every pod: `targets` must be `all`", param="targets")
+    limit = runtime.config.warmup.remembered_prefixes
+    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= max(limit, 1):
+        raise bad_request(f"`top` must be an integer from 1 to {max(limit, 1)}", param="top")
+    core = runtime.core
+    cls = core.state.classifier.classify_as(body, headers, tenant)
+    now = core.clock()
+    limits = runtime.config.limits
+    prefixes = []
+    for pool in cls.home_pools:
+        hot = core.warmup.hot.top(
+            pool.key, top, now, model=cls.model, tenant=cls.tenant, any_tenant=False
+        )
+        for prefix in hot:
+            warm_request = WarmRequest("", pool.key, prefix)
+            payload = json.dumps(warm_request.body(), separators=(",", ":")).encode()
+            endpoints = core.endpoints.in_pool(pool.key)
+
+            async def one(ep: Endpoint, payload: bytes = payload) -> dict[str, Any]:
+                result = await send_warm(runtime.upstream, ep.spec.url, WARM_PATH, payload, limits)
+                return {"endpoint": ep.id, **result}
+
+            results = await asyncio.gather(*(one(ep) for ep in endpoints))
+            prefixes.append(
+                {"pool": pool.key, "prompt_tokens": prefix.token_count, "results": list(results)}
+            )
+    return {"model": cls.model, "tenant": cls.tenant, "top": top, "prefixes": prefixes}

@@ -6,6 +6,7 @@ Routes:
 - `GET /health` (process alive), `GET /ready` (at least one endpoint in rotation);
 - `GET /metrics`: Prometheus text from the app's own registry;
 - `GET|POST /debug/route`: the decision for a body, explained, without sending it;
+- `GET /debug/warm`: every pod's warm-up phase and the hottest prefixes (`core/warmup.py`);
 - `POST /admin/warm`: bearer-token authenticated prefix warming (`admin.py`).
 
 Every error is an OpenAI-shaped JSON error; client mistakes are 4xx. A client that disconnects
@@ -95,6 +96,9 @@ class RouterApp:
                 await _raw(send, 200, payload, [(b"content-type", CONTENT_TYPE_LATEST.encode())])
             elif path == "/debug/route" and method in ("GET", "POST"):
                 await self._debug_route(scope, receive, send)
+            elif path == "/debug/warm" and method == "GET":
+                core = self.runtime.core
+                await _json(send, 200, core.warmup.debug(core.clock(), core.endpoints.all()))
             elif path == "/admin/warm" and method == "POST":
                 await self._admin_warm(scope, receive, send)
             else:

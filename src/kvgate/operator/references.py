@@ -1,0 +1,84 @@
+"""The Secrets and ConfigMaps a RoutingPolicy's router needs, checked before it has to start.
+
+A router pod whose Secret (or Secret key) is missing stays in `CreateContainerConfigError`, and
+one whose tokenizer ConfigMap is missing never gets its volume: the pods say so, the policy
+would not. So each reconcile gets every object the policy refers to and turns the absent ones
+into a Degraded reason that names them:
+
+- `SecretMissing`: a Secret, or a key within it, named by a tenant's API keys or cache salt,
+  the salt secret, the Redis password or the admin token;
+- `ConfigMapMissing`: the tokenizer ConfigMap of a selected pool.
+
+The router Deployment is applied all the same: the kubelet starts the pods by itself once the
+objects exist, and the next reconcile (the router Deployment becoming ready triggers one)
+clears the condition. An object the operator may not read (an API error other than "not
+found") is not reported: only a certain absence is.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from kvgate.api.policy import RoutingPolicySpec
+from kvgate.operator.kube import Kube, KubeError
+from kvgate.operator.render import SelectedPool
+from kvgate.operator.render.config import secret_refs
+from kvgate.operator.status import Problem
+
+log = logging.getLogger(__name__)
+
+SECRET_MISSING = "SecretMissing"
+CONFIG_MAP_MISSING = "ConfigMapMissing"
+
+
+async def missing_references(
+    kube: Kube, namespace: str, spec: RoutingPolicySpec, pools: list[SelectedPool]
+) -> Problem | None:
+    """`SecretMissing` / `ConfigMapMissing` naming every absent object or key, else None."""
+    secrets: dict[str, set[str]] = {}
+    for ref in secret_refs(spec):
+        secrets.setdefault(ref.name, set()).add(ref.key)
+    config_maps = sorted(
+        {
+            pool.spec.tokenizer.config_map
+            for pool in pools
+            if pool.spec.tokenizer is not None and pool.spec.tokenizer.config_map is not None
+        }
+    )
+    missing_secrets: list[str] = []
+    for name, keys in sorted(secrets.items()):
+        try:
+            secret = await kube.get("v1", "Secret", namespace, name)
+        except KubeError as exc:
+            log.debug("cannot check Secret %s/%s: %s", namespace, name, exc.message)
+            continue
+        if secret is None:
+            missing_secrets.append(f"Secret {name} not found in namespace {namespace}")
+            continue
+        absent = sorted(keys - set((secret.get("data") or {}).keys()))
+        if absent:
+            missing_secrets.append(f"Secret {name} has no key {', '.join(absent)}")
+    missing_maps: list[str] = []
+    for name in config_maps:
+        try:
+            found = await kube.get("v1", "ConfigMap", namespace, name)
+        except KubeError as exc:
+            log.debug("cannot check ConfigMap %s/%s: %s", namespace, name, exc.message)
+            continue
+        if found is None:
+            missing_maps.append(
+                f"ConfigMap {name} (a pool's spec.tokenizer.configMap) not found in namespace "
+                f"{namespace}"
+            )
+    if not missing_secrets and not missing_maps:
+        return None
+    reason = SECRET_MISSING if missing_secrets else CONFIG_MAP_MISSING
+    message = "; ".join(missing_secrets + missing_maps)
+    return Problem(reason, f"{message}: the router pods cannot start until it exists")
+
+
+def combined(first: Problem | None, second: Problem | None) -> Problem | None:
+    """Both problems in one: the first one's reason, both messages."""
+    if first is None or second is None:
+        return first or second
+    return Problem(first.reason, f"{first.message}; {second.message}")

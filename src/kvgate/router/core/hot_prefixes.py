@@ -1,0 +1,194 @@
+"""The prompt prefixes a pool's requests share most: what a pod that joins is warmed with.
+
+Every routed request with exact keys (token ids known) offers a few of its prefixes, cut at
+block boundaries: 1, 2, 4, 8, ... blocks (doubling up to the whole prompt) and the prefix the
+chosen pod was predicted to hold (the boundary where requests really shared blocks: a system
+prompt, a tool schema, a shared document). A prefix is named by its last block key, which
+chains everything before it, the tenant's salt and the LoRA adapter, so one key is one prefix.
+
+Two bounded tiers, both least-recently-seen first out:
+
+- **candidates**: prefixes seen fewer than `min_requests` times; key and count only;
+- **hot**: prefixes seen at least that often, with their token ids (4 bytes a token, bounded
+  in bytes) so they can be sent again.
+
+Counts decay exponentially (`half_life_seconds`), so yesterday's prompt layout fades. The
+`top` prefixes of a pool are ranked by decayed count x tokens (the prefill a warm request saves
+if each of those requests lands on the new pod); a prefix that starts another chosen one is
+dropped (warming the longer caches its blocks too). Plain synchronous code on the core's clock, like the rest of the core.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from kvgate.api.fleet import WarmupConfig
+from kvgate.router.core.keys import RequestKeys
+from kvgate.router.core.routing import RoutePlan
+
+_TOKEN_BYTES = 4  # array("I")
+
+
+@dataclass(slots=True)
+class HotPrefix:
+    """One shared prefix, as a warm request needs it."""
+
+    pool: str
+    model: str  # the model name its requests asked for (names the LoRA adapter, if any)
+    tenant: str | None
+    cache_salt: str | None
+    key: bytes  # block key of its last block
+    tokens: array[int] | None  # token ids (hot tier only)
+    score: float  # requests seen, decayed to `seen_at`
+    seen_at: float
+
+    def decayed(self, now: float, half_life: float) -> float:
+        return self.score * math.exp2(-(now - self.seen_at) / half_life)
+
+    @property
+    def token_count(self) -> int:
+        return len(self.tokens) if self.tokens is not None else 0
+
+
+class HotPrefixes:
+    """Bounded memory of shared prefixes (see the module docstring). Not thread-safe."""
+
+    def __init__(self, config: WarmupConfig) -> None:
+        self.config = config
+        self._candidates: OrderedDict[tuple[str, bytes], HotPrefix] = OrderedDict()
+        self._hot: OrderedDict[tuple[str, bytes], HotPrefix] = OrderedDict()
+        self.bytes = 0
+
+    def configure(self, config: WarmupConfig) -> None:
+        self.config = config
+        self._trim()
+
+    def __len__(self) -> int:
+        return len(self._hot)
+
+    def observe(self, plan: RoutePlan, now: float) -> None:
+        """A request was routed: count the prefixes it offers."""
+        keys = plan.keys
+        tokens = keys.token_ids
+        config = self.config
+        if not config.enabled or tokens is None or not keys.exact or not keys.block_keys:
+            return
+        block = keys.block_tokens
+        blocks = min(len(keys.block_keys), len(tokens) // block)
+        first = max(1, -(-config.min_tokens // block))
+        depths = set()
+        depth = 1
+        while depth <= blocks:
+            if depth >= first:
+                depths.add(depth)
+            depth *= 2
+        hit = min(plan.decision.predicted_hit_tokens // block, blocks)
+        if hit >= first:
+            depths.add(hit)
+        cls = plan.classification
+        for depth in depths:
+            self._seen(plan.pool.key, cls.model, cls.tenant, cls.cache_salt, keys, depth, now)
+        self._trim()
+
+    def _seen(
+        self,
+        pool: str,
+        model: str,
+        tenant: str | None,
+        salt: str | None,
+        keys: RequestKeys,
+        depth: int,
+        now: float,
+    ) -> None:
+        assert keys.token_ids is not None
+        half_life = self.config.half_life_seconds
+        name = (pool, keys.block_keys[depth - 1])
+        entry = self._hot.get(name)
+        if entry is not None:
+            entry.score = entry.decayed(now, half_life) + 1.0
+            entry.seen_at = now
+            self._hot.move_to_end(name)
+            return
+        entry = self._candidates.get(name)
+        if entry is None:
+            entry = HotPrefix(pool, model, tenant, salt, name[1], None, 0.0, now)
+            self._candidates[name] = entry
+        entry.score = entry.decayed(now, half_life) + 1.0
+        entry.seen_at = now
+        self._candidates.move_to_end(name)
+        # Promoted at `min_requests` (a decayed count may never reach it exactly: round).
+        if entry.score + 1e-9 >= self.config.min_requests and self.config.remembered_prefixes:
+            del self._candidates[name]
+            entry.tokens = array("I", keys.token_ids[: depth * keys.block_tokens])
+            self._hot[name] = entry
+            self.bytes += entry.token_count * _TOKEN_BYTES
+
+    def _trim(self) -> None:
+        config = self.config
+        while len(self._candidates) > config.candidate_prefixes:
+            self._candidates.popitem(last=False)
+        while self._hot and (
+            len(self._hot) > config.remembered_prefixes or self.bytes > config.max_bytes
+        ):
+            _, entry = self._hot.popitem(last=False)
+            self.bytes -= entry.token_count * _TOKEN_BYTES
+
+    def forget_pool(self, pool: str) -> None:
+        for tier in (self._candidates, self._hot):
+            for name in [name for name in tier if name[0] == pool]:
+                entry = tier.pop(name)
+                if tier is self._hot:
+                    self.bytes -= entry.token_count * _TOKEN_BYTES
+
+    def top(
+        self,
+        pool: str,
+        n: int,
+        now: float,
+        *,
+        model: str | None = None,
+        tenant: str | None = None,
+        any_tenant: bool = True,
+    ) -> list[HotPrefix]:
+        """The `n` prefixes of `pool` most worth warming (see the module docstring), optionally
+        of one model and one tenant (`any_tenant=False`: only `tenant`'s, None = anonymous)."""
+        half_life = self.config.half_life_seconds
+        ranked = sorted(
+            (
+                e
+                for e in self._entries(pool)
+                if (model is None or e.model == model) and (any_tenant or e.tenant == tenant)
+            ),
+            key=lambda e: e.decayed(now, half_life) * e.token_count,
+            reverse=True,
+        )
+        chosen: list[HotPrefix] = []
+        for entry in ranked:
+            if len(chosen) >= n:
+                break
+            if any(_covers(other, entry) for other in chosen):
+                continue
+            # A longer prefix warms every shorter one it starts with: it takes their places.
+            chosen = [other for other in chosen if not _covers(entry, other)]
+            chosen.append(entry)
+        return chosen
+
+    def _entries(self, pool: str) -> Iterator[HotPrefix]:
+        return (e for (p, _), e in self._hot.items() if p == pool)
+
+
+def _covers(longer: HotPrefix, shorter: HotPrefix) -> bool:
+    """`longer` starts with all of `shorter` (same salt and model: the same chain)."""
+    a, b = longer.tokens, shorter.tokens
+    return (
+        a is not None
+        and b is not None
+        and len(a) >= len(b)
+        and longer.cache_salt == shorter.cache_salt
+        and longer.model == shorter.model
+        and a[: len(b)] == b
+    )

@@ -1,0 +1,128 @@
+"""Send warm requests: a prefix, `max_tokens: 1`, to one pod, so it computes and caches it.
+
+`send_warm` is one request (the admin API's `/admin/warm` and the warmer share it). `Warmer` is
+the live router's background side of `core/warmup.py`: after the endpoint set changes it takes
+the core's warm requests and sends them, at most `warmup.concurrency` at a time across every
+pod, each bounded by the pod's warm-up deadline and `limits.first_byte_timeout_seconds`, and
+reports each answer (or failure) back to the core. Its tasks are owned: `stop()` cancels and
+awaits them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kvgate.api.router_config import LimitsConfig
+from kvgate.router.core.lifecycle import RoutingCore
+from kvgate.router.core.warmup import WARM_PATH, WarmRequest
+from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
+from kvgate.router.http.usage import usage_from_json_body
+
+log = logging.getLogger(__name__)
+
+_JSON = [(b"content-type", b"application/json")]
+
+
+async def send_warm(
+    upstream: Upstream,
+    url: str,
+    path: str,
+    payload: bytes,
+    limits: LimitsConfig,
+    *,
+    within_seconds: float | None = None,
+) -> dict[str, Any]:
+    """POST one warm request; answers `{status, prompt_tokens, cached_tokens}` or `{status:
+    None, error}` (never raises for the pod's failures)."""
+    head_timeout = limits.first_byte_timeout_seconds
+    if within_seconds is not None:
+        head_timeout = min(head_timeout, within_seconds)
+    try:
+        async with asyncio.timeout(head_timeout + limits.connect_timeout_seconds):
+            response = await upstream.request(
+                "POST",
+                url + path,
+                payload,
+                _JSON,
+                connect_timeout=limits.connect_timeout_seconds,
+                head_timeout=head_timeout,
+            )
+            content = await read_all(response)
+    except (UpstreamError, TimeoutError) as exc:
+        return {"status": None, "error": str(exc) or type(exc).__name__}
+    usage = usage_from_json_body(content)
+    return {
+        "status": response.status,
+        "prompt_tokens": usage.prompt_tokens if usage else None,
+        "cached_tokens": usage.cached_tokens if usage else None,
+    }
+
+
+class Warmer:
+    """Sends the routing core's warm requests (see the module docstring)."""
+
+    def __init__(
+        self,
+        core: RoutingCore,
+        upstream: Upstream,
+        limits: Callable[[], LimitsConfig],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.core = core
+        self.upstream = upstream
+        self._limits = limits
+        self._clock = clock
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(core.warmup.config.concurrency)
+        self._concurrency = core.warmup.config.concurrency
+
+    def dispatch(self) -> None:
+        """Start sending whatever the core has to warm (call after the endpoint set changed)."""
+        concurrency = self.core.warmup.config.concurrency
+        if concurrency != self._concurrency:  # reloaded: new requests queue on new slots
+            self._slots, self._concurrency = asyncio.Semaphore(concurrency), concurrency
+        for request in self.core.warmup.take():
+            task = asyncio.create_task(self._send(request), name="kvgate-warm")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, request: WarmRequest) -> None:
+        warmup = self.core.warmup
+        ok, tokens = False, 0
+        try:
+            async with self._slots:
+                ep = self.core.endpoints.get(request.endpoint_id)
+                deadline = warmup.deadline(request.endpoint_id)
+                remaining = None if deadline is None else deadline - self._clock()
+                if ep is None or remaining is None or remaining <= 0:
+                    return  # left, or its warm-up ended (timed out) while this one waited
+                payload = json.dumps(request.body(), separators=(",", ":")).encode()
+                result = await send_warm(
+                    self.upstream,
+                    ep.spec.url,
+                    WARM_PATH,
+                    payload,
+                    self._limits(),
+                    within_seconds=remaining,
+                )
+                ok = result["status"] == 200
+                tokens = result.get("prompt_tokens") or 0
+                if not ok:
+                    log.info("warm request to %s failed: %s", ep.id, result)
+        finally:
+            warmup.request_done(request, self._clock(), ok=ok, prompt_tokens=tokens)
+
+    async def stop(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task

@@ -1,0 +1,139 @@
+"""Router replicas share their load on each pod through a real Redis, and keep routing without it.
+
+Two real `kvgate router --config` processes over the same `kvgate sim serve` pods and one real
+redis-server. The pods' own load is scraped once a minute here, so what one router knows of the
+other's requests comes from the exchange alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+from tests.integration.router.router_process import RouterProcess
+
+from kvgate.promtext import sum_samples
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+
+def _config(pod_urls: list[str], redis_url: str, *, share: bool) -> dict[str, Any]:
+    return {
+        "pools": [
+            {
+                "name": "p",
+                "model": "m",
+                "engine": {"kv_events": False},
+                "endpoints": {"static": [{"url": u} for u in pod_urls]},
+            }
+        ],
+        "policy": {"seed": 1},  # both replicas make the same choices from the same view
+        "directory": {
+            "backend": "redis",
+            "redis": {"url": redis_url, "socket_timeout_seconds": 0.2},
+        },
+        "load_metrics": {"scrape_interval_seconds": 60.0},
+        "load_sharing": {"enabled": share, "interval_seconds": 0.02, "ttl_seconds": 0.5},
+    }
+
+
+def _body(i: int) -> dict[str, Any]:
+    # Distinct long prompts (no prefix shared), streamed: each is pending prefill on its pod
+    # (what the cost model queues a new request behind) until its first token, seconds later.
+    return {"model": "m", "prompt": f"request {i} " + "words " * 5000, "max_tokens": 4,
+            "stream": True}  # fmt: skip
+
+
+def _gauge(text: str, name: str) -> float:
+    return sum_samples(text, [name]).get(name, 0.0)
+
+
+async def _wait_gauge(url: str, name: str, value: float, within: float = 15.0) -> None:
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=5) as client:
+        while True:
+            got = _gauge((await client.get(url + "/metrics")).text, name)
+            if got == value:
+                return
+            assert time.monotonic() < deadline, (name, got)
+            await asyncio.sleep(0.05)
+
+
+async def _burst(routers: list[RouterProcess], count: int, first: int = 0) -> list[str]:
+    """`count` requests, alternately to each router, 150 ms apart, all in flight together; the
+    pod each went to."""
+    async with httpx.AsyncClient(timeout=60) as client:
+
+        async def one(i: int) -> str:
+            await asyncio.sleep(0.15 * i)
+            url = routers[i % len(routers)].url + "/v1/completions"
+            answer = await client.post(url, json=_body(first + i))
+            assert answer.status_code == 200, answer.text
+            return answer.headers["x-kvgate-endpoint"]
+
+        return list(await asyncio.gather(*(one(i) for i in range(count))))
+
+
+async def _replicas(
+    sim_pods: Any, redis_url: str, tmp_path: Any, *, share: bool
+) -> tuple[list[Any], list[RouterProcess]]:
+    pods = sim_pods(4, "--sim-time-scale", "10")
+    urls = [p.url for p in pods]
+    routers = [RouterProcess(_config(urls, redis_url, share=share), tmp_path) for _ in range(2)]
+    for router in routers:
+        await router.wait_ready()
+    return pods, routers
+
+
+async def test_two_replicas_sharing_load_spread_a_burst(sim_pods, redis_url, tmp_path):
+    _, routers = await _replicas(sim_pods, redis_url, tmp_path, share=True)
+    try:
+        for router in routers:
+            await _wait_gauge(router.url, "kvgate_router_load_sharing_peers", 1.0)
+        chosen = await _burst(routers, 4)
+    finally:
+        for router in routers:
+            router.stop()
+    # Each replica saw the other's requests waiting for their prefill: four requests, four pods.
+    assert len(set(chosen)) == 4, chosen
+
+
+async def test_without_sharing_the_same_burst_piles_up(sim_pods, redis_url, tmp_path):
+    _, routers = await _replicas(sim_pods, redis_url, tmp_path, share=False)
+    try:
+        chosen = await _burst(routers, 4)
+    finally:
+        for router in routers:
+            router.stop()
+    # Each replica counts only its own: both send their two to the same two "idle" pods.
+    assert len(set(chosen)) < 4, chosen
+
+
+async def test_replicas_keep_routing_while_redis_is_down(sim_pods, redis_server_factory, tmp_path):
+    redis = redis_server_factory()
+    _, routers = await _replicas(sim_pods, redis.url, tmp_path, share=True)
+    try:
+        for router in routers:
+            await _wait_gauge(router.url, "kvgate_router_load_sharing_peers", 1.0)
+        redis.stop()
+        async with httpx.AsyncClient(timeout=30) as client:
+            for i in range(10):
+                url = routers[i % 2].url + "/v1/completions"
+                answer = await client.post(url, json=_body(i))
+                assert answer.status_code == 200, answer.text
+        for router in routers:
+            await _wait_gauge(router.url, "kvgate_router_load_sharing_degraded", 1.0)
+        redis.start()  # same port
+        for router in routers:
+            await _wait_gauge(router.url, "kvgate_router_load_sharing_degraded", 0.0)
+            await _wait_gauge(router.url, "kvgate_router_load_sharing_peers", 1.0)
+        chosen = await _burst(routers, 4, first=100)  # new prompts: no holder to go back to
+        assert len(set(chosen)) == 4, chosen
+    finally:
+        for router in routers:
+            router.stop()
+    for router in routers:
+        assert "Traceback" not in router.log()

@@ -1,0 +1,80 @@
+"""Load shared between router replicas: the peers' view, its age, and what Redis may hand back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tests.unit.router.fakes import make_config, routing_core
+
+from kvgate.api.fleet import LoadSharingConfig
+from kvgate.api.router_config import RouterConfig
+from kvgate.directory.replica_load import _parse
+from kvgate.router.core.accounting import EndpointLoad
+from kvgate.router.core.lifecycle import ClientRequest
+from kvgate.router.core.peer_load import PeerLoads
+
+
+def test_the_other_replicas_loads_are_summed_and_added_to_ours():
+    peers = PeerLoads(ttl_seconds=1.0)
+    peers.update(
+        {
+            "b": {"x": EndpointLoad(1, 1, 100)},
+            "c": {"x": EndpointLoad(2, 0, 0), "y": EndpointLoad(1, 1, 5)},
+        },
+        now=10.0,
+    )
+    own = [EndpointLoad(1, 0, 0), EndpointLoad(0, 0, 0), EndpointLoad(3, 1, 7)]
+    assert peers.added(["x", "y", "z"], own, 10.5) == [
+        EndpointLoad(4, 1, 100),
+        EndpointLoad(1, 1, 5),
+        EndpointLoad(3, 1, 7),
+    ]
+    assert peers.replicas == 2
+
+
+def test_a_stale_view_counts_nothing_and_a_fresh_one_counts_again():
+    peers = PeerLoads(ttl_seconds=1.0)
+    peers.update({"b": {"x": EndpointLoad(5, 5, 500)}}, now=10.0)
+    own = [EndpointLoad(0, 0, 0)]
+    assert peers.added(["x"], own, 11.5) == own  # Redis gone: own counts only
+    peers.update({"b": {"x": EndpointLoad(1, 0, 0)}}, now=12.0)
+    assert peers.added(["x"], own, 12.0) == [EndpointLoad(1, 0, 0)]
+    peers.forget("x")
+    assert peers.added(["x"], own, 12.0) == own
+
+
+def test_what_redis_hands_back_is_checked():
+    good = json.dumps({"p1": [1, 2, 300], "p2": [0, 0, 0]}).encode()
+    assert _parse(good) == {"p1": (1, 2, 300), "p2": (0, 0, 0)}
+    mixed = json.dumps({"p1": [1, 2], "p2": [-1, 0, 0], "p3": [1.5, 0, 0], "p4": [True, 0, 0],
+                        "p5": [1 << 40, 0, 0], "p6": [1, 1, 1]}).encode()  # fmt: skip
+    assert _parse(mixed) == {"p6": (1, 1, 1)}
+    assert _parse(b"not json") is None
+    assert _parse(b"[1, 2]") is None
+    assert _parse(b"{" + b" " * (1 << 20) + b"}") is None
+
+
+async def test_a_decision_counts_what_the_other_replicas_have_queued():
+    now = [100.0]
+    core, endpoints = await routing_core(make_config(2), now, 2)
+    body = {"model": "m", "prompt": list(range(256)), "max_tokens": 4}
+    first = await core.explain(ClientRequest(body, {}, "completion"))
+    busy = first.endpoint.id
+    other = next(ep.id for ep in endpoints.all() if ep.id != busy)
+    core.peers.update({"b": {busy: EndpointLoad(8, 8, 80_000)}}, now[0])
+    plan = await core.explain(ClientRequest(body, {}, "completion"))
+    assert plan.endpoint.id == other
+    loads = {c["endpoint"]: c["load"] for c in plan.decision.to_dict()["candidates"]}
+    assert loads[busy] == 8
+    now[0] += 5.0  # the view aged out (no exchange since): back to our own counts
+    assert (await core.explain(ClientRequest(body, {}, "completion"))).endpoint.id == busy
+
+
+def test_load_sharing_needs_the_redis_directory_and_a_ttl_over_its_interval():
+    with pytest.raises(ValueError, match=r"needs directory\.backend: redis"):
+        make_config(2, load_sharing={"enabled": True})
+    config = make_config(2, load_sharing={"enabled": True}, directory={"backend": "redis"})
+    assert isinstance(config, RouterConfig) and config.load_sharing.enabled
+    with pytest.raises(ValueError, match="ttl_seconds"):
+        LoadSharingConfig(interval_seconds=1.0, ttl_seconds=0.5)
