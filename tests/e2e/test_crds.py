@@ -103,6 +103,10 @@ POLICIES = "kvgate.io_routingpolicies.yaml"
             (POLICIES, "tenant names must be unique"),
         ),
         (
+            policy({"pools": ["p"], "flowControl": {"maxDeadlineSeconds": 20}}),
+            (POLICIES, "onlineMaxWaitSeconds and batchMaxWaitSeconds must not exceed"),
+        ),
+        (
             policy(
                 {
                     "pools": ["p"],
@@ -114,7 +118,16 @@ POLICIES = "kvgate.io_routingpolicies.yaml"
             (POLICIES, "give exactly one of secret and configMap"),
         ),
     ],
-    ids=["block-size", "max-model-len", "managed-flag", "tokenizer", "no-pool", "tenants", "ca"],
+    ids=[
+        "block-size",
+        "max-model-len",
+        "managed-flag",
+        "tokenizer",
+        "no-pool",
+        "tenants",
+        "flow-deadlines",
+        "ca",
+    ],
 )
 def test_invalid_specs_are_rejected_with_their_rule_message(
     cluster: Cluster, crds: list[str], namespace: str, manifest: str, expected: tuple[str, str]

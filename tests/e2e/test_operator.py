@@ -35,6 +35,9 @@ def operator_manifests() -> str:
     return re.sub(r"kvgate:\d+\.\d+\.\d+", KVGATE_IMAGE, text)
 
 
+ADAPTER = "sql-adapter"  # the pool's LoRA adapter (the simulated engines serve it as a model)
+
+
 def pool_manifest(replicas: int) -> str:
     return yaml.safe_dump(
         {
@@ -48,6 +51,7 @@ def pool_manifest(replicas: int) -> str:
                 "gpus": 0,
                 "engine": {"blockSize": 16, "maxModelLen": 4096},
                 "cache": {"hashAlgo": "sha256_cbor", "hashSeed": 0},
+                "lora": {"adapters": [{"name": ADAPTER, "path": "/adapters/sql"}]},
             },
         }
     )
@@ -240,6 +244,27 @@ def test_policy_runs_a_router_that_routes_to_pool_pods(cluster: Cluster, stack_n
     assert second.headers["x-kvgate-endpoint"] == first.headers["x-kvgate-endpoint"]
     cached = second.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
     assert cached >= 16 * 10, second.json()["usage"]
+
+
+def test_the_pools_lora_adapter_is_served_and_cached_under_its_own_keys(
+    cluster: Cluster, stack_ns: str
+) -> None:
+    """The operator rendered --enable-lora/--lora-modules and the adapter into the router config:
+    an adapter request is served, hits its own earlier blocks, never the base model's."""
+    url = router_url(cluster, stack_ns)
+    body = {"model": ADAPTER, "prompt": PROMPT + "first", "max_tokens": 4}  # base model's prompt
+
+    def send() -> httpx.Response:
+        response = httpx.post(f"{url}/v1/completions", json=body, timeout=30)
+        assert response.status_code == 200, response.text
+        return response
+
+    first, second = send(), send()
+    assert first.json()["model"] == ADAPTER
+    assert first.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert second.headers["x-kvgate-endpoint"] == first.headers["x-kvgate-endpoint"]
+    assert second.headers["x-kvgate-decision"] == "prefix-hit"
+    assert second.json()["usage"]["prompt_tokens_details"]["cached_tokens"] >= 16 * 10
 
 
 def test_router_finds_pods_added_by_a_scale_up(cluster: Cluster, stack_ns: str) -> None:

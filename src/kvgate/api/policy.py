@@ -44,6 +44,7 @@ from kvgate.api.sections import (
     CacheOpsConfig,
     ClassesConfig,
     DirectorySettings,
+    FlowControlConfig,
     PolicyConfig,
     RedisSettings,
     SessionsConfig,
@@ -209,6 +210,9 @@ class RoutingPolicySpec(ApiModel):
     )
     classes: ClassesConfig = section(ClassesConfig, "Request-class rules.")
     borrowing: BorrowingConfig = section(BorrowingConfig, "Batch borrowing limits.")
+    flow_control: FlowControlConfig = section(
+        FlowControlConfig, "Queueing while pods are saturated: limits, deadlines."
+    )
     scoring: PolicyConfig = section(PolicyConfig, "Scoring policy and parameters.")
     sessions: SessionsConfig = section(SessionsConfig, "Session recognition.")
     cache_ops: CacheOpsConfig = section(CacheOpsConfig, "AKV cache ops the router adds.")

@@ -34,6 +34,7 @@ from kvgate.api.sections import (
     ClassRule,
     ConfigModel,
     DirectorySettings,
+    FlowControlConfig,
     PolicyConfig,
     RedisSettings,
     RequestClass,
@@ -51,6 +52,7 @@ __all__ = [
     "DirectoryConfig",
     "EndpointsConfig",
     "EngineConfig",
+    "FlowControlConfig",
     "HashAlgo",
     "KubernetesDiscovery",
     "KvEventsConfig",
@@ -390,6 +392,7 @@ class RouterConfig(ConfigModel):
     pools: list[PoolConfig] = Field(min_length=1)
     classes: ClassesConfig = ClassesConfig()
     borrowing: BorrowingConfig = BorrowingConfig()
+    flow_control: FlowControlConfig = FlowControlConfig()
     policy: PolicyConfig = PolicyConfig()
     sessions: SessionsConfig = SessionsConfig()
     cache_ops: CacheOpsConfig = CacheOpsConfig()

@@ -127,6 +127,115 @@ class BorrowingConfig(ConfigModel):
     )
 
 
+class FlowControlConfig(ConfigModel):
+    """Router-side flow control: requests wait in a bounded queue per pool and class while every
+    pod they may use is saturated (and batch requests while no pod may take them), instead of
+    being refused. A pod is saturated while, by its own scraped metrics, it has
+    `max_waiting_requests` waiting or its KV cache is `max_kv_cache_usage` full, or while this
+    router's requests on it not yet past their prefill reach `max_waiting_requests` or
+    `max_pending_prefill_tokens` (what the router sent since the last scrape). Queued requests
+    leave online before batch, then by their tenant's priority, then by start-time fair queueing
+    over prompt tokens (a tenant's share is its weight). A request that cannot start within its
+    deadline is answered 429 with `retry-after`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                cel(
+                    "(has(self.onlineMaxWaitSeconds) ? self.onlineMaxWaitSeconds : 30.0) <= "
+                    "(has(self.maxDeadlineSeconds) ? self.maxDeadlineSeconds : 600.0) && "
+                    "(has(self.batchMaxWaitSeconds) ? self.batchMaxWaitSeconds : 600.0) <= "
+                    "(has(self.maxDeadlineSeconds) ? self.maxDeadlineSeconds : 600.0)",
+                    "onlineMaxWaitSeconds and batchMaxWaitSeconds must not exceed "
+                    "maxDeadlineSeconds",
+                )
+            ]
+        }
+    )
+
+    enabled: bool = Field(
+        default=True,
+        description="Queue requests while their pods are saturated (false: send them anyway, "
+        "and refuse batch requests no pod may take with 503).",
+    )
+    max_waiting_requests: int = Field(
+        default=5,
+        ge=1,
+        description="A pod is saturated while this many requests wait on it "
+        "(vllm:num_requests_waiting, or this router's requests not past their prefill); "
+        "default 5, the Gateway API Inference Extension's queue-depth threshold.",
+    )
+    max_kv_cache_usage: float = Field(
+        default=0.95,
+        ge=0.0,
+        le=1.0,
+        description="...or while its KV cache usage (vllm:kv_cache_usage_perc) is at least this "
+        "fraction (1 disables); default 0.95 (0.8, the Gateway API Inference Extension's, cost "
+        "5% of batch throughput in docs/benchmarks.md).",
+    )
+    max_pending_prefill_tokens: int = Field(
+        default=32_768,
+        ge=1,
+        description="...or while this router's requests on it not past their prefill hold this "
+        "many uncached prompt tokens (an idle pod always takes one request); default 32768.",
+    )
+    fair_share_window_seconds: float = Field(
+        default=10.0,
+        ge=0.0,
+        description="While several tenants sent requests within this many seconds, one holding "
+        "more than its weighted share of the prompt tokens in flight keeps to its share of the "
+        "pods, so its long prompts cannot occupy every pod (engines finish what they started "
+        "first); 0 disables.",
+    )
+    max_queued_requests: int = Field(
+        default=1024,
+        ge=0,
+        description="Requests one queue (a pool and class) holds; past it: 429 queue_full.",
+    )
+    max_queued_bytes: int = Field(
+        default=256 << 20,
+        ge=0,
+        description="Request body bytes all queues hold together; past it: 429 queue_full "
+        "(default 256 MiB).",
+    )
+    online_max_wait_seconds: float = Field(
+        default=30.0,
+        gt=0.0,
+        description="Deadline of an online request in the queue unless its header sets one.",
+    )
+    batch_max_wait_seconds: float = Field(
+        default=600.0,
+        gt=0.0,
+        description="Deadline of a batch request in the queue unless its header sets one.",
+    )
+    deadline_header: str | None = Field(
+        default="x-kvgate-deadline-ms",
+        description="Header with a request's own queue deadline in milliseconds; empty "
+        "disables it.",
+    )
+    max_deadline_seconds: float = Field(
+        default=600.0,
+        gt=0.0,
+        description="The longest deadline a header may ask for (longer ones are cut to this).",
+    )
+
+    @field_validator("deadline_header")
+    @classmethod
+    def _empty_header_disables(cls, header: str | None) -> str | None:
+        return header.lower() if header else None
+
+    @model_validator(mode="after")
+    def _waits_within_deadline(self) -> FlowControlConfig:
+        if max(self.online_max_wait_seconds, self.batch_max_wait_seconds) > (
+            self.max_deadline_seconds
+        ):
+            raise ValueError(
+                "online_max_wait_seconds and batch_max_wait_seconds must not exceed "
+                "max_deadline_seconds"
+            )
+        return self
+
+
 # ---------------------------------------------------------------------------------------------
 # Scoring policy and sessions
 
@@ -233,6 +342,20 @@ class TenantSettings(ConfigModel, Generic[SecretT]):
         default=False,
         description="The class header may also raise this tenant's requests to online, over the "
         "rules and its class (default false: the header can only lower them to batch).",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-100,
+        le=100,
+        description="Queued requests of a higher-priority tenant leave first, within a class "
+        "(online always before batch); default 0.",
+    )
+    weight: float = Field(
+        default=1.0,
+        gt=0.0,
+        le=1000.0,
+        description="The tenant's share of a queue among tenants of its priority, in prompt "
+        "tokens (fair queueing); default 1.",
     )
 
 

@@ -7,9 +7,11 @@ the simulated clock. What the live router learns over the network, it learns her
 same code, driven by :class:`RouterDriver`'s hooks:
 
 - **arrival**: the body and headers the load generator sends (``prompt`` as token ids, so keys
-  are exact; ``x-kvgate-class``, ``x-session-id``) go to ``core.plan``; ``core.sent`` counts it on
-  the chosen pod. A request the router refuses (4xx/5xx) never reaches a pod and is recorded
-  with its status, as the load generator would record it;
+  are exact; ``x-kvgate-class``, ``x-session-id``, the API key) go to ``core.admit``; a plan is
+  sent at once (``core.sent`` counts it on the chosen pod). A request the router queues (flow
+  control) arrives again when it is granted (``released``) and goes to ``core.dispatch``; one it
+  refuses (4xx/5xx, a queue deadline's 429) never reaches a pod and is recorded with its status,
+  as the load generator would record it. Its TTFT counts from its first arrival;
 - **first token**: ``core.first_byte``; **end**: ``core.finished`` with the engine's usage
   (prompt, cached and completion tokens); a pod's 400 (prompt too long): ``core.finished`` with
   that status. A session's next turn arrives its think time after the answer;
@@ -60,6 +62,7 @@ from kvgate.discovery.endpoints import LoadSample as ScrapedLoad
 from kvgate.kvevents import EventBatch, KVEvent, encode_batch
 from kvgate.prefix.cache_ops import token_prompt_history
 from kvgate.router.core.accounting import Attempt
+from kvgate.router.core.admission import Waiter
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.learn import Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
@@ -119,16 +122,20 @@ class RouterDriver(FleetDriver):
         policy_params: dict[str, Any] | None = None,
         sample_interval_s: float = 1.0,
         progress: ProgressFn | None = None,
+        config_update: dict[str, Any] | None = None,
+        pool_class: str = "online",
         cpu_offload: bool = False,
         scale: Sequence[tuple[float, int]] = (),
         warmup: WarmupConfig | None = None,
         replicas: int = 1,
         load_sharing: LoadSharingConfig | None = None,
     ) -> None:
-        """With ``fleet.cache_ops`` the pool's engines accept AKV cache ops (the bodies'
-        `cache` fields reach the pods; the router keys them). `cpu_offload`: the pool's
-        `engine.cpu_offload` (the engines' CPU-tier events are indexed and its hits priced;
-        otherwise only GPU blocks count)."""
+        """`config_update`: router config sections replacing the quick-start's (tenants,
+        flow_control, ...), as in the router's YAML; `pool_class`: the one pool's class. With
+        ``fleet.cache_ops`` the pool's engines accept AKV cache ops (the bodies' `cache` fields
+        reach the pods; the router keys them). `cpu_offload`: the pool's `engine.cpu_offload`
+        (the engines' CPU-tier events are indexed and its hits priced; otherwise only GPU blocks
+        count)."""
         if replicas < 1 or (replicas > 1 and scale):
             raise ValueError("one or more replicas; scaling the fleet needs one replica")
         self.fleet = fleet
@@ -153,6 +160,9 @@ class RouterDriver(FleetDriver):
         if warmup is not None:
             update["warmup"] = warmup
         config = config.model_copy(update=update)
+        data = config.model_dump()
+        data["pools"][0]["pool_class"] = pool_class
+        config = type(config).model_validate({**data, **(config_update or {})})
         engine_flags: dict[str, bool] = {}
         if fleet.cache_ops:
             engine_flags["cache_ops"] = True
@@ -196,6 +206,11 @@ class RouterDriver(FleetDriver):
         self._ticks = 0
         self._bench: dict[str, tuple[BenchRequest, tuple[BenchRequest, ...], int]] = {}
         self._in_flight: dict[str, _InFlight] = {}
+        # Requests in the router's queue: (record, request) by id; and those it let go.
+        self._queued: dict[str, tuple[RequestRecord, ClientRequest, RoutingCore]] = {}
+        self._decided: list[Waiter] = []
+        self._granted: dict[str, Waiter] = {}
+        self._later: list[TraceRequest] = []  # next turns of sessions refused at arrival
         self.records: list[RequestRecord] = []
         self.samples: list[LoadSample] = []
         self.decisions: list[tuple[str, str, str, int]] = []
@@ -296,6 +311,19 @@ class RouterDriver(FleetDriver):
         warm = self._warm.get(request.request_id)
         if warm is not None:
             return warm[1]
+        waiter = self._granted.pop(request.request_id, None)
+        if waiter is not None:
+            record, client, core = self._queued[request.request_id]
+            try:
+                plan = self._complete(core.dispatch(waiter))
+            except RouterError as exc:
+                del self._queued[request.request_id]
+                self._refused(record, exc, now)
+                return None
+            if plan is None:  # back in the queue
+                return None
+            del self._queued[request.request_id]
+            return self._send(self._bench[request.request_id][0], record, client, plan, core)
         bench = self._bench[request.request_id][0]
         record = RequestRecord(
             request_id=bench.request_id,
@@ -308,6 +336,8 @@ class RouterDriver(FleetDriver):
         headers = {CLASS_HEADER: bench.request_class}
         if bench.session_id is not None:
             headers[SESSION_HEADER] = bench.session_id
+        if bench.api_key is not None:
+            headers["authorization"] = f"Bearer {bench.api_key}"
         body = {
             "model": MODEL,
             "prompt": list(request.prompt_token_ids),
@@ -323,11 +353,68 @@ class RouterDriver(FleetDriver):
         if len(self.replicas) > 1:
             core = self._replica_rng.choice(self.replicas).core
         try:
-            plan = self._complete(core.plan(client))
+            admitted = self._complete(core.admit(client, self._on_decided))
         except RouterError as exc:
-            record.status, record.error, record.end_s = exc.status, exc.message, now
-            self._finish_one(request.request_id, now)
+            self._refused(record, exc, now)
             return None
+        if isinstance(admitted, Waiter):
+            self._queued[bench.request_id] = (record, client, core)
+            return None
+        return self._send(bench, record, client, admitted, core)
+
+    def _on_decided(self, waiter: Waiter) -> None:
+        self._decided.append(waiter)
+
+    def holding(self) -> bool:
+        return bool(self._queued)
+
+    def released(self, now: float) -> list[TraceRequest]:
+        """Queued requests the core granted (they arrive again now) or refused (recorded, and a
+        session's next turn follows)."""
+        out, self._later = self._later, []
+        decided, self._decided = self._decided, []
+        for waiter in decided:
+            request_id = waiter.request.request_id
+            if waiter.error is None:
+                self._granted[request_id] = waiter
+                bench = self._bench[request_id][0]
+                out.append(
+                    TraceRequest(
+                        request_id,
+                        now,
+                        bench.prefix_units,
+                        bench.max_tokens,
+                        None,
+                        bench.session_id,
+                    )
+                )
+            else:
+                record, _client, _core = self._queued.pop(request_id)
+                self._refused(record, waiter.error, now, follow_ups=out)
+        return out
+
+    def _refused(
+        self,
+        record: RequestRecord,
+        exc: RouterError,
+        now: float,
+        follow_ups: list[TraceRequest] | None = None,
+    ) -> None:
+        record.status, record.error, record.end_s = exc.status, exc.message, now
+        nxt = self._finish_one(record.request_id, now)
+        if follow_ups is not None:
+            follow_ups.extend(nxt)
+        else:
+            self._later.extend(nxt)
+
+    def _send(
+        self,
+        bench: BenchRequest,
+        record: RequestRecord,
+        client: ClientRequest,
+        plan: RoutePlan,
+        core: RoutingCore,
+    ) -> int:
         attempt = core.sent(client, plan, streaming=True)
         record.endpoint = plan.endpoint.id
         decision = plan.decision
@@ -493,6 +580,8 @@ def run_des(
     policy_params: dict[str, Any] | None = None,
     pod_names: list[str] | None = None,
     cache_ops: bool = False,
+    config_update: dict[str, Any] | None = None,
+    pool_class: str = "online",
     cpu_offload: bool = False,
     scale: Sequence[tuple[float, int]] = (),
     warmup: WarmupConfig | None = None,
@@ -501,11 +590,13 @@ def run_des(
 ) -> DesResult:
     """One policy over one workload on ``pods`` simulated engines, named ``pod-<i>`` or
     ``pod_names`` (endpoint ids: tie-breaks between equal pods go by id); ``cache_ops``: the
-    engines accept AKV cache ops (``--sim-akv``); ``cpu_offload``: the router prices the
-    engines' CPU offloading tier (``engine.kv_offloading_size_gib``); ``scale``: at time t, n
-    more pods join (``pod-<i>``); ``warmup``: the router's warm-up settings (default: its
-    config's); ``replicas``: router replicas behind one Service (each request goes to one at
-    random), exchanging their loads as ``load_sharing`` says (None: not at all)."""
+    engines accept AKV cache ops (``--sim-akv``); ``config_update``: router config sections
+    over the quick-start's (tenants, flow_control, ...); ``pool_class``: the class of the
+    fleet's one pool; ``cpu_offload``: the router prices the engines' CPU offloading tier
+    (``engine.kv_offloading_size_gib``); ``scale``: at time t, n more pods join (``pod-<i>``);
+    ``warmup``: the router's warm-up settings (default: its config's); ``replicas``: router
+    replicas behind one Service (each request goes to one at random), exchanging their loads as
+    ``load_sharing`` says (None: not at all)."""
     known = default_registry().names("policy")
     if policy not in known:
         raise ValueError(f"policy {policy!r} cannot run in des mode ({', '.join(known)})")
@@ -518,6 +609,8 @@ def run_des(
         seed=seed,
         policy_params=policy_params,
         progress=progress,
+        config_update=config_update,
+        pool_class=pool_class,
         cpu_offload=cpu_offload,
         scale=scale,
         warmup=warmup,

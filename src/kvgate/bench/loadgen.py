@@ -180,6 +180,8 @@ class LoadGenerator:
             headers[CLASS_HEADER] = request.request_class
         if request.session_id is not None:
             headers[SESSION_HEADER] = request.session_id
+        if request.api_key is not None:
+            headers["authorization"] = f"Bearer {request.api_key}"
         return headers
 
     async def send(self, request: BenchRequest, scheduled_s: float) -> RequestRecord:

@@ -38,6 +38,7 @@ class BenchRequest:
     request_class: str = "online"  # "online" or "batch"
     session_id: str | None = None
     think_time_s: float = 0.0  # closed loop only: pause after this turn's answer
+    api_key: str | None = None  # sent as `authorization: Bearer` (the router's tenant)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ _LATENCY_BUCKETS = (
 )
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+_QUEUE_BUCKETS = (0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
 _TOKEN_BUCKETS = (0, 16, 64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
@@ -179,6 +180,33 @@ class RouterMetrics:
             registry=r,
         )
 
+        # Flow control (`core/admission.py`): requests waiting for a pod with room.
+        self.queue_wait = Histogram(
+            "kvgate_router_queue_wait_seconds",
+            "Time requests waited in the router's queue (0 for those sent at once), by how the "
+            "wait ended (dispatched, deadline, cancelled, pushed_out)",
+            ["pool", "request_class", "outcome"],
+            buckets=_QUEUE_BUCKETS,
+            registry=r,
+        )
+        self.queued = Gauge(
+            "kvgate_router_queued_requests",
+            "Requests waiting in the router's queue now",
+            ["pool", "request_class"],
+            registry=r,
+        )
+        self.queued_bytes = Gauge(
+            "kvgate_router_queued_bytes",
+            "Request body bytes held by the router's queues now",
+            registry=r,
+        )
+        self.queue_refusals = Counter(
+            "kvgate_router_queue_refusals_total",
+            "Requests answered 429 by flow control, by reason (queue_full, deadline_exceeded)",
+            ["pool", "request_class", "reason"],
+            registry=r,
+        )
+
         # Warm-up of pods that join a pool (core/warmup.py).
         self.warmups = Counter(
             "kvgate_router_warmups_total",
@@ -242,3 +270,7 @@ class RouterMetrics:
     def init_pool(self, pool: str) -> None:
         for metric in (self.saved_prefill_seconds, self.session_prompt_tokens, self.retries):
             self.child(metric, pool)
+        for request_class in ("online", "batch"):
+            self.child(self.queued, pool, request_class)
+            for reason in ("queue_full", "deadline_exceeded"):
+                self.child(self.queue_refusals, pool, request_class, reason)

@@ -13,8 +13,10 @@ four kinds of events; at equal times they run in this order:
    the same arrivals routed to the same pods give the same TTFTs in both modes.
 
 Routing and everything around it is a plug-in, a :class:`FleetDriver`: ``route`` chooses a pod
-for each arrival; the other hooks (no-ops by default) see first tokens, finished requests (and
-may answer with follow-up requests: closed-loop sessions), rejections, KV events and ticks.
+for each arrival (or none: refused, or held back in a router's queue); the other hooks (no-ops
+by default) see first tokens, finished requests (and may answer with follow-up requests:
+closed-loop sessions), rejections, KV events and ticks, and after each tick and delivery
+``released`` lets held-back requests arrive.
 ``kvgate.bench.des`` drives kvgate's own routing core through these hooks; :func:`routed_by`
 wraps a plain function of the request and the pods' current state (:class:`PodState`, read
 from their real prefix caches, as an ideal KV-event-fed directory would know them).
@@ -142,6 +144,15 @@ class FleetDriver:
         returns requests to add (arrival times >= ``now``)."""
         return ()
 
+    def holding(self) -> bool:
+        """The driver still holds requests back: the run goes on (ticking) until it lets go."""
+        return False
+
+    def released(self, now: float) -> Iterable[TraceRequest]:
+        """Requests the driver held back (a router's queue) and lets go now, after a tick or a
+        delivery: they arrive at ``now``."""
+        return ()
+
 
 RouteFn = Callable[[TraceRequest, Sequence[PodState], float], int]
 
@@ -264,7 +275,11 @@ class DESFleet:
                 heapq.heappush(heap, (start, _STEP, next(order), pod))
                 scheduled[pod] = True
 
-        while upcoming is not None or len(heap) > (interval is not None):
+        while (
+            upcoming is not None
+            or len(heap) > (interval is not None)
+            or (interval is not None and driver.holding())
+        ):
             if upcoming is not None and (
                 not heap or (upcoming.arrival_time, _ARRIVAL) <= heap[0][:2]
             ):
@@ -284,6 +299,8 @@ class DESFleet:
                 scheduled.extend([False] * (len(self.engines) - len(scheduled)))  # pods added
                 assert interval is not None
                 heapq.heappush(heap, (now + interval, _TICK, next(order), None))
+                for held in driver.released(now):
+                    heapq.heappush(heap, (now, _ARRIVAL, next(order), held))
             elif kind == _ARRIVAL:
                 assert isinstance(payload, TraceRequest)
                 pod = self._admit(payload, driver, routed, result)
@@ -299,7 +316,8 @@ class DESFleet:
                 assert isinstance(payload, tuple)
                 delivered, step = payload
                 scheduled[delivered] = False
-                for follow_up in self._deliver(delivered, step, driver, routed, result):
+                follow_ups = self._deliver(delivered, step, driver, routed, result)
+                for follow_up in itertools.chain(follow_ups, driver.released(now)):
                     if follow_up.arrival_time < now:
                         raise ValueError("a follow-up request cannot arrive in the past")
                     heapq.heappush(heap, (follow_up.arrival_time, _ARRIVAL, next(order), follow_up))

@@ -26,6 +26,7 @@ from kvgate.operator.render.config import (
 SHARED = {
     "classes": "classes",
     "borrowing": "borrowing",
+    "flow_control": "flow_control",
     "scoring": "policy",
     "sessions": "sessions",
     "tenants": "tenants",
@@ -56,6 +57,19 @@ FULL_POLICY: dict[str, Any] = {
         "maxRunningRequests": 4,
         "onlineMayUseBatchPools": False,
     },
+    "flowControl": {
+        "enabled": False,
+        "maxWaitingRequests": 2,
+        "maxKvCacheUsage": 0.5,
+        "maxPendingPrefillTokens": 1000,
+        "fairShareWindowSeconds": 0.0,
+        "maxQueuedRequests": 10,
+        "maxQueuedBytes": 4096,
+        "onlineMaxWaitSeconds": 1.0,
+        "batchMaxWaitSeconds": 2.0,
+        "deadlineHeader": "x-deadline",
+        "maxDeadlineSeconds": 3.0,
+    },
     "scoring": {"name": "p2c", "params": {"w": 1}, "maxAffinityWaitSeconds": 0.5, "seed": 7},
     "sessions": {
         "header": "x-s",
@@ -73,6 +87,8 @@ FULL_POLICY: dict[str, Any] = {
                 "cacheSalt": {"name": "salts", "key": "t"},
                 "requestClass": "batch",
                 "mayChooseClass": True,
+                "priority": 3,
+                "weight": 2.0,
             }
         ],
         "unknownKey": "reject",

@@ -306,3 +306,18 @@ def test_malformed_quantities_are_rejected(spec: Json) -> None:
 )
 def test_well_formed_quantities_pass(spec: Json) -> None:
     InferencePoolSpec.model_validate({"model": "m", **spec})
+
+
+def test_flow_control_waits_must_fit_the_longest_deadline() -> None:
+    message = "onlineMaxWaitSeconds and batchMaxWaitSeconds must not exceed maxDeadlineSeconds"
+    for flow in (
+        {"maxDeadlineSeconds": 20.0},  # the online default (30) is over it
+        {"batchMaxWaitSeconds": 900.0},  # over the default (600)
+        {"onlineMaxWaitSeconds": 5.0, "batchMaxWaitSeconds": 50.0, "maxDeadlineSeconds": 40.0},
+    ):
+        failures = _check(POLICY, {"pools": ["p"], "flowControl": flow})
+        assert len(failures) == 1 and message in failures[0], flow
+        with pytest.raises(ValueError, match="must not exceed max_deadline_seconds"):
+            RoutingPolicySpec.model_validate({"pools": ["p"], "flowControl": flow})
+    fine = {"onlineMaxWaitSeconds": 5.0, "batchMaxWaitSeconds": 40.0, "maxDeadlineSeconds": 40.0}
+    assert _check(POLICY, {"pools": ["p"], "flowControl": fine}) == []

@@ -38,12 +38,16 @@ async def test_batch_borrows_an_online_pod_only_while_it_has_room(router_app):
     online = await client.post("/v1/chat/completions", json=CHAT)
     assert online.headers["x-kvgate-pool"] == "default/on"
     # Keep the batch pod busier than the idle online pod: batch borrows it.
-    for _ in range(50):
+    busy = [
         runtime.core.accounting.sent(
             "off0:1", 0.0, uncached_tokens=0, predicted_ttft_seconds=0.0, streaming=True
         )
+        for _ in range(50)
+    ]
     resp = await client.post("/v1/chat/completions", json=CHAT, headers=batch)
     assert resp.headers["x-kvgate-endpoint"] == "on0:1"
+    for attempt in busy:  # decoding now: the batch pod is busy but not saturated
+        runtime.core.accounting.prefill_done(attempt)
     # The online pod starts queueing: no more borrowing, online traffic keeps it.
     pods.waiting["on0:1"] = 3
     await runtime.scraper.scrape_once()

@@ -142,6 +142,7 @@ def router_config(spec: RoutingPolicySpec, pools: list[SelectedPool]) -> rc.Rout
         pools=[pool_config(p) for p in pools],
         classes=spec.classes,
         borrowing=spec.borrowing,
+        flow_control=spec.flow_control,
         policy=spec.scoring,
         sessions=spec.sessions,
         cache_ops=spec.cache_ops,

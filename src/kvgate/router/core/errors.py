@@ -7,6 +7,7 @@ the pods' failures are 5xx (`server_error`, `upstream_error`, `service_unavailab
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 
@@ -21,6 +22,7 @@ class RouterError(Exception):
         type: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        retry_after_seconds: float | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -28,6 +30,13 @@ class RouterError(Exception):
         self.type = type
         self.code = code
         self.param = param
+        self.retry_after_seconds = retry_after_seconds  # sent as `retry-after` (whole seconds)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """Extra response headers: `retry-after` when the client should come back later."""
+        if self.retry_after_seconds is None:
+            return []
+        return [(b"retry-after", str(max(1, math.ceil(self.retry_after_seconds))).encode())]
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.code, self.param)
@@ -51,3 +60,10 @@ def bad_request(
 
 def unavailable(message: str, *, code: str = "no_endpoint") -> RouterError:
     return RouterError(503, message, type="service_unavailable", code=code)
+
+
+def overloaded(message: str, *, code: str, retry_after_seconds: float) -> RouterError:
+    """429: the router holds too much already, or the request could not start in time."""
+    return RouterError(
+        429, message, type="rate_limit_error", code=code, retry_after_seconds=retry_after_seconds
+    )

@@ -1,9 +1,14 @@
 """The routing core: one owner for a request's lifecycle, from its decision to what is learned.
 
-    plan ──> sent ──> first_byte ──> finished
-     ^         ├──> failed ──> plan again without the endpoints tried (the caller retries)
-     │         └──> cancelled (the client left)
+    admit ──> plan ──> sent ──> first_byte ──> finished
+      │        ^         ├──> failed ──> plan again without the endpoints tried (the caller retries)
+      │        │         └──> cancelled (the client left)
+      └──> queued ──> granted ──> plan over the pods with room (`dispatch`)
+                 └──> refused (deadline: 429) or cancelled (the client left)
      explain (the same decision, recorded nowhere: /debug/route)
+
+- `admit(request, on_done)`: plan at once when a pod the request may use has room, else queue it
+  (`admission.py`: flow control); `route` is admit + wait + dispatch for the live router.
 
 - `plan(request, exclude)`: classify, key, look up the directory and decide (`routing.Router`).
   A decision that will be acted on is recorded: the choice history, the routing history of pods
@@ -22,7 +27,7 @@
   joins a pool with other pods is warmed with the pool's hottest prefixes before it takes its
   full share (`warmup.py`; the I/O side sends what `warmup.take()` hands it).
 
-Only `plan` and `explain` await anything (the directory: a Redis round trip with the redis
+Only `admit`, `route`, `dispatch`, `plan` and `explain` await anything (the directory: a Redis round trip with the redis
 backend); every hook is plain synchronous code. Time comes from the injected clock: monotonic in
 the live router, simulated in the discrete-event benchmark, which drives this same class
 (`kvgate.bench.des`), so every benchmark number measures the router users run. The HTTP app and
@@ -31,6 +36,7 @@ the proxy (`kvgate.router.http`) are I/O around these hooks; nothing else mutate
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -43,7 +49,9 @@ from prometheus_client import Counter
 from kvgate.directory.base import BlockIndex
 from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
 from kvgate.router.core.accounting import Accounting, Attempt
+from kvgate.router.core.admission import FlowControl, Waiter
 from kvgate.router.core.classify import Classification
+from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keys import RequestKeys
 from kvgate.router.core.learn import Learner, Outcome, Usage
 from kvgate.router.core.peer_load import PeerLoads
@@ -120,6 +128,7 @@ class RoutingCore:
             max_bytes=config.sessions.max_state_bytes,
             clock=clock,
         )
+        self.flow = FlowControl(config, self.router.candidates, self.accounting, metrics, clock)
 
     @property
     def state(self) -> RouterState:
@@ -138,6 +147,128 @@ class RoutingCore:
             config.sessions.ttl_seconds,
             max_bytes=config.sessions.max_state_bytes,
         )
+        self.flow.configure(config)
+        self.flow.pump()
+
+    # -- admission -------------------------------------------------------------------------
+
+    async def route(self, request: ClientRequest) -> RoutePlan:
+        """The live router's path: `admit`, and while queued wait for the grant (until the
+        deadline: then RouterError 429); a cancellation (the client left) leaves the queue."""
+        granted: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def done(_waiter: Waiter) -> None:
+            if not granted.done():
+                granted.set_result(None)
+
+        admitted = await self.admit(request, done)
+        if isinstance(admitted, RoutePlan):
+            return admitted
+        waiter = admitted
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, waiter.deadline_at - self.clock())):
+                    await granted
+            except TimeoutError:
+                self.flow.expire(waiter)
+            except BaseException:
+                self.flow.cancel(waiter)
+                raise
+            if waiter.error is not None:
+                raise waiter.error
+            plan = await self.dispatch(waiter)
+            if plan is not None:
+                return plan
+            granted = asyncio.get_running_loop().create_future()  # back in the queue
+
+    async def admit(
+        self, request: ClientRequest, on_done: Callable[[Waiter], None]
+    ) -> RoutePlan | Waiter:
+        """The plan, when a pod the request may use has room (or flow control is off, or no
+        pod serves it at all: RouterError 503); else the request's place in the queue, and
+        `on_done(waiter)` follows: granted (then call `dispatch`) or refused (`waiter.error`).
+        Raises RouterError (4xx; 429 when the queue is full or the deadline cannot be met)."""
+        flow = self.flow
+        if not flow.enabled:
+            return await self.plan(request)
+        cls = request.classification
+        if cls is None:
+            cls = self.state.classifier.classify(request.body, request.headers)
+            request.classification = cls
+        now = self.clock()
+        flow.shares.seen(cls.tenant or "", now)
+        candidates = self.router.candidates(cls, now)
+        usable = flow.usable(cls, candidates, now)
+        if flow.room(usable, now) or not self.router.serves(cls):
+            beyond_share: tuple[str, ...] = ()
+            if usable is not candidates:  # hot path: usually no share applies
+                mine = {ep.id for ep in usable}
+                beyond_share = tuple(ep.id for ep in candidates if ep.id not in mine)
+            plan = await self.plan(request, exclude=beyond_share)
+            flow.admitted_at_once(plan.pool.key, cls.request_class)
+            return plan
+        # Every pod it may use is saturated: what it would hit where decides where it waits.
+        hits: dict[str, int] = {}
+        hold_seconds = 0.0
+        if candidates:
+            try:
+                explained = await self.router.plan(
+                    request.body,
+                    request.headers,
+                    request.kind,
+                    classification=cls,
+                    keys_by_pool=request.keys_by_pool,
+                    record=False,
+                    body_bytes=request.body_bytes,
+                )
+            except RouterError as err:
+                if err.status != 503:
+                    raise
+            else:
+                prompt_tokens = explained.keys.prompt_tokens
+                for line in explained.decision.candidates:
+                    e = line.estimate
+                    hits[e.endpoint_id] = e.hit_tokens
+                    if e.hit_tokens > 0 and e.prefill_tokens_per_second > 0:
+                        saved = e.hit_tokens / e.prefill_tokens_per_second
+                        hold_seconds = max(hold_seconds, saved)
+        if not hits:
+            keys = await self.router.prompt_keys(
+                cls, request.body, request.kind, request.keys_by_pool, request.body_bytes
+            )
+            prompt_tokens = keys.prompt_tokens
+        return flow.enqueue(
+            request,
+            cls,
+            prompt_tokens=prompt_tokens,
+            hits=hits,
+            hold_seconds=hold_seconds,
+            on_done=on_done,
+        )
+
+    async def dispatch(self, waiter: Waiter) -> RoutePlan | None:
+        """Plan a granted waiter over the pods that have room now (every candidate if none
+        has: it was granted a slot); its reserved slot is then free (the caller sends it).
+        None: no pod it may use is left (batch borrowing ended since the grant); it is back in
+        its place in the queue and `on_done` follows again."""
+        now = self.clock()
+        cls = waiter.classification
+        candidates = self.router.candidates(cls, now)
+        if not candidates and self.router.serves(cls):
+            self.flow.requeue(waiter)
+            return None
+        usable = {ep.id for ep in self.flow.usable(cls, candidates, now)}
+        full = tuple(
+            ep.id
+            for ep in candidates
+            if ep.id != waiter.granted_to and (ep.id not in usable or self.flow.slots(ep, now) <= 0)
+        )
+        try:
+            return await self.plan(
+                waiter.request, exclude=full if len(full) < len(candidates) else ()
+            )
+        finally:
+            self.flow.release(waiter)
 
     # -- decisions -------------------------------------------------------------------------
 
@@ -191,6 +322,9 @@ class RoutingCore:
             streaming=streaming,
         )
         self.metrics.child(self.metrics.inflight, plan.pool.key, endpoint_id).inc()
+        if self.flow.enabled:
+            tenant = plan.classification.tenant or ""
+            self.flow.shares.started(attempt, tenant, endpoint_id, plan.uncached_tokens)
         return attempt
 
     def first_byte(self, plan: RoutePlan, attempt: Attempt, *, streamed: bool) -> None:
@@ -200,6 +334,7 @@ class RoutingCore:
         plan.endpoint.record_success()
         if streamed or not attempt.streaming:
             self.accounting.prefill_done(attempt)
+            self.flow.pump()
 
     def finished(
         self,
@@ -250,6 +385,8 @@ class RoutingCore:
         if attempt.open:
             self.accounting.done(attempt)
             self.metrics.child(self.metrics.inflight, plan.pool.key, attempt.endpoint_id).dec()
+            self.flow.shares.ended(attempt)
+            self.flow.pump()
 
     # -- load and membership ---------------------------------------------------------------
 
@@ -262,6 +399,7 @@ class RoutingCore:
             log.info("endpoint %s answers again; back in rotation", ep.id)
             ep.ejected_until = 0.0
         ep.record_success()
+        self.flow.pump()
 
     def scrape_failed(self, ep: Endpoint, reason: object) -> None:
         self.metrics.scrape_errors.labels(ep.pool, ep.id).inc()
@@ -283,6 +421,7 @@ class RoutingCore:
             # Pods that were there before (not joining with it) are what it is warmed against.
             others = [m for m in self.endpoints.in_pool(ep.pool) if m.id not in joining]
             self.warmup.joined(ep, others, now)
+        self.flow.pump()
 
     def endpoint_load(self) -> MutableMapping[str, int]:
         """Requests in flight per endpoint id (for tests and /debug)."""

@@ -266,6 +266,40 @@ class Router:
                 by_pool.setdefault(ep.spec.pool, []).append(r)
         return {pool: sorted(rs)[len(rs) // 2] for pool, rs in by_pool.items()}
 
+    def candidates(self, cls: Classification, now: float) -> list[Endpoint]:
+        """Every endpoint a decision for `cls` would consider now (flow control's view)."""
+        return [
+            ep
+            for _keyer, _lora, members in self._candidate_groups(cls, now, set())
+            for ep in members
+        ]
+
+    def serves(self, cls: Classification) -> bool:
+        """Some non-draining endpoint of the class's pools exists (a request may wait for it)."""
+        pools = (*cls.home_pools, *cls.borrow_pools)
+        return any(not ep.draining for pool in pools for ep in self.endpoints.in_pool(pool.key))
+
+    async def prompt_keys(
+        self,
+        cls: Classification,
+        body: Mapping[str, Any],
+        kind: str,
+        keys_by_pool: dict[str, RequestKeys],
+        body_bytes: int = 0,
+    ) -> RequestKeys:
+        """The request's keys for the first of its pools (cached in `keys_by_pool`): its prompt
+        size, and its mistakes (400s) found before it waits for a pod."""
+        pool = (cls.home_pools or cls.borrow_pools)[0]
+        keys = keys_by_pool.get(pool.key)
+        if keys is None:
+            keyer = self.state.keyer_by_pool[pool.key]
+            lora = _lora(pool, cls.model)
+            keys = await self._keys(
+                keyer, body, kind, cls.cache_salt, lora, body_bytes, cls.session_id
+            )
+            keys_by_pool[pool.key] = keys
+        return keys
+
     def _candidate_groups(
         self, cls: Classification, now: float, excluded: set[str]
     ) -> list[tuple[Keyer, LoraKey | None, list[Endpoint]]]:

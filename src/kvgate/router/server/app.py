@@ -105,7 +105,7 @@ class RouterApp:
             else:
                 raise RouterError(404, f"no route {method} {path}", code="not_found")
         except RouterError as err:
-            await _raw(send, err.status, json.dumps(err.body()).encode(), _JSON)
+            await _raw(send, err.status, json.dumps(err.body()).encode(), _JSON + err.headers())
         except ClientDisconnected:
             # The client's doing, and frequent under load: a counter and a DEBUG line.
             self.runtime.metrics.client_disconnects.labels("body").inc()
@@ -143,8 +143,6 @@ class RouterApp:
         request = ClientRequest(
             body, headers, kind, len(raw), headers.get("x-request-id") or uuid.uuid4().hex
         )
-        core = self.runtime.core
-        plan = await core.plan(request)
         stream = body.get("stream") is True
         strip_usage = _needs_usage(body, stream)
         bodies: dict[tuple[bool, bool], bytes] = {}
@@ -163,13 +161,15 @@ class RouterApp:
                 )
             return bodies[ops, added is not None]
 
-        # One watcher task per request: on client disconnect it cancels this task, and the
-        # cancellation closes the upstream connection (the pod aborts the request).
+        # One watcher task per request: on client disconnect it cancels this task, which takes
+        # a queued request out of the queue, or closes the upstream connection (the pod aborts
+        # the request).
         this = asyncio.current_task()
         assert this is not None
         disconnected = asyncio.Event()
         watcher = asyncio.create_task(_cancel_on_disconnect(receive, this, disconnected))
         try:
+            plan = await self.runtime.core.route(request)
             await self.runtime.proxy.forward(
                 request,
                 plan,

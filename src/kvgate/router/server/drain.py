@@ -9,7 +9,8 @@ work) and then finished here:
 
 - a stream that started (SSE): an OpenAI error event, `data: {"error": {..., "type":
   "service_unavailable", "code": "shutting_down"}}`, then the end of the body (no `[DONE]`);
-- no response started yet: a 503 in the OpenAI error shape (`connection: close`);
+- no response started yet (also a request still queued): a 503 in the OpenAI error shape
+  (`connection: close`, `retry-after: 1`);
 - another response half sent (rare: non-streaming answers go out in one piece): nothing can
   be added; the connection closes.
 
@@ -112,6 +113,7 @@ class Drain:
                         (b"content-type", b"application/json"),
                         (b"content-length", str(len(payload)).encode()),
                         (b"connection", b"close"),
+                        (b"retry-after", b"1"),
                     ],
                 },
                 {"type": "http.response.body", "body": payload},

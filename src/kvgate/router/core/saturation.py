@@ -1,0 +1,71 @@
+"""When a pod has room for another request (flow control's saturation rule).
+
+A pod has room for `max_waiting_requests - backlog` more requests, where the backlog is the
+larger of what its engine reports waiting (`vllm:num_requests_waiting`, scraped, while fresh)
+and this router's own requests on it not yet past their prefill (which also covers what it sent
+since the last scrape). It has none while its scraped KV cache usage is at `max_kv_cache_usage`,
+while this router's unprefilled tokens on it reach `max_pending_prefill_tokens` (an idle pod
+always takes one request), or while it is ejected or draining. Slots granted to queued requests
+not sent yet are reserved (`reserve` / `release`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kvgate.api.router_config import FlowControlConfig
+from kvgate.discovery.endpoints import Endpoint
+from kvgate.router.core.accounting import Accounting
+
+
+class Saturation:
+    def __init__(self, accounting: Accounting) -> None:
+        self._accounting = accounting
+        self._reserved: dict[str, int] = {}  # endpoint id -> slots granted, not sent yet
+        self.limits = FlowControlConfig()
+        self.stale_after_seconds = 2.0
+
+    def configure(self, limits: FlowControlConfig, stale_after_seconds: float) -> None:
+        self.limits = limits
+        self.stale_after_seconds = stale_after_seconds
+
+    def slots(self, ep: Endpoint, now: float) -> int:
+        """How many more requests `ep` takes before it is saturated (reservations deducted)."""
+        if ep.draining or not ep.healthy(now):
+            return 0
+        limits = self.limits
+        own = self._accounting.load(ep.id, now)
+        if own.pending_prefill_requests and (
+            own.pending_prefill_tokens >= limits.max_pending_prefill_tokens
+        ):
+            return 0
+        backlog = own.pending_prefill_requests
+        if ep.load_fresh(now, self.stale_after_seconds):
+            if ep.load.kv_cache_usage >= limits.max_kv_cache_usage:
+                return 0
+            backlog = max(backlog, int(ep.load.waiting))
+        return max(0, limits.max_waiting_requests - backlog - self._reserved.get(ep.id, 0))
+
+    def room(self, endpoints: Iterable[Endpoint], now: float) -> dict[str, int]:
+        """Endpoint id -> free slots, for the endpoints that have any."""
+        out = {}
+        for ep in endpoints:
+            n = self.slots(ep, now)
+            if n > 0:
+                out[ep.id] = n
+        return out
+
+    def reserve(self, endpoint_id: str) -> None:
+        self._reserved[endpoint_id] = self._reserved.get(endpoint_id, 0) + 1
+
+    def release(self, endpoint_id: str) -> None:
+        left = self._reserved.get(endpoint_id, 0) - 1
+        if left > 0:
+            self._reserved[endpoint_id] = left
+        else:
+            self._reserved.pop(endpoint_id, None)
+
+    @property
+    def reserved(self) -> dict[str, int]:
+        """Slots reserved per endpoint (for tests and /debug)."""
+        return dict(self._reserved)

@@ -1,0 +1,442 @@
+"""Flow control: the fair queue's order, and the routing core's queue (saturation, priority,
+fairness, deadlines, affinity, disconnects), driven with an injected clock."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from tests.unit.router.fakes import make_config
+
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, LoadSample
+from kvgate.router.core.admission import Waiter
+from kvgate.router.core.errors import RouterError
+from kvgate.router.core.fair_queue import FairQueue
+from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
+from kvgate.router.core.routing import RoutePlan
+from kvgate.router.metrics import RouterMetrics
+from kvgate.router.runtime import build_state
+
+TENANTS = {
+    "tenants": [
+        {"name": "flood", "api_keys": [{"value": "k-flood"}]},
+        {"name": "short", "api_keys": [{"value": "k-short"}]},
+        {"name": "vip", "api_keys": [{"value": "k-vip"}], "priority": 5},
+    ]
+}
+
+
+# -- the fair queue ------------------------------------------------------------------------
+
+
+def test_a_flow_of_huge_prompts_cannot_starve_a_flow_of_short_ones():
+    queue: FairQueue[str] = FairQueue()
+    for i in range(10):
+        queue.push(f"flood{i}", "flood", band=0, cost=100_000, weight=1.0)
+    for i in range(10):
+        queue.push(f"short{i}", "short", band=0, cost=1_000, weight=1.0)
+    order = [q.item for q in queue]
+    # The first flood prompt started first; every short prompt leaves before the second one.
+    assert order[0] == "flood0"
+    assert order[1:11] == [f"short{i}" for i in range(10)]
+    assert order[11:] == [f"flood{i}" for i in range(1, 10)]
+
+
+def test_higher_bands_leave_first_and_weights_share_a_band():
+    queue: FairQueue[str] = FairQueue()
+    for i in range(4):
+        queue.push(f"a{i}", "a", band=0, cost=100, weight=1.0)
+        queue.push(f"b{i}", "b", band=0, cost=100, weight=3.0)
+    top = queue.push("vip", "v", band=1, cost=10**9, weight=1.0)
+    order = [q.item for q in queue]
+    assert order[0] == "vip" and queue.position(top) == 0
+    # b (weight 3) gets three prompts for each of a's.
+    assert order[1:6] == ["a0", "b0", "b1", "b2", "a1"]
+
+
+def test_an_idle_flow_comes_back_at_the_current_virtual_time():
+    queue: FairQueue[str] = FairQueue()
+    nodes = [queue.push(f"a{i}", "a", band=0, cost=100, weight=1.0) for i in range(5)]
+    for node in nodes[:3]:
+        assert queue.take(node)
+    late = queue.push("b0", "b", band=0, cost=100, weight=1.0)
+    # b arrives at the virtual time of the last served item: ahead of a's unserved backlog
+    # only by its start tag (200 vs a3 at 300), not by a's whole past.
+    assert [q.item for q in queue] == ["b0", "a3", "a4"]
+    assert queue.remove(late) and not queue.remove(late)
+    assert len(queue) == 2
+
+
+# -- the routing core's queue ------------------------------------------------------------------
+
+
+async def _core(n: int = 1, flow: dict[str, Any] | None = None) -> tuple[RoutingCore, list[float]]:
+    now = [100.0]
+    config = make_config(
+        n,
+        tenants=TENANTS,
+        flow_control={"max_waiting_requests": 1, **(flow or {})},
+    )
+    endpoints = EndpointSet(lambda: now[0])
+    pool = config.pools[0]
+    index = MemoryBlockIndex()
+    core = RoutingCore(
+        build_state(config),
+        endpoints,
+        {pool.key: index},
+        RouterMetrics(),
+        DirectoryMetrics(CollectorRegistry()).fallback_errors,
+        clock=lambda: now[0],
+    )
+    specs = [EndpointSpec(f"pod{i}:8000", pool.key, f"http://pod{i}:8000") for i in range(n)]
+    await endpoints.replace_pool(pool.key, specs)
+    core.endpoints_changed(endpoints.all(), [])
+    return core, now
+
+
+def _request(
+    tokens: int = 64, tenant: str = "short", first: int = 0, **headers: str
+) -> ClientRequest:
+    body = {"model": "m", "prompt": list(range(first, first + tokens)), "max_tokens": 4}
+    return ClientRequest(
+        body, {"authorization": f"Bearer k-{tenant}", **headers}, "completion", body_bytes=100
+    )
+
+
+def _set_limits(core: RoutingCore, **limits: Any) -> None:
+    """Change flow-control settings in place, as a reload would."""
+    config = core.state.config
+    flow = config.flow_control.model_copy(update=limits)
+    core.flow.configure(config.model_copy(update={"flow_control": flow}))
+
+
+class Grants:
+    """Collects `on_done` calls, in order."""
+
+    def __init__(self) -> None:
+        self.done: list[Waiter] = []
+
+    def __call__(self, waiter: Waiter) -> None:
+        self.done.append(waiter)
+
+    def names(self) -> list[str]:
+        return [w.request.request_id for w in self.done]
+
+
+async def _send(core: RoutingCore, request: ClientRequest, grants: Grants) -> Any:
+    """Admit; a plan is sent at once (streaming). Returns (plan, attempt) or the waiter."""
+    admitted = await core.admit(request, grants)
+    if isinstance(admitted, RoutePlan):
+        return admitted, core.sent(request, admitted, streaming=True)
+    return admitted
+
+
+async def test_a_request_waits_while_the_pod_is_saturated_and_goes_when_it_has_room():
+    core, _now = await _core()
+    grants = Grants()
+    plan, attempt = await _send(core, _request(), grants)
+    waiter = await _send(core, _request(), grants)
+    assert isinstance(waiter, Waiter) and len(core.flow) == 1 and grants.done == []
+    core.first_byte(plan, attempt, streamed=True)  # its prefill is over: room for one more
+    assert grants.done == [waiter] and waiter.error is None and len(core.flow) == 0
+    granted = await core.dispatch(waiter)
+    assert granted.endpoint.id == "pod0:8000"
+    assert core.flow.saturation.reserved == {}  # the slot it held is released once planned
+
+
+async def test_the_scraped_engine_queue_saturates_a_pod_too():
+    core, now = await _core(flow={"max_waiting_requests": 3})
+    ep = core.endpoints.all()[0]
+    core.load_scraped(ep, LoadSample(waiting=3, running=10, kv_cache_usage=0.1, scraped_at=now[0]))
+    assert isinstance(await core.admit(_request(), Grants()), Waiter)
+    core.load_scraped(ep, LoadSample(waiting=0, running=10, kv_cache_usage=0.96, scraped_at=now[0]))
+    assert core.flow.slots(ep, now[0]) == 0  # KV cache 96% full (limit 95%)
+    grants = Grants()
+    second = await core.admit(_request(), grants)
+    core.load_scraped(ep, LoadSample(waiting=0, running=10, kv_cache_usage=0.5, scraped_at=now[0]))
+    assert len(core.flow) == 0 and second in grants.done
+
+
+async def test_online_leaves_before_batch_and_priority_tenants_first():
+    core, _now = await _core()
+    grants = Grants()
+    plan, attempt = await _send(core, _request(), grants)
+    for name, tenant, cls in (
+        ("batch", "short", "batch"),
+        ("online", "short", "online"),
+        ("vip", "vip", "online"),
+    ):
+        request = _request(tenant=tenant, **{"x-kvgate-class": cls})
+        request.request_id = name
+        assert isinstance(await core.admit(request, grants), Waiter)
+    # Fresh load that lets batch borrow the online pod (unknown load never does).
+    ep = plan.endpoint
+    core.load_scraped(ep, LoadSample(waiting=0, running=1, kv_cache_usage=0.1, scraped_at=100.0))
+    assert grants.done == []  # still saturated: its one request is in its prefill
+    _set_limits(core, max_waiting_requests=3)
+    core.first_byte(plan, attempt, streamed=True)
+    # three slots now: the vip first, then online, then batch
+    assert grants.names() == ["vip", "online", "batch"]
+
+
+async def test_short_prompts_of_one_tenant_pass_a_flood_of_long_ones():
+    core, _now = await _core(flow={"max_pending_prefill_tokens": 10**6})
+    grants = Grants()
+    plan, attempt = await _send(core, _request(), grants)
+    for i in range(4):
+        request = _request(4096, tenant="flood")
+        request.request_id = f"flood{i}"
+        await core.admit(request, grants)
+    for i in range(4):
+        request = _request(64, tenant="short")
+        request.request_id = f"short{i}"
+        await core.admit(request, grants)
+    order = []
+    core.first_byte(plan, attempt, streamed=True)
+    while grants.done:
+        waiter = grants.done.pop(0)
+        order.append(waiter.request.request_id)
+        granted = await core.dispatch(waiter)
+        sent = core.sent(waiter.request, granted, streaming=True)
+        core.first_byte(granted, sent, streamed=True)
+    assert order[0] == "flood0"
+    assert order[1:5] == ["short0", "short1", "short2", "short3"]
+    assert order[5:] == ["flood1", "flood2", "flood3"]
+
+
+async def test_a_request_that_cannot_start_by_its_deadline_gets_429_with_retry_after():
+    core, now = await _core()
+    grants = Grants()
+    await _send(core, _request(), grants)
+    waiter = await core.admit(_request(**{"x-kvgate-deadline-ms": "500"}), grants)
+    assert isinstance(waiter, Waiter)
+    now[0] += 0.4
+    core.flow.pump()
+    assert grants.done == []
+    now[0] += 0.2
+    core.flow.pump()
+    assert grants.done == [waiter]
+    error = waiter.error
+    assert error is not None and error.status == 429 and error.code == "deadline_exceeded"
+    assert error.body()["error"]["type"] == "rate_limit_error"
+    assert (b"retry-after", b"1") in error.headers()
+    assert len(core.flow) == 0 and core.flow._bytes == 0
+
+
+async def test_a_deadline_the_queue_rate_cannot_meet_is_refused_at_once():
+    core, now = await _core(flow={"max_pending_prefill_tokens": 10**6})
+    grants = Grants()
+    plan, attempt = await _send(core, _request(), grants)
+    for _ in range(20):  # one dispatch every 0.5 s: the queue's measured rate is 2/s
+        await core.admit(_request(), grants)
+    for _ in range(10):
+        now[0] += 0.5
+        core.first_byte(plan, attempt, streamed=True)
+        waiter = grants.done.pop(0)
+        plan = await core.dispatch(waiter)
+        attempt = core.sent(waiter.request, plan, streaming=True)
+    # 10 wait, at 2/s: 5.5 s ahead of a new one; a 2 s deadline cannot be met.
+    with pytest.raises(RouterError) as refused:
+        await core.admit(_request(**{"x-kvgate-deadline-ms": "2000"}), grants)
+    assert refused.value.status == 429 and refused.value.code == "deadline_exceeded"
+    assert refused.value.retry_after_seconds == pytest.approx(5.5)
+    assert len(core.flow) == 10
+
+
+async def test_bad_deadline_headers_are_400_and_long_ones_are_capped():
+    core, _now = await _core(flow={"max_deadline_seconds": 60.0, "batch_max_wait_seconds": 60.0})
+    await _send(core, _request(), Grants())
+    for bad in ("-1", "0", "1.5", "soon", "9" * 40):
+        with pytest.raises(RouterError) as refused:
+            await core.admit(_request(**{"x-kvgate-deadline-ms": bad}), Grants())
+        assert refused.value.status == 400 and refused.value.code == "invalid_deadline"
+    waiter = await core.admit(_request(**{"x-kvgate-deadline-ms": "99999999"}), Grants())
+    assert isinstance(waiter, Waiter)
+    assert waiter.deadline_at - waiter.enqueued_at == 60.0
+
+
+async def test_the_queue_is_bounded_in_requests_and_bytes():
+    core, _now = await _core(flow={"max_queued_requests": 2, "max_queued_bytes": 10_000})
+    await _send(core, _request(), Grants())
+    for _ in range(2):
+        await core.admit(_request(), Grants())
+    with pytest.raises(RouterError) as full:
+        await core.admit(_request(), Grants())
+    assert full.value.status == 429 and full.value.code == "queue_full"
+    assert full.value.retry_after_seconds is not None
+    _set_limits(core, max_queued_requests=100)
+    big = _request()
+    big.body_bytes = 9_900
+    with pytest.raises(RouterError):
+        await core.admit(big, Grants())
+    assert len(core.flow) == 2
+
+
+async def test_a_queued_request_waits_for_its_prefix_holder_while_that_is_cheaper():
+    core, now = await _core(2, flow={"max_pending_prefill_tokens": 10**6})
+    index = next(iter(core.router.indexes.values()))
+    prompt = _request(8192)  # 8192 cached tokens at the 10k tokens/s prior: 0.82 s saved
+    keys = (await core.explain(prompt)).keys.block_keys
+    await index.add_approximate("pod1:8000", keys, 300.0)
+    grants = Grants()
+    busy = {}
+    for first in (50_000, 60_000):  # saturate both pods
+        plan, attempt = await _send(core, _request(16, first=first), grants)
+        busy[plan.endpoint.id] = (plan, attempt)
+    assert set(busy) == {"pod0:8000", "pod1:8000"}
+    waiter = await core.admit(prompt, grants)
+    assert isinstance(waiter, Waiter) and waiter.holder == "pod1:8000"
+    core.first_byte(*busy["pod0:8000"], streamed=True)  # the other pod frees up first
+    assert grants.done == []  # waiting for the holder costs less than recomputing 8192 tokens
+    now[0] += 0.5
+    core.flow.pump()
+    assert grants.done == []
+    now[0] += 0.4  # past the prefill the hit saves: recomputing is cheaper now
+    core.flow.pump()
+    assert grants.done == [waiter] and waiter.granted_to == "pod0:8000"
+    assert (await core.dispatch(waiter)).endpoint.id == "pod0:8000"
+
+
+async def test_a_queued_request_goes_to_its_prefix_holder_when_that_frees_up_first():
+    core, _now = await _core(2, flow={"max_pending_prefill_tokens": 10**6})
+    index = next(iter(core.router.indexes.values()))
+    prompt = _request(8192)
+    keys = (await core.explain(prompt)).keys.block_keys
+    await index.add_approximate("pod1:8000", keys, 300.0)
+    grants = Grants()
+    busy = {}
+    for first in (50_000, 60_000):
+        plan, attempt = await _send(core, _request(16, first=first), grants)
+        busy[plan.endpoint.id] = (plan, attempt)
+    waiter = await core.admit(prompt, grants)
+    core.first_byte(*busy["pod1:8000"], streamed=True)
+    assert grants.done == [waiter] and waiter.granted_to == "pod1:8000"
+    granted = await core.dispatch(waiter)
+    assert granted.endpoint.id == "pod1:8000" and granted.decision.predicted_hit_tokens > 0
+
+
+async def test_a_client_that_leaves_while_queued_is_removed_and_leaks_nothing():
+    core, _now = await _core()
+    plan, attempt = await _send(core, _request(), Grants())
+    task = asyncio.create_task(core.route(_request()))
+    await asyncio.sleep(0)
+    assert len(core.flow) == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(core.flow) == 0 and core.flow._bytes == 0 and core.flow.saturation.reserved == {}
+    core.first_byte(plan, attempt, streamed=True)  # nothing left to grant
+    live = asyncio.create_task(core.route(_request()))
+    routed = await asyncio.wait_for(live, 1.0)  # room now: planned at once
+    assert routed.endpoint.id == "pod0:8000"
+
+
+async def test_route_waits_for_the_grant_and_answers_the_deadline():
+    core, _now = await _core()
+    plan, attempt = await _send(core, _request(), Grants())
+    waiting = asyncio.create_task(core.route(_request()))
+    await asyncio.sleep(0)
+    core.first_byte(plan, attempt, streamed=True)
+    assert (await asyncio.wait_for(waiting, 1.0)).endpoint.id == "pod0:8000"
+    # The pod is saturated again (the request just planned was never sent, so send one).
+    core.sent(_request(), plan, streaming=True)
+    with pytest.raises(RouterError) as late:
+        await core.route(_request(**{"x-kvgate-deadline-ms": "20"}))
+    assert late.value.status == 429 and late.value.code == "deadline_exceeded"
+
+
+async def test_batch_requests_no_pod_may_take_wait_instead_of_503():
+    core, now = await _core(flow={"max_waiting_requests": 5})
+    ep = core.endpoints.all()[0]
+    # The only pool is online and its pod is queueing: batch may not borrow it.
+    core.load_scraped(ep, LoadSample(waiting=2, running=4, kv_cache_usage=0.1, scraped_at=now[0]))
+    grants = Grants()
+    waiter = await core.admit(_request(**{"x-kvgate-class": "batch"}), grants)
+    assert isinstance(waiter, Waiter) and waiter.holder is None
+    core.load_scraped(ep, LoadSample(waiting=0, running=4, kv_cache_usage=0.1, scraped_at=now[0]))
+    assert grants.done == [waiter]
+    assert (await core.dispatch(waiter)).endpoint.id == ep.id
+
+
+async def test_without_flow_control_saturation_changes_nothing():
+    core, _now = await _core(flow={"enabled": False})
+    grants = Grants()
+    for _ in range(5):
+        assert isinstance((await _send(core, _request(), grants))[0], RoutePlan)
+
+
+async def test_a_full_queue_makes_the_tenant_holding_most_of_it_give_way():
+    core, _now = await _core(flow={"max_queued_requests": 4})
+    await _send(core, _request(), Grants())
+    grants = Grants()
+    flood = []
+    for i in range(4):
+        request = _request(tenant="flood")
+        request.request_id = f"flood{i}"
+        flood.append(await core.admit(request, grants))
+    # The flood filled the queue; a short request still gets in: the flood's newest leaves.
+    short = await core.admit(_request(tenant="short"), grants)
+    assert isinstance(short, Waiter) and len(core.flow) == 4
+    assert grants.names() == ["flood3"]
+    error = grants.done[0].error
+    assert error is not None and error.status == 429 and error.code == "queue_full"
+    # Two each now: a third short one would hold more than the flood, so it is refused.
+    await core.admit(_request(tenant="short"), grants)
+    assert grants.names() == ["flood3", "flood2"]
+    with pytest.raises(RouterError) as full:
+        await core.admit(_request(tenant="short"), grants)
+    assert full.value.code == "queue_full"
+    # A higher-priority tenant pushes out lower bands whatever their size.
+    await core.admit(_request(tenant="vip"), grants)
+    assert len(grants.done) == 3 and len(core.flow) == 4
+
+
+async def test_a_flooding_tenant_keeps_to_its_share_of_the_pods_while_another_is_active():
+    core, now = await _core(4, flow={"max_waiting_requests": 5})
+    grants = Grants()
+    # Alone, the flood may prefill everywhere.
+    sent = [
+        await _send(core, _request(4096, tenant="flood", first=i * 10_000), grants)
+        for i in range(4)
+    ]
+    assert len({plan.endpoint.id for plan, _attempt in sent}) == 4
+    for plan, attempt in sent:  # they end
+        core.cancelled(plan, attempt)
+    # Another tenant is active: the flood's new requests stay on half of the pods...
+    await _send(core, _request(64, tenant="short", first=90_000), grants)
+    now[0] += 0.01
+    flood_pods = set()
+    for i in range(6):
+        admitted = await _send(core, _request(1024, tenant="flood", first=(i + 5) * 10_000), grants)
+        if isinstance(admitted, tuple):
+            flood_pods.add(admitted[0].endpoint.id)
+    assert len(flood_pods) == 2
+    # ...so the short tenant's next prompt finds a pod with no flood prefill.
+    plan, _attempt = await _send(core, _request(64, tenant="short", first=95_000), grants)
+    assert plan.endpoint.id not in flood_pods
+    # Once the other tenant has been quiet for the window, the limit is gone.
+    now[0] += core.flow.config.fair_share_window_seconds + 1
+    admitted = await _send(core, _request(1024, tenant="flood", first=200_000), grants)
+    assert isinstance(admitted, tuple)
+
+
+async def test_a_waiter_put_back_keeps_its_place_and_its_deadline():
+    core, now = await _core()
+    grants = Grants()
+    plan, attempt = await _send(core, _request(), grants)
+    first = await core.admit(_request(**{"x-kvgate-deadline-ms": "1000"}), grants)
+    second = await core.admit(_request(), grants)
+    core.first_byte(plan, attempt, streamed=True)
+    assert grants.done == [first]
+    core.flow.requeue(first)  # its pod went away between the grant and its plan
+    assert len(core.flow) == 2 and core.flow.saturation.reserved == {}
+    assert [q.item for q in core.flow._queues[first.key].fair] == [first, second]
+    now[0] += 1.5
+    core.flow.pump()
+    assert first.error is not None and first.error.code == "deadline_exceeded"
+    assert grants.done[1:] == [first, second]  # expired, then the next one granted
+    assert second.error is None and len(core.flow) == 0
