@@ -164,6 +164,38 @@ def session_turns(
     return tuple(turns)
 
 
+def sessions_from_histories(
+    histories: Sequence[list[Message]],
+    num_sessions: int,
+    ramp_s: float,
+    rng: random.Random,
+    *,
+    prepare: Callable[[list[Message]], list[Message]],
+    turns_of: Callable[[str, list[Message]], tuple[BenchRequest, ...]],
+) -> list[Session]:
+    """`num_sessions` sessions `s0, s1, ...` over the histories in a shuffled order (repeated
+    as needed). Each gets a copy (`prepare`) whose first user message names its session, so no
+    two sessions share more than the system prompt, then its turns (`turns_of`); sessions start
+    as a Poisson process over `ramp_s` (all at 0 when it is 0)."""
+    order = list(range(len(histories)))
+    rng.shuffle(order)
+    rate = num_sessions / ramp_s if ramp_s > 0 else 0.0
+    sessions: list[Session] = []
+    start = 0.0
+    for index in range(num_sessions):
+        history = prepare(histories[order[index % len(order)]])
+        first_user = next(i for i, m in enumerate(history) if m["role"] == "user")
+        labelled = f"[session {index}] " + str(history[first_user]["content"])
+        history[first_user] = {**history[first_user], "content": labelled}
+        session_id = f"s{index}"
+        turns = turns_of(session_id, history)
+        if turns:
+            sessions.append(Session(session_id=session_id, start_s=start, turns=turns))
+        if rate > 0:
+            start += rng.expovariate(rate)
+    return sessions
+
+
 def build_agent_sessions(
     params: AgentSessionParams,
     tokenize: ChatTokenizer | None = None,
@@ -171,21 +203,16 @@ def build_agent_sessions(
 ) -> Workload:
     rng = random.Random(params.seed)
     histories = [h for h in load_histories(params.trajectory_dir) if len(h) >= 3]
-    order = list(range(len(histories)))
-    rng.shuffle(order)
-    rate = params.num_sessions / params.ramp_s if params.ramp_s > 0 else 0.0
-    sessions: list[Session] = []
-    start = 0.0
-    for index in range(params.num_sessions):
-        history = [dict(m) for m in histories[order[index % len(order)]]]
-        first_user = next(i for i, m in enumerate(history) if m["role"] == "user")
-        history[first_user]["content"] = f"[session {index}] " + history[first_user]["content"]
-        session_id = f"s{index}"
-        turns = session_turns(session_id, history, params, rng, tokenize)
-        if turns:
-            sessions.append(Session(session_id=session_id, start_s=start, turns=turns))
-        if rate > 0:
-            start += rng.expovariate(rate)
+    sessions = sessions_from_histories(
+        histories,
+        params.num_sessions,
+        params.ramp_s,
+        rng,
+        prepare=lambda history: [dict(m) for m in history],
+        turns_of=lambda session_id, history: session_turns(
+            session_id, history, params, rng, tokenize
+        ),
+    )
     return Workload(
         name=name,
         sessions=tuple(sessions),

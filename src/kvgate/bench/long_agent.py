@@ -34,8 +34,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvgate.bench.agent_sessions import CHARS_PER_TOKEN, Message, load_histories
-from kvgate.bench.workload import COMPLETIONS, BenchRequest, Session, Workload
+from kvgate.bench.agent_sessions import (
+    CHARS_PER_TOKEN,
+    Message,
+    load_histories,
+    sessions_from_histories,
+)
+from kvgate.bench.workload import COMPLETIONS, BenchRequest, Workload
 from kvgate.prefix.cache_ops import rolling_drop
 
 ContextMode = Literal["full", "summarise", "akv"]
@@ -210,24 +215,14 @@ def build_long_agent_sessions(
 ) -> Workload:
     rng = random.Random(params.seed)
     histories = [h for h in load_histories(params.trajectory_dir) if len(h) >= 4]
-    order = list(range(len(histories)))
-    rng.shuffle(order)
-    rate = params.num_sessions / params.ramp_s if params.ramp_s > 0 else 0.0
-    sessions: list[Session] = []
-    start = 0.0
-    for index in range(params.num_sessions):
-        history = long_history(histories[order[index % len(order)]], params.turns)
-        first_user = next(i for i, m in enumerate(history) if m["role"] == "user")
-        history[first_user] = {
-            **history[first_user],
-            "content": f"[session {index}] " + history[first_user]["content"],
-        }
-        session_id = f"s{index}"
-        turns = session_turns(session_id, history, params, rng)
-        if turns:
-            sessions.append(Session(session_id=session_id, start_s=start, turns=turns))
-        if rate > 0:
-            start += rng.expovariate(rate)
+    sessions = sessions_from_histories(
+        histories,
+        params.num_sessions,
+        params.ramp_s,
+        rng,
+        prepare=lambda history: long_history(history, params.turns),
+        turns_of=lambda session_id, history: session_turns(session_id, history, params, rng),
+    )
     return Workload(
         name=name,
         sessions=tuple(sessions),
