@@ -47,34 +47,39 @@ async def missing_references(
     )
     missing_secrets: list[str] = []
     for name, keys in sorted(secrets.items()):
-        try:
-            secret = await kube.get("v1", "Secret", namespace, name)
-        except KubeError as exc:
-            log.debug("cannot check Secret %s/%s: %s", namespace, name, exc.message)
-            continue
-        if secret is None:
-            missing_secrets.append(f"Secret {name} not found in namespace {namespace}")
-            continue
-        absent = sorted(keys - set((secret.get("data") or {}).keys()))
-        if absent:
-            missing_secrets.append(f"Secret {name} has no key {', '.join(absent)}")
+        if absence := await _absence(kube, "Secret", namespace, name, keys):
+            missing_secrets.append(absence)
     missing_maps: list[str] = []
     for name in config_maps:
-        try:
-            found = await kube.get("v1", "ConfigMap", namespace, name)
-        except KubeError as exc:
-            log.debug("cannot check ConfigMap %s/%s: %s", namespace, name, exc.message)
-            continue
-        if found is None:
-            missing_maps.append(
-                f"ConfigMap {name} (a pool's spec.tokenizer.configMap) not found in namespace "
-                f"{namespace}"
-            )
+        hint = " (a pool's spec.tokenizer.configMap)"
+        if absence := await _absence(kube, "ConfigMap", namespace, name, described_as=hint):
+            missing_maps.append(absence)
     if not missing_secrets and not missing_maps:
         return None
     reason = SECRET_MISSING if missing_secrets else CONFIG_MAP_MISSING
     message = "; ".join(missing_secrets + missing_maps)
     return Problem(reason, f"{message}: the router pods cannot start until it exists")
+
+
+async def _absence(
+    kube: Kube,
+    kind: str,
+    namespace: str,
+    name: str,
+    keys: set[str] | None = None,
+    described_as: str = "",
+) -> str | None:
+    """What is absent of the `v1` object `name`: itself, or some of `keys` in its data; None
+    when all is there or the object cannot be read (only a certain absence is reported)."""
+    try:
+        found = await kube.get("v1", kind, namespace, name)
+    except KubeError as exc:
+        log.debug("cannot check %s %s/%s: %s", kind, namespace, name, exc.message)
+        return None
+    if found is None:
+        return f"{kind} {name}{described_as} not found in namespace {namespace}"
+    absent = sorted((keys or set()) - set((found.get("data") or {}).keys()))
+    return f"{kind} {name} has no key {', '.join(absent)}" if absent else None
 
 
 def combined(first: Problem | None, second: Problem | None) -> Problem | None:
