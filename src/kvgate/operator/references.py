@@ -6,8 +6,9 @@ would not. So each reconcile gets every object the policy refers to and turns th
 into a Degraded reason that names them:
 
 - `SecretMissing`: a Secret, or a key within it, named by a tenant's API keys or cache salt,
-  the salt secret, the Redis password or the admin token;
-- `ConfigMapMissing`: the tokenizer ConfigMap of a selected pool.
+  the salt secret, the Redis password, URL or CA bundle, or the admin token;
+- `ConfigMapMissing`: the tokenizer ConfigMap of a selected pool, or the ConfigMap (or its key)
+  holding the Redis CA bundle.
 
 The router Deployment is applied all the same: the kubelet starts the pods by itself once the
 objects exist, and the next reconcile (the router Deployment becoming ready triggers one)
@@ -22,7 +23,7 @@ import logging
 from kvgate.api.policy import RoutingPolicySpec
 from kvgate.operator.kube import Kube, KubeError
 from kvgate.operator.render import SelectedPool
-from kvgate.operator.render.config import secret_refs
+from kvgate.operator.render.config import data_refs, secret_refs
 from kvgate.operator.status import Problem
 
 log = logging.getLogger(__name__)
@@ -36,23 +37,29 @@ async def missing_references(
 ) -> Problem | None:
     """`SecretMissing` / `ConfigMapMissing` naming every absent object or key, else None."""
     secrets: dict[str, set[str]] = {}
+    config_maps: dict[str, set[str]] = {}
     for ref in secret_refs(spec):
         secrets.setdefault(ref.name, set()).add(ref.key)
-    config_maps = sorted(
-        {
-            pool.spec.tokenizer.config_map
-            for pool in pools
-            if pool.spec.tokenizer is not None and pool.spec.tokenizer.config_map is not None
-        }
-    )
+    for data in data_refs(spec):
+        if data.secret is not None:
+            secrets.setdefault(data.secret, set()).add(data.key)
+        else:
+            config_maps.setdefault(str(data.config_map), set()).add(data.key)
+    tokenizer_maps = {
+        pool.spec.tokenizer.config_map
+        for pool in pools
+        if pool.spec.tokenizer is not None and pool.spec.tokenizer.config_map is not None
+    }
+    for name in tokenizer_maps:
+        config_maps.setdefault(name, set())
     missing_secrets: list[str] = []
     for name, keys in sorted(secrets.items()):
         if absence := await _absence(kube, "Secret", namespace, name, keys):
             missing_secrets.append(absence)
     missing_maps: list[str] = []
-    for name in config_maps:
-        hint = " (a pool's spec.tokenizer.configMap)"
-        if absence := await _absence(kube, "ConfigMap", namespace, name, described_as=hint):
+    for name, keys in sorted(config_maps.items()):
+        hint = " (a pool's spec.tokenizer.configMap)" if name in tokenizer_maps else ""
+        if absence := await _absence(kube, "ConfigMap", namespace, name, keys, hint):
             missing_maps.append(absence)
     if not missing_secrets and not missing_maps:
         return None

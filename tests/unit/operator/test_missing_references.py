@@ -96,6 +96,15 @@ async def test_the_redis_password_and_admin_token_are_checked(
     assert "Secret admin not found" in message and "Secret redis not found" in message
 
 
+async def test_the_redis_ca_bundle_is_checked(kube: FakeKube, events: Events) -> None:
+    put_pool(kube)
+    redis = {"url": "rediss://r:6379/0", "caBundle": {"configMap": "redis-ca", "key": "ca.crt"}}
+    body = put_policy(kube, directory={"backend": "redis", "redis": redis})
+    condition = degraded(await reconciler(kube, events).reconcile_policy(body))
+    assert condition["reason"] == "ConfigMapMissing"
+    assert "ConfigMap redis-ca not found in namespace default" in condition["message"]
+
+
 async def test_a_missing_tokenizer_config_map_is_named(kube: FakeKube, events: Events) -> None:
     put_pool(kube, tokenizer={"configMap": "llama-tokenizer"})
     condition = degraded(await reconciler(kube, events).reconcile_policy(put_policy(kube)))
