@@ -85,7 +85,8 @@ class CacheOps:
 
 def _index(value: Any, what: str, num_segments: int) -> int:
     if isinstance(value, str):
-        if not value.isdigit() or len(value) > 9:
+        # ASCII only: str.isdigit() also accepts digits int() refuses ("²")
+        if not (value.isascii() and value.isdigit()) or len(value) > 9:
             raise CacheOpsError(f"`cache`: {what} {value!r} is not a segment index")
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
