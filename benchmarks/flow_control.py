@@ -23,7 +23,7 @@ from typing import Any
 
 from kvgate.bench.des import run_des
 from kvgate.bench.records import RequestRecord
-from kvgate.bench.report import percentile, summarize
+from kvgate.bench.report import summarize
 from kvgate.bench.workload import (
     BenchRequest,
     Workload,
@@ -96,10 +96,8 @@ def _run(
 
 
 def _ttft(records: list[RequestRecord], prefix: str) -> tuple[float, float, int, int]:
-    mine = [r for r in records if r.request_id.startswith(prefix)]
-    ttfts = [r.ttft_s for r in mine if r.ok and r.ttft_s is not None]
-    refused = sum(1 for r in mine if not r.ok)
-    return percentile(ttfts, 50), percentile(ttfts, 99), len(ttfts), refused
+    s = summarize(prefix, [r for r in records if r.request_id.startswith(prefix)])
+    return s.ttft_p50_s, s.ttft_p99_s, s.completed, s.errors
 
 
 def fairness(
@@ -175,13 +173,11 @@ def mixed(pods: int) -> None:
     for flow in (True, False):
         records = _run(workload, pods, flow, tenants=False)
         for request_class in ("online", "batch"):
-            mine = [r for r in records if r.request_class == request_class]
-            ttfts = [r.ttft_s for r in mine if r.ok and r.ttft_s is not None]
+            s = summarize(request_class, [r for r in records if r.request_class == request_class])
             label = "flow control" if flow else "no flow control"
             print(
-                f"| {label} | {request_class} | {len(ttfts)}/{len(mine)} "
-                f"| {sum(ttfts) / max(len(ttfts), 1):.3f} | {percentile(ttfts, 50):.3f} "
-                f"| {percentile(ttfts, 99):.3f} |"
+                f"| {label} | {request_class} | {s.completed}/{s.requests} "
+                f"| {s.ttft_mean_s:.3f} | {s.ttft_p50_s:.3f} | {s.ttft_p99_s:.3f} |"
             )
 
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
-import statistics
 
 from kvgate.api.fleet import LoadSharingConfig
 from kvgate.bench.des import run_des
-from kvgate.bench.records import RequestRecord
+from kvgate.bench.report import summarize
 from kvgate.bench.shared_prefix import SharedPrefixParams, build_shared_prefix
 from kvgate.bench.workload import Workload
 
@@ -51,13 +50,6 @@ def _bursty(args: argparse.Namespace) -> Workload:
     return dataclasses.replace(workload, requests=tuple(requests))
 
 
-def _summary(records: list[RequestRecord]) -> tuple[float, float, float]:
-    ttft = sorted(r.first_byte_s - r.sent_s for r in records if r.first_byte_s is not None)
-    prompt = sum(r.prompt_tokens or 0 for r in records)
-    hit = sum(r.cached_tokens or 0 for r in records) / prompt if prompt else 0.0
-    return statistics.mean(ttft), ttft[int(0.99 * (len(ttft) - 1))], hit
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pods", type=int, default=8)
@@ -82,7 +74,8 @@ def main() -> None:
         records = run_des(
             workload, "kvgate", args.pods, replicas=replicas, load_sharing=load_sharing
         ).records
-        mean, p99, hit = _summary(records)
+        summary = summarize(name, records)
+        mean, p99, hit = summary.ttft_mean_s, summary.ttft_p99_s, summary.hit_rate
         base = base or (mean, p99, hit)
         print(  # noqa: T201
             f"{name:34} mean {mean * 1000:7.2f} p99 {p99 * 1000:7.1f} hit {hit:.4f} | "

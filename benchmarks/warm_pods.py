@@ -20,6 +20,7 @@ import statistics
 from kvgate.api.fleet import WarmupConfig
 from kvgate.bench.des import run_des
 from kvgate.bench.records import RequestRecord
+from kvgate.bench.report import summarize
 from kvgate.bench.shared_prefix import SharedPrefixParams, build_shared_prefix
 
 VARIANTS = {
@@ -34,14 +35,12 @@ def _ttfts(records: list[RequestRecord]) -> list[float]:
 
 
 def _stats(records: list[RequestRecord]) -> str:
-    ttft = _ttfts(records)
-    if not ttft:
+    s = summarize("", records)
+    if not s.completed:
         return "-"
-    prompt = sum(r.prompt_tokens or 0 for r in records)
-    cached = sum(r.cached_tokens or 0 for r in records)
-    p99 = ttft[int(0.99 * (len(ttft) - 1))]
-    hit = cached / prompt if prompt else 0.0
-    return f"{statistics.mean(ttft) * 1000:7.1f} {p99 * 1000:7.1f} {hit:5.3f} {len(ttft):5d}"
+    return (
+        f"{s.ttft_mean_s * 1000:7.1f} {s.ttft_p99_s * 1000:7.1f} {s.hit_rate:5.3f} {s.completed:5d}"
+    )
 
 
 def main() -> None:

@@ -36,7 +36,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kvgate.bench.workload import CHAT_COMPLETIONS, COMPLETIONS, BenchRequest, Session, Workload
+from kvgate.bench.workload import (
+    CHAT_COMPLETIONS,
+    COMPLETIONS,
+    BenchRequest,
+    Session,
+    Workload,
+    exact_output_fields,
+)
 
 Message = dict[str, str]
 # Renders messages with the pods' chat template and tokenizes them; None = character stand-ins.
@@ -139,13 +146,7 @@ def session_turns(
         output = max(1, min(params.max_output_len, len(message["content"]) // CHARS_PER_TOKEN))
         units = tokenize(prompt) if tokenize is not None else character_units(prompt)
         think = rng.expovariate(1.0 / params.think_time_s) if params.think_time_s > 0 else 0.0
-        body: dict[str, Any] = {
-            "max_tokens": output,
-            "min_tokens": output,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "user": session_id,
-        }
+        body: dict[str, Any] = {**exact_output_fields(output), "user": session_id}
         if params.api == "chat":
             body["messages"] = [dict(m) for m in prompt]
         else:

@@ -40,7 +40,7 @@ from kvgate.bench.agent_sessions import (
     load_histories,
     sessions_from_histories,
 )
-from kvgate.bench.workload import COMPLETIONS, BenchRequest, Workload
+from kvgate.bench.workload import COMPLETIONS, BenchRequest, Workload, exact_output_fields
 from kvgate.prefix.cache_ops import rolling_drop
 
 ContextMode = Literal["full", "summarise", "akv"]
@@ -183,14 +183,7 @@ def session_turns(
         )
         ids = [t for segment in segments for t in segment] + GENERATION_PROMPT
         output = max(1, min(params.max_output_len, len(message["content"]) // CHARS_PER_TOKEN))
-        body: dict[str, Any] = {
-            "prompt": ids,
-            "max_tokens": output,
-            "min_tokens": output,
-            "ignore_eos": True,
-            "temperature": 0.0,
-            "user": session_id,
-        }
+        body: dict[str, Any] = {"prompt": ids, **exact_output_fields(output), "user": session_id}
         if params.context == "akv":
             ops = rolling_drop(tool_responses(prompt), params.keep_tool_responses)
             if ops is not None:

@@ -9,7 +9,8 @@ each level the workload is rebuilt with its arrival rate set to ``level x capaci
   give (defaults 6 : 1);
 - a Mooncake trace: ``speedup`` = level x capacity / the trace's own request rate.
 
-``agent-sessions`` is closed loop (its load is its number of sessions), so it has no level.
+``agent-sessions`` and ``long-agent-sessions`` are closed loop (their load is their number of
+sessions), so they have no level.
 Every level runs :func:`kvgate.bench.des.des_report` (the router's own routing core on simulated
 engines) and writes its ``report.json`` under ``OUT/load-<level>/``; ``OUT/sweep.md`` has one
 table of every level and target. Live runs are left to ``kvgate bench run`` (one level per run):
@@ -30,6 +31,8 @@ from kvgate.bench.workloads import WORKLOAD_NAMES, build_trace, build_workload, 
 
 DEFAULT_LEVELS = (0.5, 0.75, 1.0, 1.3)
 _RATE_PARAM = {"shared-prefix": "rate_rps", "precise-prefix": "rate_rps", "hot-prefix": "rate_rps"}
+#: The named workloads with an arrival rate to sweep.
+SWEEPABLE = tuple(w for w in WORKLOAD_NAMES if w in _RATE_PARAM or w == "mixed")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,7 +40,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace")
     source.add_argument(
         "--workload",
-        choices=[w for w in WORKLOAD_NAMES if w != "agent-sessions"],
+        choices=SWEEPABLE,
         help="a named open-loop workload",
     )
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
@@ -65,6 +68,8 @@ def workload_at(
         speedup = float(params.get("speedup", 1.0)) * level * capacity / own_rate
         return build_trace(trace, {**params, "speedup": speedup}), capacity
     assert name is not None
+    if name not in SWEEPABLE:  # before building it: a closed-loop workload can be large
+        raise ValueError(f"workload {name} has no arrival rate to sweep")
     base = build_workload(name, params)
     capacity = fleet_capacity(base, pods).requests_per_s
     target_rate = level * capacity
@@ -74,10 +79,7 @@ def workload_at(
         scale = target_rate / (online + batch)
         rates = {"online_rate_rps": online * scale, "batch_rate_rps": batch * scale}
         return build_workload(name, {**params, **rates}), capacity
-    key = _RATE_PARAM.get(name)
-    if key is None:
-        raise ValueError(f"workload {name} has no arrival rate to sweep")
-    return build_workload(name, {**params, key: target_rate}), capacity
+    return build_workload(name, {**params, _RATE_PARAM[name]: target_rate}), capacity
 
 
 def sweep(

@@ -142,6 +142,16 @@ def token_text(tokens: Sequence[int]) -> str:
     return "".join(out)
 
 
+def exact_output_fields(max_tokens: int) -> dict[str, Any]:
+    """Body fields that make a pod answer with exactly ``max_tokens`` tokens, greedily."""
+    return {
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "ignore_eos": True,
+        "temperature": 0.0,
+    }
+
+
 def completion_request(
     request_id: str,
     tokens: Sequence[int],
@@ -153,13 +163,7 @@ def completion_request(
 ) -> BenchRequest:
     """A `/v1/completions` request for the prompt ``tokens`` (sent as :func:`token_text`)."""
     ids = list(tokens)
-    body: dict[str, Any] = {
-        "prompt": token_text(ids),
-        "max_tokens": max_tokens,
-        "min_tokens": max_tokens,
-        "ignore_eos": True,
-        "temperature": 0.0,
-    }
+    body: dict[str, Any] = {"prompt": token_text(ids), **exact_output_fields(max_tokens)}
     return BenchRequest(
         request_id=request_id,
         path=COMPLETIONS,

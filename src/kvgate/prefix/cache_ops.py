@@ -24,7 +24,7 @@ with no ops is hashed exactly as vLLM hashes it.
 Restorable prefixes. A dropped block (one wholly inside a dropped range) is not needed once
 its drop has been applied: a server may evict it while keeping the blocks after the drop. The
 first *c* blocks can be restored when every block before *c* is held or was dropped by an op at
-an offset ≤ c·block_size (`restorable`).
+an offset ≤ c·block_size (`lookup_plan`).
 """
 
 from __future__ import annotations
@@ -85,7 +85,8 @@ class CacheOps:
 
 def _index(value: Any, what: str, num_segments: int) -> int:
     if isinstance(value, str):
-        if not value.isdigit() or len(value) > 9:
+        # ASCII only: str.isdigit() also accepts digits int() refuses ("²")
+        if not (value.isascii() and value.isdigit()) or len(value) > 9:
             raise CacheOpsError(f"`cache`: {what} {value!r} is not a segment index")
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):

@@ -44,9 +44,6 @@ class LoraConfig:
     max_loras: int = 1
     load_seconds: float = 0.05
 
-    def find(self, name: str) -> LoraModule | None:
-        return next((m for m in self.modules if m.name == name), None)
-
 
 def parse_lora_module(text: str) -> tuple[str, str]:
     """One ``--lora-modules`` item: ``name=path`` or JSON ``{"name": ..., "path": ...}``."""

@@ -83,6 +83,9 @@ def test_validation_errors() -> None:
         parse_cache_ops({"reposition": [1.5]}, 5)
     with pytest.raises(CacheOpsError, match="not a segment index"):
         parse_cache_ops({"drop": {"-1": [0]}}, 5)
+    for key in ("²", "\uff11"):  # digits to str.isdigit(), not plain ASCII digits
+        with pytest.raises(CacheOpsError, match="not a segment index"):
+            parse_cache_ops({"drop": {key: [0]}}, 5)
     with pytest.raises(CacheOpsError, match="must be an object"):
         parse_cache_ops([1], 5)
     with pytest.raises(CacheOpsError, match="boundary → list"):
