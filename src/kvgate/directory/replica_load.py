@@ -17,9 +17,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-import redis.asyncio as aioredis
-
 from kvgate.directory.keys import DEFAULT_PREFIX, PoolKeys
+from kvgate.directory.redis import Client
 
 #: per pod id: (in flight, pending prefill requests, pending prefill tokens)
 PodLoads = Mapping[str, tuple[int, int, int]]
@@ -54,9 +53,7 @@ return out
 class ReplicaLoadBoard:
     """One pool's exchange of replica loads (see the module docstring)."""
 
-    def __init__(
-        self, client: aioredis.Redis, pool_key: str, *, key_prefix: str = DEFAULT_PREFIX
-    ) -> None:
+    def __init__(self, client: Client, pool_key: str, *, key_prefix: str = DEFAULT_PREFIX) -> None:
         self.key = PoolKeys.for_pool(pool_key, key_prefix).replica_load
         self._script = client.register_script(EXCHANGE)
 
