@@ -7,9 +7,10 @@
 clock (so replicas' clocks never need to agree), deletes the fields older than the TTL (replicas
 that stopped), and returns every other replica's field, at most `max_replicas` of them. The
 hash itself expires ten TTLs after the last write, so a pool no router serves leaves nothing.
-What comes back is checked: a field that is not the expected JSON, or a count that is not a
-non-negative integer below 2^31, is dropped (Redis is shared; a bad writer must not break
-routing). Keys: `keys.PoolKeys.replica_load`.
+A field over `MAX_FIELD_BYTES` is not sent back (an exchange reads at most `max_replicas` of
+them), and what comes back is checked: a field that is not the expected JSON, or a count that
+is not a non-negative integer below 2^31, is dropped (Redis is shared; a bad writer must not
+break routing). Keys: `keys.PoolKeys.replica_load`.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
-import redis.asyncio as aioredis
-
 from kvgate.directory.keys import DEFAULT_PREFIX, PoolKeys
+from kvgate.directory.redis import Client
 
 #: per pod id: (in flight, pending prefill requests, pending prefill tokens)
 PodLoads = Mapping[str, tuple[int, int, int]]
@@ -36,13 +36,14 @@ redis.call('PEXPIRE', KEYS[1], ttl * 10)
 local all = redis.call('HGETALL', KEYS[1])
 local out = {}
 local limit = tonumber(ARGV[4])
+local max_bytes = tonumber(ARGV[5])
 for i = 1, #all, 2 do
   local field, value = all[i], all[i + 1]
   local sep = string.find(value, '|', 1, true)
   local at = sep and tonumber(string.sub(value, 1, sep - 1)) or nil
   if not at or now - at > ttl then
     redis.call('HDEL', KEYS[1], field)
-  elseif field ~= ARGV[1] and #out < 2 * limit then
+  elseif field ~= ARGV[1] and #out < 2 * limit and #value - sep <= max_bytes then
     out[#out + 1] = field
     out[#out + 1] = string.sub(value, sep + 1)
   end
@@ -54,9 +55,7 @@ return out
 class ReplicaLoadBoard:
     """One pool's exchange of replica loads (see the module docstring)."""
 
-    def __init__(
-        self, client: aioredis.Redis, pool_key: str, *, key_prefix: str = DEFAULT_PREFIX
-    ) -> None:
+    def __init__(self, client: Client, pool_key: str, *, key_prefix: str = DEFAULT_PREFIX) -> None:
         self.key = PoolKeys.for_pool(pool_key, key_prefix).replica_load
         self._script = client.register_script(EXCHANGE)
 
@@ -68,7 +67,9 @@ class ReplicaLoadBoard:
             {pod: list(load) for pod, load in loads.items()}, separators=(",", ":")
         )
         ttl_ms = max(1, round(ttl_seconds * 1000))
-        raw = await self._script(keys=[self.key], args=[replica, payload, ttl_ms, max_replicas])
+        raw = await self._script(
+            keys=[self.key], args=[replica, payload, ttl_ms, max_replicas, MAX_FIELD_BYTES]
+        )
         out: dict[str, dict[str, tuple[int, int, int]]] = {}
         for i in range(0, len(raw) - 1, 2):
             parsed = _parse(raw[i + 1])

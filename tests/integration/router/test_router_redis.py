@@ -16,13 +16,13 @@ def _gauge(text: str, name: str) -> float:
     return sum_samples(text, [name]).get(name, 0.0)
 
 
-async def test_two_routers_share_routing_history_through_redis(sim_pods, redis_url, client):
+async def _two_routers_share(sim_pods, directory, client) -> None:
+    """A prefix one router sent to a pod is found by a second router through the directory."""
     pods = sim_pods(3)
     urls = [p.url for p in pods]
-    directory = {"backend": "redis", "redis": {"url": redis_url, "socket_timeout_seconds": 1.0}}
     async with (
         serve_router(pool_config(urls, directory=directory)) as (first, _),
-        serve_router(pool_config(urls, directory=directory)) as (second, _),
+        serve_router(pool_config(urls, directory=directory)) as (second, runtime),
     ):
         messages = [SYSTEM, {"role": "user", "content": "Question one?"}]
         body = {"model": "m", "messages": messages, "max_tokens": 4}
@@ -34,6 +34,14 @@ async def test_two_routers_share_routing_history_through_redis(sim_pods, redis_u
         assert resp.headers["x-kvgate-endpoint"] == holder
         assert resp.headers["x-kvgate-decision"] == "prefix-hit"
         assert resp.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 500
+        metrics = (await client.get(second + "/metrics")).text
+        assert _gauge(metrics, "kvgate_directory_fallback_degraded") == 0
+        assert holder in await runtime.indexes["default/p"].pods()
+
+
+async def test_two_routers_share_routing_history_through_redis(sim_pods, redis_url, client):
+    directory = {"backend": "redis", "redis": {"url": redis_url, "socket_timeout_seconds": 1.0}}
+    await _two_routers_share(sim_pods, directory, client)
 
 
 async def test_redis_outage_costs_no_request(sim_pods, redis_server_factory, client):
@@ -75,22 +83,5 @@ async def test_redis_outage_costs_no_request(sim_pods, redis_server_factory, cli
 
 async def test_two_routers_share_a_redis_cluster_directory(sim_pods, redis_cluster_url, client):
     """The same on a three-master Redis Cluster (`cluster: true`, the URL names one node)."""
-    pods = sim_pods(3)
-    urls = [p.url for p in pods]
     redis = {"url": redis_cluster_url, "cluster": True, "socket_timeout_seconds": 1.0}
-    directory = {"backend": "redis", "redis": redis}
-    async with (
-        serve_router(pool_config(urls, directory=directory)) as (first, _),
-        serve_router(pool_config(urls, directory=directory)) as (second, runtime),
-    ):
-        messages = [SYSTEM, {"role": "user", "content": "Question one?"}]
-        body = {"model": "m", "messages": messages, "max_tokens": 4}
-        resp = await client.post(first + "/v1/chat/completions", json=body)
-        holder = resp.headers["x-kvgate-endpoint"]
-        follow = {**body, "messages": [SYSTEM, {"role": "user", "content": "Question two?"}]}
-        resp = await client.post(second + "/v1/chat/completions", json=follow)
-        assert resp.headers["x-kvgate-endpoint"] == holder
-        assert resp.headers["x-kvgate-decision"] == "prefix-hit"
-        metrics = (await client.get(second + "/metrics")).text
-        assert _gauge(metrics, "kvgate_directory_fallback_degraded") == 0
-        assert holder in await runtime.indexes["default/p"].pods()
+    await _two_routers_share(sim_pods, {"backend": "redis", "redis": redis}, client)

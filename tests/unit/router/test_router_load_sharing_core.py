@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from redis.asyncio.cluster import RedisCluster
 from tests.unit.router.fakes import make_config, routing_core
 
 from kvgate.api.fleet import LoadSharingConfig
@@ -13,6 +14,8 @@ from kvgate.directory.replica_load import _parse
 from kvgate.router.core.accounting import EndpointLoad
 from kvgate.router.core.lifecycle import ClientRequest
 from kvgate.router.core.peer_load import PeerLoads
+from kvgate.router.http.load_sharing import LoadSharer
+from kvgate.router.metrics import RouterMetrics
 
 
 def test_the_other_replicas_loads_are_summed_and_added_to_ours():
@@ -78,3 +81,22 @@ def test_load_sharing_needs_the_redis_directory_and_a_ttl_over_its_interval():
     assert isinstance(config, RouterConfig) and config.load_sharing.enabled
     with pytest.raises(ValueError, match="ttl_seconds"):
         LoadSharingConfig(interval_seconds=1.0, ttl_seconds=0.5)
+
+
+async def test_load_sharing_reaches_redis_as_the_directory_does(monkeypatch):
+    monkeypatch.setenv("URL", "redis://shared.example:6380/0")
+    redis = {"url_secret": {"env": "URL"}, "cluster": True}
+    config = make_config(
+        2, load_sharing={"enabled": True}, directory={"backend": "redis", "redis": redis}
+    )
+    core, _ = await routing_core(config, [0.0], 2)
+    sharer = LoadSharer(core, lambda: config, RouterMetrics(), replica="a")
+    try:
+        client = await sharer._redis(config)
+        assert isinstance(client, RedisCluster)  # not a one-server client to `redis.url`
+        assert [(n.host, n.port) for n in client.nodes_manager.startup_nodes.values()] == [
+            ("shared.example", 6380)
+        ]
+        assert await sharer._redis(config) is client  # one client until the config changes
+    finally:
+        await sharer.stop()

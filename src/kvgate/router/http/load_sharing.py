@@ -25,10 +25,11 @@ import socket
 import time
 from collections.abc import Callable
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from kvgate.api.router_config import RouterConfig
+from kvgate.api.router_config import RedisConfig, RouterConfig
+from kvgate.directory.factory import redis_connection
+from kvgate.directory.redis import Client
 from kvgate.directory.replica_load import ReplicaLoadBoard
 from kvgate.router.core.accounting import EndpointLoad
 from kvgate.router.core.lifecycle import RoutingCore
@@ -62,8 +63,8 @@ class LoadSharer:
         self.metrics = metrics
         self.replica = replica or replica_id()
         self._clock = clock
-        self._client: aioredis.Redis | None = None
-        self._client_for: tuple[str, float] | None = None  # (url, timeout) it was made for
+        self._client: Client | None = None
+        self._client_for: tuple[RedisConfig, float] | None = None  # (redis, timeout) made for
         self._boards: dict[str, ReplicaLoadBoard] = {}
         self._task: asyncio.Task[None] | None = None
         self._failures = 0
@@ -152,19 +153,13 @@ class LoadSharer:
         self.metrics.load_sharing_degraded.set(0 if self.core.peers.fresh(self._clock()) else 1)
         return failed == 0
 
-    async def _redis(self, config: RouterConfig) -> aioredis.Redis:
-        redis = config.directory.redis
-        timeout = config.load_sharing.timeout_seconds
-        if self._client is not None and self._client_for != (redis.url, timeout):  # reloaded
+    async def _redis(self, config: RouterConfig) -> Client:
+        # The directory's own connection (URL secret, TLS CA, cluster), with this task's timeout.
+        made_for = (config.directory.redis, config.load_sharing.timeout_seconds)
+        if self._client is not None and self._client_for != made_for:  # reloaded
             await self._client.aclose()
             self._client, self._boards = None, {}
         if self._client is None:
-            self._client_for = (redis.url, timeout)
-            self._client = aioredis.Redis.from_url(
-                redis.url,
-                password=redis.password.read() if redis.password else None,
-                socket_timeout=timeout,
-                socket_connect_timeout=timeout,
-                decode_responses=False,
-            )
+            self._client = redis_connection(made_for[0]).client(made_for[1])
+            self._client_for = made_for
         return self._client

@@ -1,0 +1,33 @@
+"""Replica loads exchanged through a real redis-server: what a bad writer leaves is not read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from kvgate.directory.replica_load import MAX_FIELD_BYTES, ReplicaLoadBoard
+
+
+async def test_an_oversized_field_is_not_sent_back(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        board = ReplicaLoadBoard(client, "ns/pool", key_prefix="test")
+        await board.exchange("b", {"p": (1, 2, 3)}, ttl_seconds=5.0, max_replicas=2)
+        seconds, micros = await client.time()
+        stamp = str(seconds * 1000 + micros // 1000).encode()
+        await client.hset(board.key, "bad", stamp + b"|{" + b" " * MAX_FIELD_BYTES + b"}")
+        assert await client.hstrlen(board.key, "bad") > MAX_FIELD_BYTES
+        replies: list[Any] = []
+        script = board._script
+
+        async def recording(**kwargs: Any) -> Any:
+            replies.append(await script(**kwargs))
+            return replies[-1]
+
+        board._script = recording  # type: ignore[assignment]
+        seen = await board.exchange("a", {"p": (0, 0, 0)}, ttl_seconds=5.0, max_replicas=2)
+        assert seen == {"b": {"p": (1, 2, 3)}}
+        assert replies[0][::2] == [b"b"]  # the oversized field never crossed the wire
+    finally:
+        await client.aclose()
