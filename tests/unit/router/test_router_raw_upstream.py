@@ -233,3 +233,30 @@ async def test_idle_connections_per_host_are_capped_and_forgotten():
     assert len(pod.connections) == 3
     await client.aclose()
     assert pod.connections[2][1].closed
+
+
+class _Body:
+    """An upstream response that sends `chunks` and records that it was released."""
+
+    status = 200
+    headers: list[tuple[bytes, bytes]] = []
+
+    def __init__(self, chunks: list[bytes]) -> None:
+        self._chunks = chunks
+        self.closed = False
+
+    async def chunks(self):  # type: ignore[no-untyped-def]
+        for chunk in self._chunks:
+            yield chunk
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+async def test_read_all_refuses_a_body_past_its_bound_and_releases_the_connection() -> None:
+    small = _Body([b"ab", b"cd"])
+    assert await read_all(small, max_bytes=4) == b"abcd" and small.closed
+    big = _Body([b"ab", b"cd", b"e"])
+    with pytest.raises(UpstreamError, match="over 4 bytes"):
+        await read_all(big, max_bytes=4)
+    assert big.closed

@@ -403,9 +403,22 @@ class RoutingUpstream:
         await self._fallback.aclose()
 
 
-async def read_all(response: UpstreamResponse) -> bytes:
-    """The whole body, then release the connection."""
+# A body the router reads whole (a pod's /metrics, a warm request's answer, an error body it
+# drops) is at most this big: a pod that sends more fails that read, and the router's memory stays
+# bounded whatever the pod does.
+MAX_READ_ALL_BYTES = 16 << 20
+
+
+async def read_all(response: UpstreamResponse, max_bytes: int = MAX_READ_ALL_BYTES) -> bytes:
+    """The whole body, then release the connection; UpstreamError("stream") past `max_bytes`."""
+    chunks: list[bytes] = []
+    size = 0
     try:
-        return b"".join([chunk async for chunk in response.chunks()])
+        async for chunk in response.chunks():
+            size += len(chunk)
+            if size > max_bytes:
+                raise UpstreamError("stream", f"body over {max_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
     finally:
         await response.aclose()
