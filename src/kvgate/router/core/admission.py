@@ -159,6 +159,9 @@ class FlowControl:
     def room(self, endpoints: Iterable[Endpoint], now: float) -> dict[str, int]:
         return self.saturation.room(endpoints, now)
 
+    def any_room(self, endpoints: Iterable[Endpoint], now: float) -> bool:
+        return self.saturation.any_room(endpoints, now)
+
     # -- admission -------------------------------------------------------------------------
 
     def deadline_seconds(self, cls: Classification, headers: Mapping[str, str]) -> float:
