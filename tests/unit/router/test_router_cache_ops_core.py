@@ -176,6 +176,12 @@ async def test_the_router_keys_and_forwards_the_ops_it_adds() -> None:
         _forward_body(raw, client_sent, None, False, cache_ops=True, changed=True)
     )
     assert forwarded["cache"] == plan.added_cache
+    # A request queued before its plan is keyed (prompt_keys) as it will be sent: with the ops.
+    request = ClientRequest(body, {}, "chat", request_id="q")
+    cls = core.state.classifier.classify(body, {})
+    queued = await core.router.prompt_keys(cls, body, "chat", request.keys_by_pool)
+    assert queued.block_keys == plan.keys.block_keys
+    assert queued.lookup is not None
     core.router.keying.close()
 
 

@@ -150,7 +150,8 @@ class FlowControl:
 
     def usable(self, cls: Classification, candidates: list[Endpoint], now: float) -> list[Endpoint]:
         """The candidates `cls`'s tenant may send to now (`tenant_shares.py`)."""
-        allowed = self.shares.allowed(cls.tenant or "", [ep.id for ep in candidates], now)
+        ids = (ep.id for ep in candidates)  # read only when a share may apply
+        allowed = self.shares.allowed(cls.tenant or "", ids, now)
         return candidates if allowed is None else [ep for ep in candidates if ep.id in allowed]
 
     def slots(self, ep: Endpoint, now: float) -> int:
@@ -158,6 +159,9 @@ class FlowControl:
 
     def room(self, endpoints: Iterable[Endpoint], now: float) -> dict[str, int]:
         return self.saturation.room(endpoints, now)
+
+    def any_room(self, endpoints: Iterable[Endpoint], now: float) -> bool:
+        return self.saturation.any_room(endpoints, now)
 
     # -- admission -------------------------------------------------------------------------
 

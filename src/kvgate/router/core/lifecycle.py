@@ -199,7 +199,7 @@ class RoutingCore:
         flow.shares.seen(cls.tenant or "", now)
         candidates = self.router.candidates(cls, now)
         usable = flow.usable(cls, candidates, now)
-        if flow.room(usable, now) or not self.router.serves(cls):
+        if flow.any_room(usable, now) or not self.router.serves(cls):
             beyond_share: tuple[str, ...] = ()
             if usable is not candidates:  # hot path: usually no share applies
                 mine = {ep.id for ep in usable}

@@ -143,21 +143,10 @@ class Router:
             raise unavailable(f"no ready endpoint serves model `{cls.model}`")
         best: tuple[Decision, RequestKeys, dict[str, Any] | None] | None = None
         for keyer, lora, members in groups:
-            pool_key = members[0].spec.pool
-            added = added_cache_ops(body, kind, state.pools[pool_key], state.config.cache_ops)
-            keys = keys_by_pool.get(pool_key) if keys_by_pool else None
-            if keys is None:
-                keys = await self._keys(
-                    keyer,
-                    body if added is None else {**body, "cache": added},
-                    kind,
-                    cls.cache_salt,
-                    lora,
-                    body_bytes,
-                    cls.session_id,
-                )
-                if keys_by_pool is not None:
-                    keys_by_pool[pool_key] = keys
+            pool = state.pools[members[0].spec.pool]
+            keys, added = await self._pool_keys(
+                keyer, lora, pool, cls, body, kind, keys_by_pool, body_bytes
+            )
             matched, on_gpu = await self._lookup(keys, members)
             request = RoutingRequest(
                 model=cls.model,
@@ -198,6 +187,35 @@ class Router:
             decision_seconds=time.perf_counter() - started,
             added_cache=added,
         )
+
+    async def _pool_keys(
+        self,
+        keyer: Keyer,
+        lora: LoraKey | None,
+        pool: PoolConfig,
+        cls: Classification,
+        body: Mapping[str, Any],
+        kind: str,
+        keys_by_pool: dict[str, RequestKeys] | None,
+        body_bytes: int,
+    ) -> tuple[RequestKeys, dict[str, Any] | None]:
+        """The request's keys toward `pool` (cached in `keys_by_pool`), of the body as it will
+        be sent there: with the `cache` ops the router adds for that pool (`cache_policy.py`)."""
+        added = added_cache_ops(body, kind, pool, self.state.config.cache_ops)
+        keys = keys_by_pool.get(pool.key) if keys_by_pool else None
+        if keys is None:
+            keys = await self._keys(
+                keyer,
+                body if added is None else {**body, "cache": added},
+                kind,
+                cls.cache_salt,
+                lora,
+                body_bytes,
+                cls.session_id,
+            )
+            if keys_by_pool is not None:
+                keys_by_pool[pool.key] = keys
+        return keys, added
 
     async def _keys(
         self,
@@ -290,14 +308,10 @@ class Router:
         """The request's keys for the first of its pools (cached in `keys_by_pool`): its prompt
         size, and its mistakes (400s) found before it waits for a pod."""
         pool = (cls.home_pools or cls.borrow_pools)[0]
-        keys = keys_by_pool.get(pool.key)
-        if keys is None:
-            keyer = self.state.keyer_by_pool[pool.key]
-            lora = _lora(pool, cls.model)
-            keys = await self._keys(
-                keyer, body, kind, cls.cache_salt, lora, body_bytes, cls.session_id
-            )
-            keys_by_pool[pool.key] = keys
+        keyer = self.state.keyer_by_pool[pool.key]
+        keys, _added = await self._pool_keys(
+            keyer, _lora(pool, cls.model), pool, cls, body, kind, keys_by_pool, body_bytes
+        )
         return keys
 
     def _candidate_groups(

@@ -46,6 +46,10 @@ class Saturation:
             backlog = max(backlog, int(ep.load.waiting))
         return max(0, limits.max_waiting_requests - backlog - self._reserved.get(ep.id, 0))
 
+    def any_room(self, endpoints: Iterable[Endpoint], now: float) -> bool:
+        """Some endpoint of `endpoints` has a free slot (stops at the first)."""
+        return any(self.slots(ep, now) > 0 for ep in endpoints)
+
     def room(self, endpoints: Iterable[Endpoint], now: float) -> dict[str, int]:
         """Endpoint id -> free slots, for the endpoints that have any."""
         out = {}
