@@ -290,19 +290,7 @@ class RouterDriver(FleetDriver):
         self, at: float, bench: BenchRequest, turns: tuple[BenchRequest, ...], turn: int
     ) -> TraceRequest:
         self._bench[bench.request_id] = (bench, turns, turn)
-        cache = bench.body.get("cache")
-        history = None
-        if cache is not None:  # what a pod with --sim-akv makes of the field
-            history = token_prompt_history(cache, len(bench.prefix_units))
-        return TraceRequest(
-            bench.request_id,
-            at,
-            bench.prefix_units,
-            bench.max_tokens,
-            None,
-            bench.session_id,
-            history,
-        )
+        return _pod_request(bench, at)
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -377,17 +365,7 @@ class RouterDriver(FleetDriver):
             request_id = waiter.request.request_id
             if waiter.error is None:
                 self._granted[request_id] = waiter
-                bench = self._bench[request_id][0]
-                out.append(
-                    TraceRequest(
-                        request_id,
-                        now,
-                        bench.prefix_units,
-                        bench.max_tokens,
-                        None,
-                        bench.session_id,
-                    )
-                )
+                out.append(_pod_request(self._bench[request_id][0], now))
             else:
                 record, _client, _core = self._queued.pop(request_id)
                 self._refused(record, waiter.error, now, follow_ups=out)
@@ -566,6 +544,22 @@ class RouterDriver(FleetDriver):
         self._warm_in_flight -= 1
         self.core.warmup.request_done(request, self.now, ok=ok, prompt_tokens=prompt_tokens)
         return self._next_warm(self.now)
+
+
+def _pod_request(bench: BenchRequest, at: float) -> TraceRequest:
+    """The request as a simulated pod receives it at `at`: its tokens and, when the body has a
+    `cache` field, the op history a pod with --sim-akv makes of it (also when it was queued)."""
+    cache = bench.body.get("cache")
+    history = None if cache is None else token_prompt_history(cache, len(bench.prefix_units))
+    return TraceRequest(
+        bench.request_id,
+        at,
+        bench.prefix_units,
+        bench.max_tokens,
+        None,
+        bench.session_id,
+        history,
+    )
 
 
 def run_des(

@@ -70,3 +70,41 @@ def test_context_comparison_runs_on_one_fleet() -> None:
     assert by_mode["akv"].peak_kv_usage < by_mode["full"].peak_kv_usage
     assert by_mode["akv"].tpot_mean_ms < by_mode["full"].tpot_mean_ms
     assert "| akv |" in table(rows)
+
+
+def test_a_queued_turn_reaches_its_pod_with_its_cache_ops(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Flow control queues turns while the pod is saturated; a granted turn must still carry
+    its AKV op history to the pod (it once arrived without, so the pod never dropped its KV)."""
+    from kvgate.bench.des import RouterDriver, run_des
+    from kvgate.bench.workloads import build_workload
+    from kvgate.sim.des import DESFleet
+
+    admitted: dict[str, bool] = {}
+    original = DESFleet._admit
+
+    def spy(self, item, driver, routed, result):  # type: ignore[no-untyped-def]
+        pod = original(self, item, driver, routed, result)
+        if pod is not None:
+            admitted[item.request_id] = item.history is not None
+        return pod
+
+    monkeypatch.setattr(DESFleet, "_admit", spy)
+    granted: list[str] = []
+    released = RouterDriver.released
+
+    def spy_released(self, now):  # type: ignore[no-untyped-def]
+        out = released(self, now)
+        granted.extend(r.request_id for r in out if r.request_id in self._granted)
+        return out
+
+    monkeypatch.setattr(RouterDriver, "released", spy_released)
+    workload = build_workload(
+        "long-agent-sessions",
+        {"context": "akv", "num_sessions": 4, "turns": 30, "think_time_s": 0},
+    )
+    limits = {"flow_control": {"max_waiting_requests": 1}}
+    result = run_des(workload, "kvgate", 1, cache_ops=True, config_update=limits)
+    with_ops = {t.request_id for s in workload.sessions for t in s.turns if "cache" in t.body}
+    assert with_ops and all(r.ok for r in result.records)
+    assert set(granted) & with_ops  # the case under test happened: queued turns with ops
+    assert {rid for rid, has in admitted.items() if has} == with_ops
