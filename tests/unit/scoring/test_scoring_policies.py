@@ -97,18 +97,25 @@ def test_session_moves_when_another_pod_is_faster() -> None:
     assert holder.estimate.ttft_seconds > greedy.predicted_ttft_seconds
 
 
-def test_affinity_cap_overrides_a_large_cache_win() -> None:
-    req = request(100_000)  # recomputing costs 10 s; the holder's queue is 2.5 s
-    eps = [endpoint(0, pending_prefill_tokens=25_000), endpoint(1)]
+def test_affinity_cap_moves_a_request_only_to_a_pod_that_answers_sooner() -> None:
+    req = request(100_000)  # 96k tokens held by pod-0; recomputing them elsewhere takes 10 s
     matched = {"pod-0": 6000}
+    # The holder's queue is 12 s: a first token in 12.4 s there, 10 s on pod-1. Cheaper for the
+    # fleet on the holder (no recompute), so only the cap moves the request.
+    eps = [endpoint(0, pending_prefill_tokens=120_000), endpoint(1)]
     assert (
-        decide("kvgate", req, eps, matched, params={"max_affinity_wait_seconds": 5}).endpoint_id
+        decide("kvgate", req, eps, matched, params={"max_affinity_wait_seconds": 15}).endpoint_id
         == "pod-0"
     )
-    d = decide("kvgate", req, eps, matched, params={"max_affinity_wait_seconds": 2})
+    d = decide("kvgate", req, eps, matched, params={"max_affinity_wait_seconds": 5})
     assert (d.endpoint_id, d.reason) == ("pod-1", "affinity-cap")
     dropped = {c.estimate.endpoint_id: c.dropped_by for c in d.candidates}
     assert dropped == {"pod-0": "affinity-cap", "pod-1": None}
+    # A 2.5 s queue over a 2 s cap: the holder still answers first (2.9 s against 10 s), and a
+    # move would recompute the whole prefix, so the request stays.
+    eps = [endpoint(0, pending_prefill_tokens=25_000), endpoint(1)]
+    d = decide("kvgate", req, eps, matched, params={"max_affinity_wait_seconds": 2})
+    assert (d.endpoint_id, d.reason) == ("pod-0", "prefix-hit")
 
 
 def test_load_bound_moves_off_an_overloaded_holder() -> None:
@@ -125,15 +132,21 @@ def test_load_bound_moves_off_an_overloaded_holder() -> None:
 
 def test_no_hit_requests_spread_evenly() -> None:
     policy = build_policy("kvgate")
-    eps = fleet(4)
+    in_flight: Counter[str] = Counter()
     history, rng = ChoiceHistory(), random.Random(2)
-    counts: Counter[str] = Counter()
-    for _ in range(40):
+    for _ in range(40):  # each request stays in flight, as under a burst
+        eps = [endpoint(i, in_flight=in_flight[f"pod-{i}"]) for i in range(4)]
         d = policy.decide(request(512), eps, {}, now=0.0, rng=rng, history=history)
         history.record(d.endpoint_id)
-        counts[d.endpoint_id] += 1
+        in_flight[d.endpoint_id] += 1
         assert d.reason == "no-hit-spread"
-    assert counts == {f"pod-{i}": 10 for i in range(4)}
+    assert in_flight == {f"pod-{i}": 10 for i in range(4)}
+
+
+def test_a_cold_request_goes_where_the_fewest_requests_decode() -> None:
+    # Equal prefill queues (none); a cold prefill stalls the decodes beside it.
+    eps = [endpoint(0, in_flight=9), endpoint(1, in_flight=3), endpoint(2, in_flight=6)]
+    assert decide("kvgate", request(2048), eps, {}).endpoint_id == "pod-1"
 
 
 def test_no_hit_requests_prefer_the_less_loaded_pod() -> None:

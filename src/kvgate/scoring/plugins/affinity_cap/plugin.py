@@ -1,10 +1,14 @@
 """``affinity-cap`` guard: never wait longer than ``max_affinity_wait_seconds`` in a pod's queue
-while another candidate's predicted queue wait is within the cap.
+while a pod within that wait would give the request its first token sooner.
 
-The cost model alone would keep sending a session to the pod holding its long history for as
-long as queueing there beats recomputing elsewhere; that can mean seconds of queueing for
-everyone on that pod. The cap is a hard limit on that wait: candidates whose predicted queue
-delay exceeds it are dropped when at least one candidate is under it (otherwise all are kept).
+The cost model's work term (``work_weight``) keeps a session on the pod holding its long history
+for as long as queueing there costs the fleet less than recomputing the history elsewhere; that
+can mean seconds of queueing for the session. The cap bounds that wait: a candidate whose
+predicted queue delay exceeds it is dropped when a candidate within the cap has a lower
+predicted time to first token. A holder over the cap whose TTFT is still the best stays: moving
+there would make this request slower *and* recompute its prefix (a long agent session moved off
+its pod recomputes its whole history, and its next turns find it on neither pod in full).
+When no candidate is within the cap, all are kept.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from kvgate.scoring.params import StrictParams
 
 class AffinityCapParams(StrictParams):
     max_affinity_wait_seconds: float = Field(default=5.0, ge=0)
-    """Predicted queue delay above which a pod is not chosen while another pod is within it."""
+    """Predicted queue delay above which a pod is not chosen while a pod within it is faster."""
 
 
 class AffinityCapFilter:
@@ -34,5 +38,12 @@ class AffinityCapFilter:
     ) -> Sequence[EndpointSnapshot]:
         cap = self.params.max_affinity_wait_seconds
         est = state.estimates
-        kept = [e for e in candidates if est[e.id].queue_seconds <= cap]
-        return kept or candidates
+        within = [est[e.id].ttft_seconds for e in candidates if est[e.id].queue_seconds <= cap]
+        if not within or len(within) == len(candidates):
+            return candidates
+        fastest_within = min(within)
+        return [
+            e
+            for e in candidates
+            if est[e.id].queue_seconds <= cap or est[e.id].ttft_seconds <= fastest_within
+        ]
