@@ -255,8 +255,8 @@ class PolicyConfig(ConfigModel):
     max_affinity_wait_seconds: float = Field(
         default=5.0,
         ge=0.0,
-        description="Hard cap on the extra queue delay accepted to reach a pod holding the "
-        "prefix while another pod is within it (default 5).",
+        description="Hard cap on the queue delay accepted to reach a pod holding the prefix "
+        "while a pod within it would give the first token sooner (default 5).",
     )
     seed: int | None = Field(
         default=None, description="Seed of randomised tie-breaking; unset: from the OS."

@@ -64,7 +64,8 @@ class KvgateParams(StrictParams):
     of the request's blocks keep it until their queued prefill exceeds the others' by
     ``peak_prefill_tokens_per_second`` x ``max_ttft_penalty_ms``."""
     max_affinity_wait_seconds: float = Field(default=5.0, ge=0)
-    """Hard cap on predicted queue wait while another pod is within it (RoutingPolicy maxAffinityWait)."""
+    """Hard cap on predicted queue wait while a pod within it would answer sooner (RoutingPolicy
+    maxAffinityWait)."""
     load_bound: LoadBoundParams | None = None
     """Bounded-load guard (no pod above c x mean load); None = off."""
     tolerance: float = Field(default=0.1, ge=0, lt=1)
