@@ -17,9 +17,13 @@ fair-queue order (`fair_queue.py`: tenant priority, then start-time fair queuein
 tokens by tenant weight), each granted a slot on:
 
 1. its prefix holder (the candidate with the most cached tokens when it arrived) if that has room;
-2. else nothing yet, while it has waited less than the prefill its hit saves (hit tokens / the
-   holder's prefill rate, capped at `policy.max_affinity_wait_seconds`): waiting for the
-   holder is still cheaper than recomputing elsewhere; later waiters may pass it meanwhile;
+2. else nothing yet, while it has waited less than twice the prefill its hit saves (hit tokens
+   / the holder's prefill rate, x 2, capped at `policy.max_affinity_wait_seconds`): a miss
+   costs the request that prefill, and costs it again to the requests queued behind the
+   recompute on a saturated pod, so waiting for the holder is still cheaper; later waiters may
+   pass it meanwhile. (With the prefill saved once, shared-prefix at 130% load lost a tenth of
+   its hits to recomputes: mean TTFT 0.188 s, hit rate 0.780; twice: 0.094 s, 0.857;
+   docs/benchmarks.md);
 3. else the pod with room holding most of its prefix.
 
 A granted waiter is planned by the policy over the pods with room (its slot stays reserved until

@@ -63,6 +63,11 @@ from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)
 
+#: A queued request waits for its prefix holder up to this many times the prefill its hit saves
+#: (admission.py, dispatch step 2): the miss costs the request that prefill, and as much again
+#: to the requests queued behind the recompute on a saturated pod.
+MISS_COST_FACTOR = 2.0
+
 
 @dataclass(slots=True)
 class ClientRequest:
@@ -231,7 +236,7 @@ class RoutingCore:
                     hits[e.endpoint_id] = e.hit_tokens
                     if e.hit_tokens > 0 and e.prefill_tokens_per_second > 0:
                         saved = e.hit_tokens / e.prefill_tokens_per_second
-                        hold_seconds = max(hold_seconds, saved)
+                        hold_seconds = max(hold_seconds, MISS_COST_FACTOR * saved)
         if not hits:
             keys = await self.router.prompt_keys(
                 cls, request.body, request.kind, request.keys_by_pool, request.body_bytes
