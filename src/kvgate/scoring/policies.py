@@ -6,14 +6,14 @@
   simplest cache-aware routers do; it piles a hot prefix onto one pod.
 - ``kvgate`` (default): healthy -> ``affinity-cap`` -> ``prefix-cache-affinity`` ->
   ``predicted-ttft`` -> ``near-equal``. A request never waits in a queue longer than
-  ``max_affinity_wait_seconds`` while a pod within it would answer sooner, stays on the pods holding most
-  of its prompt (``affinity.affinity_threshold`` of its blocks) until they are saturated
-  (llm-d's "sticky until saturated" rule, with its defaults), and among what is left goes where
-  the predicted TTFT (queue delay + prefill of the tokens the pod lacks) plus ``work_weight`` x
-  the prefill work itself (which others queue behind) is lowest; near-equal costs (within
-  ``tolerance``) are broken at random, or, when none of them holds any of the prompt, by the
-  fewest requests on the pod (a cold prefill stalls the decodes of every request beside it, so
-  it goes where the fewest are decoding; by recency instead, end-to-end time was 4-9% longer on
+  ``max_affinity_wait_seconds`` while a pod within it would answer sooner, stays on the pods
+  holding most of its prompt (``affinity.affinity_threshold`` of its blocks) until they are
+  saturated (llm-d's "sticky until saturated" rule, with its defaults), and among what is left
+  goes where the predicted TTFT (queue delay + prefill of the tokens the pod lacks) plus
+  ``work_weight`` x the prefill work itself (which others queue behind) is lowest; near-equal
+  costs (within ``tolerance``) are broken at random, or, when none of them holds any of the
+  prompt, by the fewest requests on the pod (a cold prefill stalls the decodes of every request beside it, so
+  it goes where the fewest are decoding; by recency instead, end-to-end time was 8-10% longer on
   the Mooncake trace, docs/scoring.md). Optional: a bounded-load guard (``load_bound``: no
   pod above c x mean load) and a price on the decode stall a prefill causes to the requests
   beside it (``interference_weight``); both are off by default, because on the benchmark

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from kvgate.bench.context_compare import compare_contexts, table
+from kvgate.bench.des import RouterDriver, run_des
 from kvgate.bench.long_agent import LongAgentParams, build_long_agent_sessions, tool_responses
+from kvgate.bench.workloads import build_workload
 from kvgate.prefix.cache_ops import token_prompt_history
+from kvgate.sim.des import DESFleet
 
 
 def _sessions(context: str, **overrides: object):  # type: ignore[no-untyped-def]
@@ -72,13 +77,9 @@ def test_context_comparison_runs_on_one_fleet() -> None:
     assert "| akv |" in table(rows)
 
 
-def test_a_queued_turn_reaches_its_pod_with_its_cache_ops(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_queued_turn_reaches_its_pod_with_its_cache_ops(monkeypatch: pytest.MonkeyPatch) -> None:
     """Flow control queues turns while the pod is saturated; a granted turn must still carry
     its AKV op history to the pod (it once arrived without, so the pod never dropped its KV)."""
-    from kvgate.bench.des import RouterDriver, run_des
-    from kvgate.bench.workloads import build_workload
-    from kvgate.sim.des import DESFleet
-
     admitted: dict[str, bool] = {}
     original = DESFleet._admit
 

@@ -5,10 +5,9 @@ The cost model's work term (``work_weight``) keeps a session on the pod holding 
 for as long as queueing there costs the fleet less than recomputing the history elsewhere; that
 can mean seconds of queueing for the session. The cap bounds that wait: a candidate whose
 predicted queue delay exceeds it is dropped when a candidate within the cap has a lower
-predicted time to first token. A holder over the cap whose TTFT is still the best stays: moving
-there would make this request slower *and* recompute its prefix (a long agent session moved off
-its pod recomputes its whole history, and its next turns find it on neither pod in full).
-When no candidate is within the cap, all are kept.
+predicted time to first token. A holder over the cap whose TTFT is still the best stays:
+moving the request off it would make this request slower *and* recompute its prefix. When no
+candidate is within the cap, all are kept.
 """
 
 from __future__ import annotations
