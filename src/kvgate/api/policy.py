@@ -179,8 +179,9 @@ class RoutingPolicySpec(ApiModel):
                     "!self.loadSharing.enabled || "
                     "(has(self.directory) && has(self.directory.backend) && "
                     "self.directory.backend == 'redis')",
-                    "loadSharing needs directory.backend: redis (replicas exchange load "
-                    "through the directory's Redis)",
+                    "loadSharing.enabled: true needs directory.backend: redis (replicas "
+                    "exchange load through the directory's Redis; left unset, loadSharing is "
+                    "on exactly when the directory is Redis)",
                 ),
             ]
         }

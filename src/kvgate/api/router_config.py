@@ -410,9 +410,15 @@ class RouterConfig(ConfigModel):
         keys = [p.key for p in self.pools]
         if len(set(keys)) != len(keys):
             raise ValueError("pool namespace/name pairs must be unique")
-        if self.load_sharing.enabled and self.directory.backend != "redis":
-            raise ValueError("load_sharing needs directory.backend: redis")
+        if self.load_sharing.enabled is True and self.directory.backend != "redis":
+            raise ValueError("load_sharing.enabled: true needs directory.backend: redis")
         return self
+
+    @property
+    def load_sharing_enabled(self) -> bool:
+        """Whether this router exchanges load with its replicas: `load_sharing.enabled`, or where
+        that is unset, whether the directory is the shared Redis one."""
+        return self.load_sharing.active(shared_directory=self.directory.backend == "redis")
 
 
 def parse_router_config(text: str) -> RouterConfig:

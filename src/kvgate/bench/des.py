@@ -181,8 +181,10 @@ class RouterDriver(FleetDriver):
         self.replicas = [self._replica(config, seed + k) for k in range(replicas)]
         self.core, self.endpoints = self.replicas[0].core, self.replicas[0].endpoints
         # The bench's directory is in memory, so the exchange's settings come apart from the
-        # router config (whose `load_sharing` needs a Redis directory).
-        self._sharing = load_sharing if replicas > 1 and load_sharing is not None else None
+        # router config (whose `load_sharing` needs a Redis directory); the one directory
+        # stands for the shared Redis, so `enabled` unset means on, as it does live.
+        shares = load_sharing is not None and load_sharing.active(shared_directory=True)
+        self._sharing = load_sharing if replicas > 1 and shares else None
         if self._sharing is not None:
             for replica in self.replicas:
                 replica.core.peers.ttl_seconds = self._sharing.ttl_seconds
@@ -590,7 +592,7 @@ def run_des(
     (``engine.kv_offloading_size_gib``); ``scale``: at time t, n more pods join (``pod-<i>``);
     ``warmup``: the router's warm-up settings (default: its config's); ``replicas``: router
     replicas behind one Service (each request goes to one at random), exchanging their loads as
-    ``load_sharing`` says (None: not at all)."""
+    ``load_sharing`` says (None, or ``enabled: false``: not at all)."""
     known = default_registry().names("policy")
     if policy not in known:
         raise ValueError(f"policy {policy!r} cannot run in des mode ({', '.join(known)})")

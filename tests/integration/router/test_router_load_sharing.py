@@ -20,7 +20,10 @@ from kvgate.promtext import sum_samples
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
 
-def _config(pod_urls: list[str], redis_url: str, *, share: bool) -> dict[str, Any]:
+def _config(pod_urls: list[str], redis_url: str, *, share: bool | None) -> dict[str, Any]:
+    sharing: dict[str, Any] = {"interval_seconds": 0.02, "ttl_seconds": 0.5}
+    if share is not None:  # None: left unset, on because the directory is Redis
+        sharing["enabled"] = share
     return {
         "pools": [
             {
@@ -36,7 +39,7 @@ def _config(pod_urls: list[str], redis_url: str, *, share: bool) -> dict[str, An
             "redis": {"url": redis_url, "socket_timeout_seconds": 0.2},
         },
         "load_metrics": {"scrape_interval_seconds": 60.0},
-        "load_sharing": {"enabled": share, "interval_seconds": 0.02, "ttl_seconds": 0.5},
+        "load_sharing": sharing,
     }
 
 
@@ -78,7 +81,7 @@ async def _burst(routers: list[RouterProcess], count: int, first: int = 0) -> li
 
 
 async def _replicas(
-    sim_pods: Any, redis_url: str, tmp_path: Any, *, share: bool
+    sim_pods: Any, redis_url: str, tmp_path: Any, *, share: bool | None
 ) -> tuple[list[Any], list[RouterProcess]]:
     pods = sim_pods(4, "--sim-time-scale", "10")
     urls = [p.url for p in pods]
@@ -88,8 +91,9 @@ async def _replicas(
     return pods, routers
 
 
-async def test_two_replicas_sharing_load_spread_a_burst(sim_pods, redis_url, tmp_path):
-    _, routers = await _replicas(sim_pods, redis_url, tmp_path, share=True)
+@pytest.mark.parametrize("share", [None, True], ids=["by-default", "enabled"])
+async def test_two_replicas_sharing_load_spread_a_burst(sim_pods, redis_url, tmp_path, share):
+    _, routers = await _replicas(sim_pods, redis_url, tmp_path, share=share)
     try:
         for router in routers:
             await _wait_gauge(router.url, "kvgate_router_load_sharing_peers", 1.0)

@@ -245,7 +245,10 @@ def test_warm_up_cannot_send_more_prefixes_than_it_remembers() -> None:
     )
 
 
-def test_load_sharing_needs_the_redis_directory_and_a_ttl_over_its_interval() -> None:
+def test_load_sharing_forced_on_needs_the_redis_directory_and_a_ttl_over_its_interval() -> None:
+    # Unset (automatic: off with the memory directory) or off: valid on either backend.
+    for sharing in ({}, {"enabled": False}, {"intervalSeconds": 0.05}):
+        assert _check(POLICY, {"pools": ["p"], "loadSharing": sharing}) == []
     spec = {"pools": ["p"], "loadSharing": {"enabled": True}}
     failures = _check(POLICY, spec)
     assert len(failures) == 1 and "needs directory.backend: redis" in failures[0]

@@ -123,6 +123,19 @@ def test_replicas_route_one_workload_over_one_directory_and_exchange_their_loads
     assert sum(r.cached_tokens for r in driver.records) > 0
 
 
+def test_replicas_told_not_to_share_load_count_only_their_own():
+    from kvgate.api.fleet import LoadSharingConfig
+
+    fleet = DESFleet(3, EngineConfig(), load_profile(DEFAULT_PROFILE))
+    off = LoadSharingConfig(enabled=False, interval_seconds=0.001)
+    driver = RouterDriver(fleet, "kvgate", replicas=2, load_sharing=off)
+    try:
+        scrape = driver.config.load_metrics.scrape_interval_seconds
+        assert driver.tick_interval_s == scrape  # no exchange ticks between the scrapes
+    finally:
+        driver.close()
+
+
 def test_a_scale_up_warms_the_new_pods_before_they_take_requests():
     from kvgate.api.fleet import WarmupConfig
 

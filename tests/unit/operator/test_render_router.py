@@ -123,3 +123,16 @@ def test_a_ca_bundle_in_a_secret_comes_by_secret_key_ref() -> None:
     env = {e["name"]: e.get("valueFrom") for e in container["env"]}
     ref = env[str(config.directory.redis.ca_bundle.env)]
     assert ref == {"secretKeyRef": {"name": "redis-tls", "key": "ca.crt"}}
+
+
+def _router_yaml(**spec: Any) -> str:
+    return str(render(**spec)["ConfigMap/front-router-config"]["data"]["router.yaml"])
+
+
+def test_router_replicas_on_the_redis_directory_share_load_with_no_setting() -> None:
+    shared = _router_yaml(directory={"backend": "redis"})
+    assert "load_sharing" not in shared  # left to the router: on with its Redis directory
+    assert parse_router_config(shared).load_sharing_enabled
+    assert not parse_router_config(_router_yaml()).load_sharing_enabled  # memory directory
+    off = _router_yaml(directory={"backend": "redis"}, loadSharing={"enabled": False})
+    assert not parse_router_config(off).load_sharing_enabled  # an explicit false is kept

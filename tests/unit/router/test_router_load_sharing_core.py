@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -74,13 +75,46 @@ async def test_a_decision_counts_what_the_other_replicas_have_queued():
     assert (await core.explain(ClientRequest(body, {}, "completion"))).endpoint.id == busy
 
 
-def test_load_sharing_needs_the_redis_directory_and_a_ttl_over_its_interval():
+@pytest.mark.parametrize(
+    ("enabled", "backend", "shares"),
+    [
+        (None, "redis", True),  # replicas on the shared directory share with no setting
+        (None, "memory", False),  # one process: no one to share with
+        (False, "redis", False),
+        (True, "redis", True),
+    ],
+)
+def test_load_sharing_is_on_by_default_exactly_with_the_redis_directory(
+    enabled: bool | None, backend: str, shares: bool
+) -> None:
+    sharing = {} if enabled is None else {"enabled": enabled}
+    config = make_config(2, load_sharing=sharing, directory={"backend": backend})
+    assert config.load_sharing.enabled is enabled  # the file's value is kept as written
+    assert config.load_sharing_enabled is shares
+
+
+def test_load_sharing_forced_on_needs_the_redis_directory_and_a_ttl_over_its_interval():
     with pytest.raises(ValueError, match=r"needs directory\.backend: redis"):
         make_config(2, load_sharing={"enabled": True})
     config = make_config(2, load_sharing={"enabled": True}, directory={"backend": "redis"})
-    assert isinstance(config, RouterConfig) and config.load_sharing.enabled
+    assert isinstance(config, RouterConfig) and config.load_sharing_enabled
     with pytest.raises(ValueError, match="ttl_seconds"):
         LoadSharingConfig(interval_seconds=1.0, ttl_seconds=0.5)
+
+
+async def test_a_router_on_the_memory_directory_never_reaches_for_redis():
+    config = make_config(2)
+    core, _ = await routing_core(config, [0.0], 2)
+    metrics = RouterMetrics()
+    metrics.load_sharing_degraded.set(1)  # left over from a config that shared
+    sharer = LoadSharer(core, lambda: config, metrics, replica="a")
+    sharer.start()
+    try:
+        await asyncio.sleep(0.05)  # the task looks at its config once, then idles
+        assert sharer._client is None
+        assert metrics.registry.get_sample_value("kvgate_router_load_sharing_degraded") == 0
+    finally:
+        await sharer.stop()
 
 
 async def test_load_sharing_reaches_redis_as_the_directory_does(monkeypatch):

@@ -1,6 +1,7 @@
 """Exchange this replica's load on each pod with the other router replicas, through Redis.
 
-Every `load_sharing.interval_seconds` the background task takes this replica's own counts
+While sharing is on (`RouterConfig.load_sharing_enabled`: by default, whenever the directory is
+Redis), every `load_sharing.interval_seconds` the background task takes this replica's own counts
 (`core.accounting`: in flight, pending prefill requests and tokens, per pod), writes them to
 each pool's load hash and reads the other replicas' in the same round trip
 (`kvgate.directory.replica_load`), all pools at once, each bounded by `timeout_seconds`; the
@@ -84,10 +85,18 @@ class LoadSharer:
             self._client = None
 
     async def _run(self) -> None:
+        was_enabled = False
         while True:
             config = self._config()
             sharing = config.load_sharing
-            if not sharing.enabled or config.directory.backend != "redis":
+            enabled = config.load_sharing_enabled
+            if enabled != was_enabled:  # on at start, or a reload turned it on or off
+                log.info("load sharing %s", "on" if enabled else "off")
+                was_enabled = enabled
+            if not enabled:
+                # Nothing is shared, so nothing is stale; the view held ages out by itself.
+                self.metrics.load_sharing_peers.set(0)
+                self.metrics.load_sharing_degraded.set(0)
                 await asyncio.sleep(_IDLE_CHECK_SECONDS)
                 continue
             try:
