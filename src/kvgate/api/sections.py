@@ -117,10 +117,11 @@ class BorrowingConfig(ConfigModel):
         "limits must hold.",
     )
     max_running_requests: int = Field(
-        default=8,
+        default=16,
         ge=0,
-        description="Batch requests may borrow an online pod only while it runs at most this "
-        "many requests (running + this router's in-flight); all three borrowing limits must hold.",
+        description="Batch requests may borrow an online pod only while it runs fewer requests "
+        "than this (running, or this router's in-flight if more); all three borrowing limits "
+        "must hold.",
     )
     online_may_use_batch_pools: bool = Field(
         default=True, description="Online requests may use batch pools when no online pod is ready."

@@ -1,7 +1,7 @@
 """Router replicas' load on each pod, exchanged through Redis (one round trip per pool).
 
     <base>load   HASH  replica id -> "<Redis time, ms>|<JSON {pod: [in_flight, pending_requests,
-                                                                 pending_tokens]}>"
+                                                                 pending_tokens, batch_in_flight]}>"
 
 `exchange(replica, loads)` runs one Lua script: it stamps this replica's field with Redis' own
 clock (so replicas' clocks never need to agree), deletes the fields older than the TTL (replicas
@@ -10,7 +10,8 @@ hash itself expires ten TTLs after the last write, so a pool no router serves le
 A field over `MAX_FIELD_BYTES` is not sent back (an exchange reads at most `max_replicas` of
 them), and what comes back is checked: a field that is not the expected JSON, or a count that
 is not a non-negative integer below 2^31, is dropped (Redis is shared; a bad writer must not
-break routing). Keys: `keys.PoolKeys.replica_load`.
+break routing). A list of three counts (a replica from before batch requests were counted
+apart) reads as no batch request. Keys: `keys.PoolKeys.replica_load`.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from collections.abc import Mapping
 from kvgate.directory.keys import DEFAULT_PREFIX, PoolKeys
 from kvgate.directory.redis import Client
 
-#: per pod id: (in flight, pending prefill requests, pending prefill tokens)
-PodLoads = Mapping[str, tuple[int, int, int]]
+#: per pod id: (in flight, pending prefill requests, pending prefill tokens, batch in flight)
+PodLoad = tuple[int, int, int, int]
+PodLoads = Mapping[str, PodLoad]
 
 _MAX_COUNT = 1 << 31
 MAX_FIELD_BYTES = 1 << 20  # one replica's loads of one pool (~40 bytes a pod)
@@ -61,7 +63,7 @@ class ReplicaLoadBoard:
 
     async def exchange(
         self, replica: str, loads: PodLoads, *, ttl_seconds: float, max_replicas: int
-    ) -> dict[str, dict[str, tuple[int, int, int]]]:
+    ) -> dict[str, dict[str, PodLoad]]:
         """Publish this replica's loads; the other replicas' (fresh ones only)."""
         payload = json.dumps(
             {pod: list(load) for pod, load in loads.items()}, separators=(",", ":")
@@ -70,7 +72,7 @@ class ReplicaLoadBoard:
         raw = await self._script(
             keys=[self.key], args=[replica, payload, ttl_ms, max_replicas, MAX_FIELD_BYTES]
         )
-        out: dict[str, dict[str, tuple[int, int, int]]] = {}
+        out: dict[str, dict[str, PodLoad]] = {}
         for i in range(0, len(raw) - 1, 2):
             parsed = _parse(raw[i + 1])
             if parsed is not None:
@@ -78,7 +80,7 @@ class ReplicaLoadBoard:
         return out
 
 
-def _parse(value: bytes) -> dict[str, tuple[int, int, int]] | None:
+def _parse(value: bytes) -> dict[str, PodLoad] | None:
     if len(value) > MAX_FIELD_BYTES:
         return None
     try:
@@ -91,8 +93,8 @@ def _parse(value: bytes) -> dict[str, tuple[int, int, int]] | None:
     for pod, load in data.items():
         if (
             isinstance(load, list)
-            and len(load) == 3
+            and len(load) in (3, 4)
             and all(type(n) is int and 0 <= n < _MAX_COUNT for n in load)
         ):
-            out[pod] = (load[0], load[1], load[2])
+            out[pod] = (load[0], load[1], load[2], load[3] if len(load) == 4 else 0)
     return out

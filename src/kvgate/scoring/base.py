@@ -54,6 +54,7 @@ REASON_PREFIX_HIT = "prefix-hit"  # chose a pod holding the longest useful prefi
 REASON_LOAD_SPILL = "load-spill"  # a pod held more of the prefix, but another was predicted faster
 REASON_AFFINITY_CAP = "affinity-cap"  # the faster-by-cost holder exceeded maxAffinityWait
 REASON_LOAD_BOUND = "load-bound"  # the best pod was above the load bound (c x mean in-flight)
+REASON_CLASS_ISOLATION = "class-isolation"  # an online request left pods batch work borrowed
 REASON_NO_HIT_SPREAD = "no-hit-spread"  # no pod held any of the prefix: spread by load/recency
 REASON_LEAST_LOAD = "least-load"
 REASON_ROUND_ROBIN = "round-robin"
@@ -87,6 +88,7 @@ class EndpointSnapshot:
     healthy: bool = True
     draining: bool = False
     in_flight: int = 0  # requests this router sent and that have not completed
+    batch_in_flight: int = 0  # of those, batch-class requests
     pending_prefill_requests: int = 0  # sent, no first byte yet
     pending_prefill_tokens: int = 0  # uncached prompt tokens of those (predicted at routing time)
     engine: EngineLoad | None = None  # None = never scraped

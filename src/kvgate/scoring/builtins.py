@@ -19,6 +19,7 @@ from kvgate.scoring.peer_policies import (
 )
 from kvgate.scoring.pipeline import PipelinePolicy, WeightedScorer
 from kvgate.scoring.plugins.affinity_cap import AffinityCapFilter, AffinityCapParams
+from kvgate.scoring.plugins.class_isolation import ClassIsolationFilter, ClassIsolationParams
 from kvgate.scoring.plugins.gie_prefix import GiePrefixParams, GiePrefixScorer
 from kvgate.scoring.plugins.healthy import HealthyFilter, HealthyParams
 from kvgate.scoring.plugins.kv_block_cost import KvBlockCostParams, KvBlockCostScorer
@@ -56,6 +57,9 @@ def register_builtins(registry: PluginRegistry) -> None:
     r.add_filter("healthy", HealthyParams, HealthyFilter, "drop unhealthy or draining pods")
     r.add_filter("load-bound", LoadBoundParams, LoadBoundFilter, "no pod above c x mean load")
     r.add_filter("affinity-cap", AffinityCapParams, AffinityCapFilter, "cap predicted queue wait")
+    r.add_filter(
+        "class-isolation", ClassIsolationParams, ClassIsolationFilter, "online off borrowed pods"
+    )
     r.add_scorer("prefix-cache", PrefixCacheParams, PrefixCacheScorer, "share of prompt cached")
     r.add_scorer("queue-depth", QueueDepthParams, QueueDepthScorer, "fewer requests is better")
     r.add_scorer("kv-cache-usage", KvCacheUsageParams, KvCacheUsageScorer, "1 - KV cache usage")

@@ -4,11 +4,12 @@
 - ``least-load``: healthy -> ``queue-depth`` -> fewest requests (ties random). Baseline.
 - ``prefix``: healthy -> ``prefix-cache`` -> longest match; ties by load, then random. What the
   simplest cache-aware routers do; it piles a hot prefix onto one pod.
-- ``kvgate`` (default): healthy -> ``affinity-cap`` -> ``prefix-cache-affinity`` ->
-  ``predicted-ttft`` -> ``near-equal``. A request never waits in a queue longer than
-  ``max_affinity_wait_seconds`` while a pod within it would answer sooner, stays on the pods
-  holding most of its prompt (``affinity.affinity_threshold`` of its blocks) until they are
-  saturated (llm-d's "sticky until saturated" rule, with its defaults), and among what is left
+- ``kvgate`` (default): healthy -> ``affinity-cap`` -> ``class-isolation`` ->
+  ``prefix-cache-affinity`` -> ``predicted-ttft`` -> ``near-equal``. A request never waits in a
+  queue longer than ``max_affinity_wait_seconds`` while a pod within it would answer sooner, an
+  online request leaves the pods batch work borrowed when that costs it little, a request stays
+  on the pods holding most of its prompt (``affinity.affinity_threshold`` of its blocks) until
+  they are saturated (llm-d's "sticky until saturated" rule, with its defaults), and among what is left
   goes where the predicted TTFT (queue delay + prefill of the tokens the pod lacks) plus
   ``work_weight`` x the prefill work itself (which others queue behind) is lowest; near-equal
   costs (within ``tolerance``) are broken at random, or, when none of them holds any of the
@@ -39,6 +40,7 @@ from kvgate.scoring.cost_model import CostModel, CostModelParams
 from kvgate.scoring.params import StrictParams
 from kvgate.scoring.pipeline import PipelinePolicy, WeightedScorer
 from kvgate.scoring.plugins.affinity_cap import AffinityCapFilter, AffinityCapParams
+from kvgate.scoring.plugins.class_isolation import ClassIsolationFilter, ClassIsolationParams
 from kvgate.scoring.plugins.healthy import HealthyFilter
 from kvgate.scoring.plugins.load_bound import LoadBoundFilter, LoadBoundParams
 from kvgate.scoring.plugins.near_equal.plugin import NearEqualParams, NearEqualPicker, TieBreak
@@ -81,6 +83,9 @@ class KvgateParams(StrictParams):
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
     tie_break: TieBreak = "random"
     no_hit_tie_break: TieBreak = "least-load"
+    class_isolation: ClassIsolationParams | None = ClassIsolationParams()
+    """Online requests leave pods that batch work borrowed while one without answers within
+    ``max_extra_seconds`` of the best; None = off."""
 
 
 class PluginRef(StrictParams):
@@ -146,6 +151,11 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
                 AffinityCapParams(max_affinity_wait_seconds=params.max_affinity_wait_seconds)
             ),
             *([LoadBoundFilter(params.load_bound)] if params.load_bound is not None else []),
+            *(
+                [ClassIsolationFilter(params.class_isolation)]
+                if params.class_isolation is not None
+                else []
+            ),
             PrefixAffinityFilter(params.affinity),
         ],
         scorers=[

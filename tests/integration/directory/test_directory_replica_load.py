@@ -27,7 +27,18 @@ async def test_an_oversized_field_is_not_sent_back(redis_url: str) -> None:
 
         board._script = recording  # type: ignore[assignment]
         seen = await board.exchange("a", {"p": (0, 0, 0)}, ttl_seconds=5.0, max_replicas=2)
-        assert seen == {"b": {"p": (1, 2, 3)}}
+        assert seen == {"b": {"p": (1, 2, 3, 0)}}  # three counts: a replica of before batch
         assert replies[0][::2] == [b"b"]  # the oversized field never crossed the wire
+    finally:
+        await client.aclose()
+
+
+async def test_counts_round_trip_with_their_batch_requests(redis_url: str) -> None:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        board = ReplicaLoadBoard(client, "ns/pool", key_prefix="test")
+        await board.exchange("b", {"p": (4, 1, 900, 2)}, ttl_seconds=5.0, max_replicas=2)
+        seen = await board.exchange("a", {"p": (0, 0, 0, 0)}, ttl_seconds=5.0, max_replicas=2)
+        assert seen == {"b": {"p": (4, 1, 900, 2)}}
     finally:
         await client.aclose()

@@ -147,3 +147,23 @@ def test_a_scale_up_warms_the_new_pods_before_they_take_requests():
     # warmed: the new pod's first request already hits a system prompt
     first = min(on_new, key=lambda r: r.sent_s)
     assert first.cached_tokens >= 512
+
+
+def test_online_traffic_leaves_the_pods_batch_work_borrowed():
+    # Online chat and batch documents on one online pool of 4 pods at ~75% load: the batch
+    # requests borrow pods with room; with class isolation the online requests gather on the
+    # pods without batch work, so fewer of them wait behind a document's prefill, and the
+    # pods left to batch stay borrowable.
+    w = build_workload("mixed", {"duration_s": 20, "online_rate_rps": 26, "batch_rate_rps": 4.5})
+
+    def ttfts(policy_params: dict[str, object] | None) -> tuple[float, float]:
+        records = run_des(w, "kvgate", 4, policy_params=policy_params).records
+        assert all(r.ok for r in records)
+        online = sorted(r.ttft_s or 0.0 for r in records if r.request_class == "online")
+        batch = [r.ttft_s or 0.0 for r in records if r.request_class == "batch"]
+        return online[int(len(online) * 0.99)], sum(batch) / len(batch)
+
+    isolated_p99, isolated_batch = ttfts(None)
+    mixed_p99, mixed_batch = ttfts({"class_isolation": None})
+    assert isolated_p99 < 0.5 * mixed_p99
+    assert isolated_batch < mixed_batch

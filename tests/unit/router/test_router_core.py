@@ -19,12 +19,12 @@ def test_streaming_attempt_leaves_pending_prefill_at_its_first_byte():
     attempt = accounts.sent(
         "a", 0.0, uncached_tokens=100, predicted_ttft_seconds=1.0, streaming=True
     )
-    assert accounts.load("a", 50.0) == (1, 1, 100)  # no expiry for streams
+    assert accounts.load("a", 50.0) == (1, 1, 100, 0)  # no expiry for streams
     accounts.prefill_done(attempt)
-    assert accounts.load("a", 50.0) == (1, 0, 0)
+    assert accounts.load("a", 50.0) == (1, 0, 0, 0)
     accounts.done(attempt)
     accounts.done(attempt)  # idempotent
-    assert accounts.load("a", 50.0) == (0, 0, 0)
+    assert accounts.load("a", 50.0) == (0, 0, 0, 0)
 
 
 def test_non_streaming_attempt_leaves_pending_prefill_at_its_predicted_ttft():
@@ -32,12 +32,12 @@ def test_non_streaming_attempt_leaves_pending_prefill_at_its_predicted_ttft():
     first = accounts.sent("a", 0.0, uncached_tokens=10, predicted_ttft_seconds=2.0, streaming=False)
     second = accounts.sent("a", 1.0, uncached_tokens=5, predicted_ttft_seconds=0.5, streaming=False)
     assert second.queued_ahead == 1
-    assert accounts.load("a", 1.4) == (2, 2, 15)
-    assert accounts.load("a", 1.5) == (2, 1, 10)  # the second's prediction passed first
-    assert accounts.load("a", 2.0) == (2, 0, 0)
+    assert accounts.load("a", 1.4) == (2, 2, 15, 0)
+    assert accounts.load("a", 1.5) == (2, 1, 10, 0)  # the second's prediction passed first
+    assert accounts.load("a", 2.0) == (2, 0, 0, 0)
     accounts.done(first)
     accounts.done(second)
-    assert accounts.load("a", 3.0) == (0, 0, 0)
+    assert accounts.load("a", 3.0) == (0, 0, 0, 0)
 
 
 def test_an_endpoint_that_rejoins_starts_from_zero():
@@ -46,9 +46,25 @@ def test_an_endpoint_that_rejoins_starts_from_zero():
     accounts.forget("a")
     new = accounts.sent("a", 0.0, uncached_tokens=3, predicted_ttft_seconds=1.0, streaming=True)
     accounts.done(old)  # ends in its own account, not the new one
-    assert accounts.load("a", 0.0) == (1, 1, 3)
+    assert accounts.load("a", 0.0) == (1, 1, 3, 0)
     accounts.done(new)
-    assert accounts.load("a", 0.0) == (0, 0, 0)
+    assert accounts.load("a", 0.0) == (0, 0, 0, 0)
+
+
+def test_batch_requests_are_counted_apart_while_in_flight():
+    accounts = Accounting()
+    online = accounts.sent("a", 0.0, uncached_tokens=10, predicted_ttft_seconds=1.0, streaming=True)
+    batch = accounts.sent(
+        "a", 0.0, uncached_tokens=90, predicted_ttft_seconds=1.0, streaming=True, batch=True
+    )
+    assert accounts.load("a", 0.0) == (2, 2, 100, 1)
+    accounts.prefill_done(batch)  # still in flight: its decodes run beside the online request
+    assert accounts.load("a", 0.0) == (2, 1, 10, 1)
+    accounts.done(batch)
+    accounts.done(batch)  # idempotent
+    assert accounts.load("a", 0.0) == (1, 1, 10, 0)
+    accounts.done(online)
+    assert accounts.loads(["a"], 0.0) == [(0, 0, 0, 0)]
 
 
 async def _core(n: int = 2) -> tuple[RoutingCore, list[float]]:

@@ -23,14 +23,14 @@ def test_the_other_replicas_loads_are_summed_and_added_to_ours():
     peers = PeerLoads(ttl_seconds=1.0)
     peers.update(
         {
-            "b": {"x": EndpointLoad(1, 1, 100)},
+            "b": {"x": EndpointLoad(1, 1, 100, 1)},
             "c": {"x": EndpointLoad(2, 0, 0), "y": EndpointLoad(1, 1, 5)},
         },
         now=10.0,
     )
-    own = [EndpointLoad(1, 0, 0), EndpointLoad(0, 0, 0), EndpointLoad(3, 1, 7)]
+    own = [EndpointLoad(1, 0, 0, 1), EndpointLoad(0, 0, 0), EndpointLoad(3, 1, 7)]
     assert peers.added(["x", "y", "z"], own, 10.5) == [
-        EndpointLoad(4, 1, 100),
+        EndpointLoad(4, 1, 100, 2),
         EndpointLoad(1, 1, 5),
         EndpointLoad(3, 1, 7),
     ]
@@ -49,11 +49,14 @@ def test_a_stale_view_counts_nothing_and_a_fresh_one_counts_again():
 
 
 def test_what_redis_hands_back_is_checked():
-    good = json.dumps({"p1": [1, 2, 300], "p2": [0, 0, 0]}).encode()
-    assert _parse(good) == {"p1": (1, 2, 300), "p2": (0, 0, 0)}
+    good = json.dumps({"p1": [1, 2, 300, 1], "p2": [0, 0, 0, 0]}).encode()
+    assert _parse(good) == {"p1": (1, 2, 300, 1), "p2": (0, 0, 0, 0)}
+    older = json.dumps({"p1": [1, 2, 300]}).encode()  # a replica that counts no batch apart
+    assert _parse(older) == {"p1": (1, 2, 300, 0)}
     mixed = json.dumps({"p1": [1, 2], "p2": [-1, 0, 0], "p3": [1.5, 0, 0], "p4": [True, 0, 0],
-                        "p5": [1 << 40, 0, 0], "p6": [1, 1, 1]}).encode()  # fmt: skip
-    assert _parse(mixed) == {"p6": (1, 1, 1)}
+                        "p5": [1 << 40, 0, 0], "p6": [1, 1, 1, 1], "p7": [1, 1, 1, 1, 1],
+                        "p8": [1, 1, 1, -1]}).encode()  # fmt: skip
+    assert _parse(mixed) == {"p6": (1, 1, 1, 1)}
     assert _parse(b"not json") is None
     assert _parse(b"[1, 2]") is None
     assert _parse(b"{" + b" " * (1 << 20) + b"}") is None

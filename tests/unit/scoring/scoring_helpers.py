@@ -45,13 +45,15 @@ def random_endpoint(rng: random.Random, i: int, now: float) -> EndpointSnapshot:
             kv_cache_usage=rng.random(),
             observed_at=now - rng.uniform(0, 4),
         )
+    in_flight = rng.randint(0, 100)
     return EndpointSnapshot(
         id=f"pod-{i}",
         pool=rng.choice(["a", "b"]),
         pool_class=rng.choice(["online", "batch"]),
         healthy=rng.random() < 0.9,
         draining=rng.random() < 0.1,
-        in_flight=rng.randint(0, 100),
+        in_flight=in_flight,
+        batch_in_flight=rng.choice([0, rng.randint(0, in_flight)]),
         pending_prefill_requests=rng.randint(0, 10),
         pending_prefill_tokens=rng.randint(0, 200_000),
         engine=engine,
@@ -72,6 +74,7 @@ def random_case(
         prompt_tokens=rng.randint(0, 40_000),
         block_tokens=rng.choice([1, 16, 64]),
         keys_exact=rng.random() < 0.7,
+        request_class=rng.choice(["online", "batch"]),
     )
     matched = {e.id: rng.randint(0, 3000) for e in endpoints if rng.random() < 0.5}
     return req, endpoints, matched, now

@@ -11,6 +11,7 @@ from scoring_helpers import cycle_state, endpoint, fleet, random_case, request
 
 from kvgate.scoring.base import ChoiceHistory, EngineLoad
 from kvgate.scoring.plugins.affinity_cap import AffinityCapFilter, AffinityCapParams
+from kvgate.scoring.plugins.class_isolation import ClassIsolationFilter, ClassIsolationParams
 from kvgate.scoring.plugins.healthy import HealthyFilter
 from kvgate.scoring.plugins.kv_cache_usage import KvCacheUsageParams, KvCacheUsageScorer
 from kvgate.scoring.plugins.load_bound import LoadBoundFilter, LoadBoundParams
@@ -107,6 +108,24 @@ def test_affinity_cap_drops_long_queues_only_when_another_pod_is_within() -> Non
     ]
     state = cycle_state(request(), both_long, {})
     assert len(flt.filter(state, both_long)) == 2
+
+
+def test_class_isolation_moves_online_requests_off_borrowed_pods_only_when_nearly_free() -> None:
+    flt = ClassIsolationFilter(ClassIsolationParams(max_extra_seconds=0.05))
+    # pod-0 holds the 4k prompt but runs a borrowed batch request; recomputing it on pod-1
+    # costs ~0.4 s at the 10k tokens/s prior, more than the 0.05 s a move may cost.
+    eps = [endpoint(0, in_flight=1, batch_in_flight=1), endpoint(1), endpoint(2)]
+    long_hit = cycle_state(request(4096), eps, {"pod-0": 250})
+    assert [e.id for e in flt.filter(long_hit, eps)] == ["pod-0", "pod-1", "pod-2"]
+    # A short prompt costs as much anywhere: the pods without batch work are kept.
+    short = cycle_state(request(256), eps, {"pod-0": 15})
+    assert [e.id for e in flt.filter(short, eps)] == ["pod-1", "pod-2"]
+    # Batch requests, and fleets where every pod (or none) hosts batch work, keep every pod.
+    as_batch = cycle_state(request(256, request_class="batch"), eps, {"pod-0": 15})
+    assert len(flt.filter(as_batch, eps)) == 3
+    all_batch = [endpoint(i, in_flight=1, batch_in_flight=1) for i in range(3)]
+    state = cycle_state(request(256), all_batch, {})
+    assert len(flt.filter(state, all_batch)) == 3
 
 
 def test_prefix_cache_scores_share_of_prompt_held() -> None:

@@ -97,6 +97,22 @@ def test_session_moves_when_another_pod_is_faster() -> None:
     assert holder.estimate.ttft_seconds > greedy.predicted_ttft_seconds
 
 
+def test_kvgate_moves_online_requests_off_a_holder_that_batch_work_borrowed() -> None:
+    # pod-0 holds the prompt's first 1,024 tokens and also decodes a borrowed batch document.
+    # A 1,088-token chat turn stays: recomputing it on pod-1 would cost ~0.1 s more, over the
+    # 0.05 s a move may cost. A 256-token prompt, about as cheap anywhere, moves.
+    eps = [endpoint(0, in_flight=3, batch_in_flight=1), endpoint(1, in_flight=2)]
+    stay = decide("kvgate", request(1088), eps, {"pod-0": 64})
+    assert (stay.endpoint_id, stay.reason) == ("pod-0", "prefix-hit")
+    move = decide("kvgate", request(256), eps, {"pod-0": 15})
+    assert (move.endpoint_id, move.reason) == ("pod-1", "class-isolation")
+    # Batch requests are not moved, and the filter can be turned off.
+    batch = decide("kvgate", request(256, request_class="batch"), eps, {"pod-0": 15})
+    assert batch.endpoint_id == "pod-0"
+    off = decide("kvgate", request(256), eps, {"pod-0": 15}, params={"class_isolation": None})
+    assert off.endpoint_id == "pod-0"
+
+
 def test_affinity_cap_moves_a_request_only_to_a_pod_that_answers_sooner() -> None:
     req = request(100_000)  # 96k tokens held by pod-0; recomputing them elsewhere takes 10 s
     matched = {"pod-0": 6000}

@@ -19,6 +19,7 @@ def test_builtins_are_registered_by_kebab_name() -> None:
     reg = default_registry()
     assert reg.names("filter") == [
         "affinity-cap",
+        "class-isolation",
         "healthy",
         "load-bound",
         "load-imbalance",

@@ -28,6 +28,7 @@ from typing import NamedTuple
 @dataclass(slots=True)
 class _Account:
     in_flight: int = 0
+    batch_in_flight: int = 0
     pending_requests: int = 0
     pending_tokens: int = 0
     # non-streaming attempts by expiry time: (release_at, tie-breaker, attempt)
@@ -44,7 +45,8 @@ class Attempt:
     uncached_tokens: int  # predicted at routing time
     queued_ahead: int  # this router's requests pending prefill on the endpoint when sent
     streaming: bool
-    release_at: float  # when pending prefill expires without a first byte (inf when streaming)
+    release_at: float
+    batch: bool = False  # a batch-class request  # when pending prefill expires without a first byte (inf when streaming)
     first_byte_at: float | None = None
     prefill_pending: bool = True
     open: bool = True
@@ -56,6 +58,7 @@ class EndpointLoad(NamedTuple):
     in_flight: int
     pending_prefill_requests: int
     pending_prefill_tokens: int
+    batch_in_flight: int = 0  # of in_flight, the batch-class requests
 
 
 _IDLE = EndpointLoad(0, 0, 0)
@@ -76,6 +79,7 @@ class Accounting:
         uncached_tokens: int,
         predicted_ttft_seconds: float,
         streaming: bool,
+        batch: bool = False,
     ) -> Attempt:
         account = self._accounts.setdefault(endpoint_id, _Account())
         if account.expiring:
@@ -88,8 +92,10 @@ class Accounting:
             queued_ahead=account.pending_requests,
             streaming=streaming,
             release_at=float("inf") if streaming else now + max(0.0, predicted_ttft_seconds),
+            batch=batch,
         )
         account.in_flight += 1
+        account.batch_in_flight += batch
         account.pending_requests += 1
         account.pending_tokens += uncached_tokens
         if not streaming:
@@ -110,6 +116,7 @@ class Accounting:
         self.prefill_done(attempt)
         attempt.open = False
         attempt.account.in_flight -= 1
+        attempt.account.batch_in_flight -= attempt.batch
 
     def load(self, endpoint_id: str, now: float) -> EndpointLoad:
         account = self._accounts.get(endpoint_id)
@@ -117,7 +124,12 @@ class Accounting:
             return _IDLE
         if account.expiring and account.expiring[0][0] <= now:  # hot path: one check
             self._expire(account, now)
-        return EndpointLoad(account.in_flight, account.pending_requests, account.pending_tokens)
+        return EndpointLoad(
+            account.in_flight,
+            account.pending_requests,
+            account.pending_tokens,
+            account.batch_in_flight,
+        )
 
     def loads(self, endpoint_ids: Iterable[str], now: float) -> list[EndpointLoad]:
         """`load` of each endpoint, in order (one call per decision, not one per endpoint)."""
@@ -131,7 +143,12 @@ class Accounting:
             if account.expiring and account.expiring[0][0] <= now:
                 self._expire(account, now)
             out.append(
-                EndpointLoad(account.in_flight, account.pending_requests, account.pending_tokens)
+                EndpointLoad(
+                    account.in_flight,
+                    account.pending_requests,
+                    account.pending_tokens,
+                    account.batch_in_flight,
+                )
             )
         return out
 

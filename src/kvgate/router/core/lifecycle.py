@@ -325,6 +325,7 @@ class RoutingCore:
             uncached_tokens=plan.uncached_tokens,
             predicted_ttft_seconds=plan.decision.predicted_ttft_seconds,
             streaming=streaming,
+            batch=plan.classification.request_class == "batch",
         )
         self.metrics.child(self.metrics.inflight, plan.pool.key, endpoint_id).inc()
         if self.flow.enabled:

@@ -34,11 +34,12 @@ class PeerLoads:
         total: dict[str, list[int]] = {}
         for loads in replicas.values():
             for endpoint_id, load in loads.items():
-                acc = total.setdefault(endpoint_id, [0, 0, 0])
+                acc = total.setdefault(endpoint_id, [0, 0, 0, 0])
                 acc[0] += load.in_flight
                 acc[1] += load.pending_prefill_requests
                 acc[2] += load.pending_prefill_tokens
-        self._sum = {ep: EndpointLoad(a, b, c) for ep, (a, b, c) in total.items()}
+                acc[3] += load.batch_in_flight
+        self._sum = {ep: EndpointLoad(*counts) for ep, counts in total.items()}
         self._received_at = now
         self.replicas = len(replicas)
 
@@ -62,6 +63,7 @@ class PeerLoads:
                     mine.in_flight + theirs.in_flight,
                     mine.pending_prefill_requests + theirs.pending_prefill_requests,
                     mine.pending_prefill_tokens + theirs.pending_prefill_tokens,
+                    mine.batch_in_flight + theirs.batch_in_flight,
                 )
             )
         return out

@@ -255,6 +255,7 @@ class Router:
                     healthy=fail_open or now >= ep.ejected_until,
                     draining=ep.draining,
                     in_flight=mine.in_flight,
+                    batch_in_flight=mine.batch_in_flight,
                     pending_prefill_requests=mine.pending_prefill_requests,
                     pending_prefill_tokens=mine.pending_prefill_tokens,
                     engine=EngineLoad(

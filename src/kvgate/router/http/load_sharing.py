@@ -31,7 +31,7 @@ from redis.exceptions import RedisError
 from kvgate.api.router_config import RedisConfig, RouterConfig
 from kvgate.directory.factory import redis_connection
 from kvgate.directory.redis import Client
-from kvgate.directory.replica_load import ReplicaLoadBoard
+from kvgate.directory.replica_load import PodLoad, ReplicaLoadBoard
 from kvgate.router.core.accounting import EndpointLoad
 from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.metrics import RouterMetrics
@@ -119,7 +119,7 @@ class LoadSharer:
         endpoints = self.core.endpoints
         pools = {pool: [ep.id for ep in endpoints.in_pool(pool)] for pool in endpoints.pools()}
 
-        async def one(pool: str, ids: list[str]) -> dict[str, dict[str, tuple[int, int, int]]]:
+        async def one(pool: str, ids: list[str]) -> dict[str, dict[str, PodLoad]]:
             board = self._boards.get(pool)
             if board is None:
                 board = self._boards[pool] = ReplicaLoadBoard(
