@@ -24,7 +24,10 @@ with no ops is hashed exactly as vLLM hashes it.
 Restorable prefixes. A dropped block (one wholly inside a dropped range) is not needed once
 its drop has been applied: a server may evict it while keeping the blocks after the drop. The
 first *c* blocks can be restored when every block before *c* is held or was dropped by an op at
-an offset ≤ c·block_size (`lookup_plan`).
+an offset ≤ c·block_size (`lookup_plan`). A session's latest drop usually lies in the block
+after its held history (the tokens after the boundary change from turn to turn), so its dropped
+blocks are still needed there: a pod that evicted older dropped blocks can restore the whole
+held history only while it holds those.
 """
 
 from __future__ import annotations
@@ -308,12 +311,24 @@ def history_block_keys(
 
 @dataclass(frozen=True, slots=True)
 class LookupPlan:
-    """What a router asks the directory for a request with drops: the keys of the blocks its
-    final state needs (`keys`), and for a directory count n of them, how many leading blocks of
-    the whole path are surely restorable (`path_blocks[n]`)."""
+    """What a router asks the directory for a request with drops. `keys`: the keys of the
+    blocks its final state needs. For a pod holding the first n of them, `path_blocks[n]`
+    leading path blocks are restorable without any dropped block, and `needed_end[n]` (the
+    path blocks before the next needed block) if the pod also holds `late_keys(needed_end[n])`."""
 
     keys: list[BlockKey]
     path_blocks: list[int]
+    needed_end: list[int]
+    path_keys: Sequence[BlockKey] = field(repr=False)
+    dropped: Mapping[int, int] = field(repr=False)  # dropped path block -> offset of its drop
+    block_size: int
+
+    def late_keys(self, blocks: int) -> list[BlockKey]:
+        """Keys of the dropped blocks among the first `blocks` whose drop comes after them
+        (a restore of `blocks` path blocks needs them), in path order."""
+        limit = blocks * self.block_size
+        late = sorted(k for k, at in self.dropped.items() if k < blocks and at > limit)
+        return [self.path_keys[k] for k in late]
 
 
 def lookup_plan(keys: Sequence[BlockKey], history: OpHistory, block_size: int) -> LookupPlan:
@@ -335,7 +350,9 @@ def lookup_plan(keys: Sequence[BlockKey], history: OpHistory, block_size: int) -
             worst = at
         last_valid[c] = c if worst <= c * block_size else last_valid[c - 1]
     path_blocks = [0] + [last_valid[k + 1] for k in kept]
-    return LookupPlan([keys[k] for k in kept], path_blocks)
+    return LookupPlan(
+        [keys[k] for k in kept], path_blocks, [*kept, num_blocks], keys, dropped, block_size
+    )
 
 
 def rolling_drop(tool_segments: Sequence[int], keep: int) -> CacheOps | None:

@@ -136,6 +136,23 @@ def test_lookup_plan_skips_dropped_blocks_conservatively() -> None:
     assert plan.path_blocks[len(plan.keys)] == len(keys)
 
 
+def test_lookup_plan_names_the_dropped_blocks_a_restore_still_needs() -> None:
+    ids, ends = _session(8)
+    raw: dict[str, object] = {"drop": {"4": [1], "6": [3]}}
+    keys = _keys(ids, ends, raw)
+    ops = parse_cache_ops(raw, len(ends))
+    assert ops is not None
+    plan = lookup_plan(keys, OpHistory.from_ops(ops, ends), BS)
+    # blocks 3-4 are dropped at token 200 (block 12), blocks 8-9 at token 280 (block 17)
+    held = plan.keys.index(keys[17])  # a pod holds every needed block before block 17
+    assert plan.path_blocks[held] == 3  # without any dropped block
+    assert plan.needed_end[held] == 17  # with the ones whose drop comes after block 16
+    assert plan.late_keys(17) == [keys[8], keys[9]]
+    assert plan.late_keys(12) == [keys[3], keys[4], keys[8], keys[9]]
+    assert plan.late_keys(18) == []
+    assert plan.needed_end[len(plan.keys)] == len(keys)
+
+
 def test_rolling_drop_keeps_the_last_n_tool_responses() -> None:
     tools = [2, 4, 6, 8, 10]
     assert rolling_drop(tools, 12) is None

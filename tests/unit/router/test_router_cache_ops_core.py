@@ -221,3 +221,36 @@ async def test_drops_and_a_cpu_tier_count_restorable_blocks_on_each_medium() -> 
     assert matched == {"pod0:8000": everything, "pod1:8000": everything}
     assert on_gpu == {"pod0:8000": everything, "pod1:8000": keys.path_blocks(half)}
     core.router.keying.close()
+
+
+async def test_a_pod_that_still_holds_its_latest_dropped_blocks_restores_its_history() -> None:
+    """A session's latest drop lies in the block after the history a pod holds (the tokens
+    after the boundary change from turn to turn). A pod that evicted the older dropped blocks
+    but holds the latest ones restores the whole history, as the engine does; one that lost a
+    latest dropped block restores only what precedes the first drop."""
+    from tests.unit.router.fakes import routing_core
+
+    config = make_config(
+        2,
+        pools=[
+            {
+                "name": "p",
+                "model": "m",
+                "engine": {"cache_ops": True},
+                "endpoints": {"static": [{"url": f"http://pod{i}:8000"} for i in range(2)]},
+            }
+        ],
+    )
+    core, endpoints = await routing_core(config, [0.0], 2)
+    pool = config.pools[0]
+    # segments of 40 tokens: segment 1 (blocks 3-4) dropped at token 200, segment 3
+    # (blocks 8-9) at token 280, inside block 17: the previous turn left blocks 0-16
+    cache = {"segments": [40] * 8, "drop": {"4": [1], "6": [3]}}
+    keys = Keyer(pool.engine).keys({"prompt": _prompt(330), "cache": cache}, "completion", None)
+    held = [key for k, key in enumerate(keys.block_keys[:17]) if k not in (3, 4)]
+    index = core.router.indexes[pool.key]
+    await index.add("pod0:8000", held)
+    await index.add("pod1:8000", [key for key in held if key != keys.block_keys[9]])
+    matched, _on_gpu = await core.router._lookup(keys, endpoints.in_pool(pool.key))
+    assert matched == {"pod0:8000": 17, "pod1:8000": 3}
+    core.router.keying.close()

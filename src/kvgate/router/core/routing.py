@@ -400,14 +400,28 @@ class Router:
     ) -> dict[str, int]:
         """Each pod's leading path blocks in one pool's index (in `medium` only, if given)."""
         found = dict(await index.lookup(keys.block_keys, pods, medium=medium))
-        if keys.lookup is not None:
-            # Drops: a pod may have evicted dropped blocks and kept what follows them;
-            # the blocks the final state needs, mapped back to restorable path blocks.
-            needed = await index.lookup(keys.lookup.keys, pods, medium=medium)
-            for pod, held in needed.items():
-                blocks = keys.path_blocks(held)
-                if blocks > found.get(pod, 0):
-                    found[pod] = blocks
+        plan = keys.lookup
+        if plan is None:
+            return found
+        # Drops: a pod may have evicted dropped blocks and kept what follows them. The blocks
+        # the final state needs, mapped back to path blocks restorable without any dropped
+        # block; and up to the next needed block it lacks if it still holds the dropped blocks
+        # whose drop comes after that point (a session's latest drops: one more lookup).
+        needed = await index.lookup(plan.keys, pods, medium=medium)
+        candidates: dict[int, list[str]] = {}
+        for pod, held in needed.items():
+            blocks = plan.path_blocks[held]
+            if blocks > found.get(pod, 0):
+                found[pod] = blocks
+            end = plan.needed_end[held]
+            if end > found.get(pod, 0):
+                candidates.setdefault(end, []).append(pod)
+        for end, group in candidates.items():
+            late = plan.late_keys(end)
+            held_late = await index.lookup(late, group, medium=medium) if late else {}
+            for pod in group:
+                if held_late.get(pod, 0) == len(late):
+                    found[pod] = end
         return found
 
 
