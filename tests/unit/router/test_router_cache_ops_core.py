@@ -216,10 +216,11 @@ async def test_drops_and_a_cpu_tier_count_restorable_blocks_on_each_medium() -> 
     await index.add("pod1:8000", needed[:half])  # the same, its second half in the CPU tier
     await index.add("pod1:8000", needed[half:], medium=MEDIUM_CPU)
     matched, on_gpu = await core.router._lookup(keys, endpoints.in_pool(pool.key))
-    everything = keys.path_blocks(len(needed))
-    assert everything > keys.path_blocks(0)
+    path_blocks = keys.lookup.path_blocks
+    everything = path_blocks[len(needed)]
+    assert everything > path_blocks[0]
     assert matched == {"pod0:8000": everything, "pod1:8000": everything}
-    assert on_gpu == {"pod0:8000": everything, "pod1:8000": keys.path_blocks(half)}
+    assert on_gpu == {"pod0:8000": everything, "pod1:8000": path_blocks[half]}
     core.router.keying.close()
 
 

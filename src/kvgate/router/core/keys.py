@@ -72,10 +72,6 @@ class RequestKeys:
         """What the routing history records: the blocks the pod keeps."""
         return self.block_keys if self.lookup is None else self.lookup.keys
 
-    def path_blocks(self, held: int) -> int:
-        """Leading path blocks restorable from `held` leading `lookup_keys`."""
-        return held if self.lookup is None else self.lookup.path_blocks[held]
-
 
 def keyer_identity(engine: EngineConfig) -> tuple[Any, ...]:
     """Pools whose engines agree on this tuple share block keys for the same request."""
