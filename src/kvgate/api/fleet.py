@@ -22,7 +22,13 @@ class WarmupConfig(ConfigModel):
     gets the pool's top prefixes as `max_tokens: 1` requests, then its share of new requests
     ramps up linearly. A warm-up that has not finished by its timeout ends there: the pod ramps
     anyway. Needs exact block keys (a tokenizer, or token-id prompts): prefixes are re-sent as
-    token ids."""
+    token ids.
+
+    Router replicas on the Redis directory share warm-ups (`shared`): the first replica to
+    claim a joining pod warms it, ranking the prefixes it knows by every replica's request
+    counts (published every `share_interval_seconds`); the others hold the pod back until that
+    warm-up is done (or their own `timeout_seconds` passes) and ramp as if they had warmed it.
+    With Redis unreachable each replica warms the pod from its own history."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -82,6 +88,24 @@ class WarmupConfig(ConfigModel):
         description="After its warm-up, a pod's share of new requests grows linearly from 0 to "
         "full over this time (0: full share at once).",
     )
+    shared: bool | None = Field(
+        default=None,
+        description="Router replicas warm a joining pod once, with the prefixes all of them "
+        "see most (through the directory's Redis); unset: whenever the directory is Redis "
+        "(true needs directory.backend: redis; false: each replica warms it on its own).",
+    )
+    share_interval_seconds: float = Field(
+        default=5.0,
+        gt=0.0,
+        le=300.0,
+        description="How often each replica publishes its hottest prefixes' request counts "
+        "(block keys and counts, never tokens) and reads the other replicas'.",
+    )
+
+    def sharing_active(self, *, shared_directory: bool) -> bool:
+        """Whether replicas share warm-ups, given whether they share a directory (Redis):
+        `shared` where it is set, else whether they do; never with warm-up off."""
+        return self.enabled and (shared_directory if self.shared is None else self.shared)
 
     @model_validator(mode="after")
     def _top_within_remembered(self) -> WarmupConfig:

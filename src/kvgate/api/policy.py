@@ -183,6 +183,14 @@ class RoutingPolicySpec(ApiModel):
                     "exchange load through the directory's Redis; left unset, loadSharing is "
                     "on exactly when the directory is Redis)",
                 ),
+                cel(
+                    "!has(self.warmup) || !has(self.warmup.shared) || !self.warmup.shared || "
+                    "(has(self.directory) && has(self.directory.backend) && "
+                    "self.directory.backend == 'redis')",
+                    "warmup.shared: true needs directory.backend: redis (replicas share "
+                    "warm-ups through the directory's Redis; left unset, they do exactly when "
+                    "the directory is Redis)",
+                ),
             ]
         }
     )

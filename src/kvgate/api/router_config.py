@@ -412,6 +412,8 @@ class RouterConfig(ConfigModel):
             raise ValueError("pool namespace/name pairs must be unique")
         if self.load_sharing.enabled is True and self.directory.backend != "redis":
             raise ValueError("load_sharing.enabled: true needs directory.backend: redis")
+        if self.warmup.shared is True and self.directory.backend != "redis":
+            raise ValueError("warmup.shared: true needs directory.backend: redis")
         return self
 
     @property
@@ -419,6 +421,12 @@ class RouterConfig(ConfigModel):
         """Whether this router exchanges load with its replicas: `load_sharing.enabled`, or where
         that is unset, whether the directory is the shared Redis one."""
         return self.load_sharing.active(shared_directory=self.directory.backend == "redis")
+
+    @property
+    def warmup_sharing_enabled(self) -> bool:
+        """Whether this router shares warm-ups with its replicas: `warmup.shared`, or where that
+        is unset, whether the directory is the shared Redis one (and warm-up is on)."""
+        return self.warmup.sharing_active(shared_directory=self.directory.backend == "redis")
 
 
 def parse_router_config(text: str) -> RouterConfig:

@@ -21,14 +21,16 @@ same code, driven by :class:`RouterDriver`'s hooks:
 - **load**: every ``load_metrics.scrape_interval_seconds`` each pod's ``/metrics`` as a scrape
   would read it (waiting, running, KV usage) goes to ``core.load_scraped``;
 - **scale-up** (``scale``: at time t, n more pods): the pods join the fleet with empty caches and
-  the endpoint set, ``core.endpoints_changed`` hears of them, and the warm requests the core
-  hands out (``core.warmup.take``) are sent to their pods at most ``warmup.concurrency`` at a
-  time, as ``http/warmer.py`` sends them live; their answers go to ``core.warmup.request_done``.
-  Warm requests are not client requests: they are left out of the records;
+  the endpoint set, every replica's ``core.endpoints_changed`` hears of them, and the warm
+  requests each core hands out go to their pods as each live router's warmer sends them
+  (``des_warmup.py``). Warm requests are not client requests: they are left out of the records
+  (and counted: ``DesResult.warm_requests``);
 - **replicas** (``replicas`` > 1): that many routing cores, each with its own endpoint set,
   accounting and seed, over the one directory (as replicas share Redis); each request goes to
   one at random (a Service); given ``load_sharing`` they exchange their loads every
-  ``interval_seconds`` (``core.peers``), as ``http/load_sharing.py`` does live through Redis.
+  ``interval_seconds`` (``core.peers``), as ``http/load_sharing.py`` does live through Redis;
+  unless ``warmup.shared`` is false they share warm-ups (one claim per joining pod, the others
+  follow it; hot-prefix counts exchanged), as ``http/warm_sharing.py`` does live.
 
 No network latency and no router CPU time: TTFT is the engine's (arrival to first token). Each
 request becomes a :class:`RequestRecord` in simulated seconds, so live and discrete-event runs
@@ -48,6 +50,7 @@ from prometheus_client import CollectorRegistry
 
 from kvgate.api.fleet import LoadSharingConfig, WarmupConfig
 from kvgate.api.router_config import RouterConfig
+from kvgate.bench.des_warmup import DesWarmups
 from kvgate.bench.hit_bounds import fleet_kv_blocks, hit_rate_bounds
 from kvgate.bench.loadgen import CLASS_HEADER, SESSION_HEADER
 from kvgate.bench.records import GeneratorHealth, LoadSample, RequestRecord
@@ -67,7 +70,6 @@ from kvgate.router.core.errors import RouterError
 from kvgate.router.core.learn import Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
-from kvgate.router.core.warmup import WarmRequest
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.runtime import build_state
 from kvgate.router.setup import quickstart_config
@@ -90,6 +92,7 @@ class DesResult:
     # (request id, endpoint, reason, predicted hit tokens), in decision order
     health: GeneratorHealth = field(default_factory=GeneratorHealth)
     peak_kv_usage: float = 0.0  # the largest KV-cache usage of any pod at a scrape tick
+    warm_requests: int = 0  # warm requests sent to pods that joined (all replicas)
 
 
 @dataclass
@@ -136,8 +139,8 @@ class RouterDriver(FleetDriver):
         reach the pods; the router keys them). `cpu_offload`: the pool's `engine.cpu_offload`
         (the engines' CPU-tier events are indexed and its hits priced; otherwise only GPU blocks
         count)."""
-        if replicas < 1 or (replicas > 1 and scale):
-            raise ValueError("one or more replicas; scaling the fleet needs one replica")
+        if replicas < 1:
+            raise ValueError("one or more replicas")
         self.fleet = fleet
         self.now = 0.0
         self._zmq = zmq.asyncio.Context()  # replay sockets only; never used: no seq gaps here
@@ -157,8 +160,13 @@ class RouterDriver(FleetDriver):
         update: dict[str, Any] = {
             "keying": config.keying.model_copy(update={"inline_max_chars": 1 << 62})
         }
+        # The one directory stands for the shared Redis: warm-ups are shared unless `shared`
+        # is false; the router config (memory directory) keeps it unset.
+        share_warmup = replicas > 1 and (warmup or config.warmup).sharing_active(
+            shared_directory=True
+        )
         if warmup is not None:
-            update["warmup"] = warmup
+            update["warmup"] = warmup.model_copy(update={"shared": None})
         config = config.model_copy(update=update)
         data = config.model_dump()
         data["pools"][0]["pool_class"] = pool_class
@@ -196,10 +204,13 @@ class RouterDriver(FleetDriver):
         self._pod_index: dict[str, int] = {}
         self._join(ids)
         self._scale = sorted(scale)
-        self._warm: dict[str, tuple[WarmRequest, int]] = {}  # request id -> (request, pod)
-        self._warm_queue: list[WarmRequest] = []
-        self._warm_sent = 0
-        self._warm_in_flight = 0
+        self.warmups = DesWarmups(
+            [replica.core for replica in self.replicas],
+            self._pod_index,
+            shared=share_warmup,
+            clock=self.clock,
+            complete=self._complete,
+        )
         scrape = config.load_metrics.scrape_interval_seconds
         sharing = self._sharing
         self.tick_interval_s = min(scrape, sharing.interval_seconds) if sharing else scrape
@@ -298,9 +309,9 @@ class RouterDriver(FleetDriver):
 
     def route(self, request: TraceRequest, fleet: DESFleet, now: float) -> int | None:
         self.now = now
-        warm = self._warm.get(request.request_id)
-        if warm is not None:
-            return warm[1]
+        warm_pod = self.warmups.pod_of(request.request_id)
+        if warm_pod is not None:
+            return warm_pod
         waiter = self._granted.pop(request.request_id, None)
         if waiter is not None:
             record, client, core = self._queued[request.request_id]
@@ -406,8 +417,9 @@ class RouterDriver(FleetDriver):
 
     def rejected(self, request: TraceRequest, pod: int, error: str, now: float) -> None:
         self.now = now
-        if request.request_id in self._warm:
-            self._warm_done(request.request_id, ok=False, prompt_tokens=0)
+        if self.warmups.pod_of(request.request_id) is not None:
+            # the next tick sends what waits behind it (this hook cannot send)
+            self.warmups.done(request.request_id, now, ok=False, prompt_tokens=0, send=False)
             return
         flight = self._in_flight.pop(request.request_id)
         flight.core.first_byte(flight.plan, flight.attempt, streamed=False)
@@ -426,7 +438,7 @@ class RouterDriver(FleetDriver):
 
     def first_token(self, request: SimRequest, pod: int, now: float) -> None:
         self.now = now
-        if request.request_id in self._warm:
+        if self.warmups.pod_of(request.request_id) is not None:
             return
         flight = self._in_flight[request.request_id]
         flight.record.first_byte_s = now
@@ -434,10 +446,9 @@ class RouterDriver(FleetDriver):
 
     def finished(self, request: SimRequest, pod: int, now: float) -> list[TraceRequest]:
         self.now = now
-        if request.request_id in self._warm:
-            return self._warm_done(
-                request.request_id, ok=True, prompt_tokens=len(request.prompt_token_ids)
-            )
+        if self.warmups.pod_of(request.request_id) is not None:
+            tokens = len(request.prompt_token_ids)
+            return self.warmups.done(request.request_id, now, ok=True, prompt_tokens=tokens)
         flight = self._in_flight.pop(request.request_id)
         cached = max(request.num_cached_tokens, 0)
         completion = len(request.output_token_ids)
@@ -475,7 +486,7 @@ class RouterDriver(FleetDriver):
 
     def tick(self, fleet: DESFleet, now: float) -> list[TraceRequest]:
         self.now = now
-        added = self._next_warm(now)  # any a rejected warm request left waiting
+        joined = False
         while self._scale and self._scale[0][0] <= now:
             _, count = self._scale.pop(0)
             first = len(fleet.engines)
@@ -483,8 +494,8 @@ class RouterDriver(FleetDriver):
             for pod_id in ids:
                 fleet.add_pod(pod_id)
             self._join(ids)
-            self._warm_queue.extend(self.core.warmup.take())
-            added.extend(self._next_warm(now))
+            joined = True
+        added = self.warmups.tick(now, joined=joined)
         sample = self._ticks % self._sample_every == 0
         scrape = self._ticks % self._scrape_every == 0
         self._ticks += 1
@@ -518,34 +529,6 @@ class RouterDriver(FleetDriver):
         for k, replica in enumerate(self.replicas):
             others = {str(j): loads for j, loads in published.items() if j != k}
             replica.core.peers.update(others, now)
-
-    # -- warm requests -------------------------------------------------------------------
-
-    def _next_warm(self, now: float) -> list[TraceRequest]:
-        """Warm requests to send now, up to `warmup.concurrency` in flight (as the live warmer)."""
-        out = []
-        warmup = self.core.warmup
-        while self._warm_queue and self._warm_in_flight < warmup.config.concurrency:
-            request = self._warm_queue.pop(0)
-            deadline = warmup.deadline(request.endpoint_id)
-            if deadline is None or deadline <= now:  # its warm-up ended while this one waited
-                warmup.request_done(request, now, ok=False)
-                continue
-            body = request.body()
-            request_id = f"warm-{self._warm_sent}"
-            self._warm_sent += 1
-            self._warm[request_id] = (request, self._pod_index[request.endpoint_id])
-            self._warm_in_flight += 1
-            out.append(
-                TraceRequest(request_id, now, body["prompt"], 1, body.get("cache_salt"), None)
-            )
-        return out
-
-    def _warm_done(self, request_id: str, *, ok: bool, prompt_tokens: int) -> list[TraceRequest]:
-        request, _ = self._warm.pop(request_id)
-        self._warm_in_flight -= 1
-        self.core.warmup.request_done(request, self.now, ok=ok, prompt_tokens=prompt_tokens)
-        return self._next_warm(self.now)
 
 
 def _pod_request(bench: BenchRequest, at: float) -> TraceRequest:
@@ -592,7 +575,8 @@ def run_des(
     (``engine.kv_offloading_size_gib``); ``scale``: at time t, n more pods join (``pod-<i>``);
     ``warmup``: the router's warm-up settings (default: its config's); ``replicas``: router
     replicas behind one Service (each request goes to one at random), exchanging their loads as
-    ``load_sharing`` says (None, or ``enabled: false``: not at all)."""
+    ``load_sharing`` says (None, or ``enabled: false``: not at all) and sharing warm-ups unless
+    ``warmup.shared`` is false."""
     known = default_registry().names("policy")
     if policy not in known:
         raise ValueError(f"policy {policy!r} cannot run in des mode ({', '.join(known)})")
@@ -622,6 +606,7 @@ def run_des(
         samples=driver.samples,
         decisions=driver.decisions,
         peak_kv_usage=driver.peak_kv_usage,
+        warm_requests=driver.warmups.sent,
     )
 
 

@@ -12,10 +12,13 @@ Cluster they live in one slot and the multi-key Lua scripts of `redis_scripts.py
     <base>gcq         LIST  slots waiting for that; <base>free LIST reusable slots
     <base>meta        HASH  next_slot
     <base>load        HASH  router replica -> "<redis ms>|<json loads>" (`replica_load.py`)
+    <base>hot         HASH  router replica -> "<redis ms>|<json {block key hex: requests}>"
+    <base>w:<pod>     STRING "<generation>|<w(arming)|d(one)>|<replica>": who warms the pod that
+                      joined (TTL: its warm-up's timeout; then a short grace) (`shared_warmup.py`)
 
 `x:<pod>` is the pod's reverse index: clearing a pod renames it away (O(1)) and its entries
 are reclaimed in O(its blocks) steps; nothing ever SCANs or FLUSHes. Pod names go into key
-names verbatim: only the first `{...}` of a key decides its slot, and the `x:`/`a:` marker
+names verbatim: only the first `{...}` of a key decides its slot, and the `x:`/`a:`/`w:` marker
 before the name keeps names unambiguous. The Lua scripts build these same names from `<base>`.
 """
 
@@ -51,6 +54,13 @@ class PoolKeys:
     @property
     def replica_load(self) -> str:
         return self.base + "load"
+
+    @property
+    def replica_hot(self) -> str:
+        return self.base + "hot"
+
+    def warm_claim(self, pod: str) -> str:
+        return self.base + "w:" + pod
 
     def exact(self, pod: str) -> str:
         return self.base + "x:" + pod

@@ -210,7 +210,8 @@ class RouterMetrics:
         # Warm-up of pods that join a pool (core/warmup.py).
         self.warmups = Counter(
             "kvgate_router_warmups_total",
-            "Warm-ups of pods that joined a pool, by result (warmed, timed_out, nothing_hot)",
+            "Warm-ups of pods that joined a pool, by result (warmed, timed_out, nothing_hot; "
+            "followed: another router replica warmed it)",
             ["pool", "result"],
             registry=r,
         )
@@ -231,6 +232,15 @@ class RouterMetrics:
             "1 while a pod that joined is in this warm-up phase (warming: no client requests; "
             "ramping: a growing share of them)",
             ["pool", "endpoint", "phase"],
+            registry=r,
+        )
+
+        self.warm_sharing_errors = Counter(
+            "kvgate_router_warm_sharing_errors_total",
+            "Warm-up claims, follows and hot-prefix exchanges with the other router replicas "
+            "that failed or timed out (a failed claim or follow warms the pod on its own), by "
+            "pool and operation (claim, follow, done, publish)",
+            ["pool", "operation"],
             registry=r,
         )
 

@@ -2,8 +2,9 @@
 
 `RouterRuntime` owns: the routing core (`core/lifecycle.py`: decisions, endpoint accounting and
 learning), the HTTP client to the pods (pooled keep-alive connections, `http/upstream.py`), the
-proxy, the warmer of pods that join (`http/warmer.py`), the load exchange with the other
-router replicas (`http/load_sharing.py`), one directory index per pool, the endpoint set fed by
+proxy, the warmer of pods that join (`http/warmer.py`), the load and warm-up exchanges with
+the other router replicas (`http/load_sharing.py`, `http/warm_sharing.py`), one directory
+index per pool, the endpoint set fed by
 discovery, the load scraper, the embedded indexer (KV-event subscriptions, `kvgate.indexer`)
 and the config-file watcher. `start()` starts them; `stop()` cancels and awaits every task and
 closes every connection.
@@ -40,6 +41,7 @@ from kvgate.router.http.load_sharing import LoadSharer
 from kvgate.router.http.proxy import Proxy
 from kvgate.router.http.scrape import LoadScraper
 from kvgate.router.http.upstream import HttpxUpstream, RawUpstream, RoutingUpstream, Upstream
+from kvgate.router.http.warm_sharing import WarmupSharer
 from kvgate.router.http.warmer import Warmer
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.setup import build_keyer
@@ -122,6 +124,14 @@ class RouterRuntime:
         self.proxy = Proxy(self.upstream, self.core, limits)
         self.warmer = Warmer(self.core, self.upstream, lambda: self.config.limits, clock=clock)
         self.load_sharer = LoadSharer(self.core, lambda: self.config, self.metrics, clock=clock)
+        self.warm_sharer = WarmupSharer(
+            self.core,
+            lambda: self.config,
+            self.metrics,
+            self.warmer.dispatch,
+            replica=self.load_sharer.replica,
+            clock=clock,
+        )
         self.scraper = LoadScraper(
             self.endpoints,
             self.upstream,
@@ -160,6 +170,7 @@ class RouterRuntime:
         await self._sync_pools(self.config)
         self.scraper.start()
         self.load_sharer.start()
+        self.warm_sharer.start()
         self._stats_task = asyncio.create_task(
             refresh_directory_stats(self.indexes, self._stats_interval_seconds),
             name="kvgate-directory-stats",
@@ -185,6 +196,7 @@ class RouterRuntime:
         await self.scraper.stop()
         await self.warmer.stop()
         await self.load_sharer.stop()
+        await self.warm_sharer.stop()
         for index in self.indexes.values():
             await index.close()
         await self.upstream.aclose()
@@ -251,6 +263,8 @@ class RouterRuntime:
                     log.warning("could not set generation of %s: %r", ep.id, exc)
             log.info("endpoint %s joined pool %s (%s)", ep.id, ep.pool, ep.spec.url)
         self.warmer.dispatch()
+        if added:
+            self.warm_sharer.wake()  # claim their warm-ups now
         self._update_endpoint_gauges()
 
     def _update_endpoint_gauges(self) -> None:

@@ -258,6 +258,18 @@ def test_load_sharing_forced_on_needs_the_redis_directory_and_a_ttl_over_its_int
     assert any("ttlSeconds must be longer" in f for f in _check(POLICY, spec))
 
 
+def test_warm_up_sharing_forced_on_needs_the_redis_directory() -> None:
+    for warmup in ({}, {"shared": False}, {"shareIntervalSeconds": 2.0}):
+        assert _check(POLICY, {"pools": ["p"], "warmup": warmup}) == []
+    spec = {"pools": ["p"], "warmup": {"shared": True}}
+    failures = _check(POLICY, spec)
+    assert (
+        len(failures) == 1 and "warmup.shared: true needs directory.backend: redis" in failures[0]
+    )
+    spec["directory"] = {"backend": "redis"}
+    assert _check(POLICY, spec) == []
+
+
 def _defaults_with_rules(node: Json, path: str = "") -> list[tuple[str, Json, Json]]:
     found = []
     if "default" in node and "x-kubernetes-validations" in node:

@@ -167,3 +167,31 @@ def test_online_traffic_leaves_the_pods_batch_work_borrowed():
     mixed_p99, mixed_batch = ttfts({"class_isolation": None})
     assert isolated_p99 < 0.5 * mixed_p99
     assert isolated_batch < mixed_batch
+
+
+@pytest.mark.parametrize("shared", [None, False], ids=["shared-by-default", "each-on-its-own"])
+def test_replicas_warm_a_new_pod_once_when_they_share_warm_ups(shared):
+    from kvgate.api.fleet import LoadSharingConfig, WarmupConfig
+
+    w = build_workload("shared-prefix", {**PARAMS, "prompts_per_group": "60", "rate_rps": "20"})
+    warmup = WarmupConfig(ramp_seconds=0.5, shared=shared)  # hot counts shared every 5 s
+    sets = {}
+    for replicas in (1, 3):
+        result = run_des(
+            w,
+            "kvgate",
+            2,
+            scale=[(8.0, 1)],
+            warmup=warmup,
+            replicas=replicas,
+            load_sharing=LoadSharingConfig(),
+        )
+        assert all(r.ok for r in result.records)
+        on_new = [r for r in result.records if r.endpoint == "pod-2"]
+        assert on_new and min(r.sent_s for r in on_new) >= 8.0
+        assert min(on_new, key=lambda r: r.sent_s).cached_tokens >= 512  # warmed first
+        sets[replicas] = result.warm_requests
+    # The 4 system prompts: one router warms the new pod with the 4; sharing, one claimant
+    # sends the 4; on their own, each replica sends those it saw at least twice.
+    assert sets[1] == 4
+    assert (sets[3] == 4) if shared is None else (sets[3] > 4)

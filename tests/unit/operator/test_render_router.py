@@ -136,3 +136,11 @@ def test_router_replicas_on_the_redis_directory_share_load_with_no_setting() -> 
     assert not parse_router_config(_router_yaml()).load_sharing_enabled  # memory directory
     off = _router_yaml(directory={"backend": "redis"}, loadSharing={"enabled": False})
     assert not parse_router_config(off).load_sharing_enabled  # an explicit false is kept
+
+
+def test_router_replicas_on_the_redis_directory_share_warm_ups_with_no_setting() -> None:
+    shared = parse_router_config(_router_yaml(directory={"backend": "redis"}))
+    assert shared.warmup.shared is None and shared.warmup_sharing_enabled
+    assert not parse_router_config(_router_yaml()).warmup_sharing_enabled  # memory directory
+    off = _router_yaml(directory={"backend": "redis"}, warmup={"shared": False})
+    assert not parse_router_config(off).warmup_sharing_enabled  # an explicit false is kept

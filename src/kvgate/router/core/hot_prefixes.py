@@ -15,7 +15,11 @@ Two bounded tiers, both least-recently-seen first out:
 Counts decay exponentially (`half_life_seconds`), so yesterday's prompt layout fades. The
 `top` prefixes of a pool are ranked by decayed count x tokens (the prefill a warm request saves
 if each of those requests lands on the new pod); a prefix that starts another chosen one is
-dropped (warming the longer caches its blocks too). Plain synchronous code on the core's clock, like the rest of the core.
+dropped (warming the longer caches its blocks too). Router replicas that share warm-ups add the
+other replicas' counts of the same prefixes (`peer_prefixes.py`) to the ranking and to the
+count that promotes a candidate (a prefix hot in the pool keeps its tokens the first time it
+comes to this replica), and publish their own (`shared_counts`). Plain synchronous code on the core's clock, like the rest of the
+core.
 """
 
 from __future__ import annotations
@@ -23,14 +27,16 @@ from __future__ import annotations
 import math
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from kvgate.api.fleet import WarmupConfig
 from kvgate.router.core.keys import RequestKeys
+from kvgate.router.core.peer_prefixes import PeerPrefixCounts
 from kvgate.router.core.routing import RoutePlan
 
 _TOKEN_BYTES = 4  # array("I")
+_NONE: Mapping[bytes, float] = {}
 
 
 @dataclass(slots=True)
@@ -57,8 +63,9 @@ class HotPrefix:
 class HotPrefixes:
     """Bounded memory of shared prefixes (see the module docstring). Not thread-safe."""
 
-    def __init__(self, config: WarmupConfig) -> None:
+    def __init__(self, config: WarmupConfig, peers: PeerPrefixCounts | None = None) -> None:
         self.config = config
+        self.peers = peers  # the other replicas' counts (shared warm-ups), else None
         self._candidates: OrderedDict[tuple[str, bytes], HotPrefix] = OrderedDict()
         self._hot: OrderedDict[tuple[str, bytes], HotPrefix] = OrderedDict()
         self.bytes = 0
@@ -90,8 +97,10 @@ class HotPrefixes:
         if hit >= first:
             depths.add(hit)
         cls = plan.classification
+        pool = plan.pool.key
+        peers = self.peers.counts(pool, now) if self.peers is not None else _NONE
         for depth in depths:
-            self._seen(plan.pool.key, cls.model, cls.tenant, cls.cache_salt, keys, depth, now)
+            self._seen(pool, cls.model, cls.tenant, cls.cache_salt, keys, depth, now, peers)
         self._trim()
 
     def _seen(
@@ -103,6 +112,7 @@ class HotPrefixes:
         keys: RequestKeys,
         depth: int,
         now: float,
+        peers: Mapping[bytes, float],
     ) -> None:
         assert keys.token_ids is not None
         half_life = self.config.half_life_seconds
@@ -120,8 +130,11 @@ class HotPrefixes:
         entry.score = entry.decayed(now, half_life) + 1.0
         entry.seen_at = now
         self._candidates.move_to_end(name)
-        # Promoted at `min_requests` (a decayed count may never reach it exactly: round).
-        if entry.score + 1e-9 >= self.config.min_requests and self.config.remembered_prefixes:
+        # Promoted at `min_requests` (a decayed count may never reach it exactly: round), with
+        # the other replicas' requests: a prefix hot in the pool is kept the first time it
+        # comes here, so whichever replica claims a warm-up can send it.
+        score = entry.score + peers.get(name[1], 0.0)
+        if score + 1e-9 >= self.config.min_requests and self.config.remembered_prefixes:
             del self._candidates[name]
             entry.tokens = array("I", keys.token_ids[: depth * keys.block_tokens])
             self._hot[name] = entry
@@ -153,17 +166,20 @@ class HotPrefixes:
         model: str | None = None,
         tenant: str | None = None,
         any_tenant: bool = True,
+        peer_counts: Mapping[bytes, float] | None = None,
     ) -> list[HotPrefix]:
         """The `n` prefixes of `pool` most worth warming (see the module docstring), optionally
-        of one model and one tenant (`any_tenant=False`: only `tenant`'s, None = anonymous)."""
+        of one model and one tenant (`any_tenant=False`: only `tenant`'s, None = anonymous);
+        `peer_counts`: the other replicas' requests per prefix key, added to this one's."""
         half_life = self.config.half_life_seconds
+        peers = peer_counts or {}
         ranked = sorted(
             (
                 e
                 for e in self._entries(pool)
                 if (model is None or e.model == model) and (any_tenant or e.tenant == tenant)
             ),
-            key=lambda e: e.decayed(now, half_life) * e.token_count,
+            key=lambda e: (e.decayed(now, half_life) + peers.get(e.key, 0.0)) * e.token_count,
             reverse=True,
         )
         chosen: list[HotPrefix] = []
@@ -176,6 +192,21 @@ class HotPrefixes:
             chosen = [other for other in chosen if not _covers(entry, other)]
             chosen.append(entry)
         return chosen
+
+    def has(self, pool: str) -> bool:
+        """Whether any prefix of `pool` is remembered with its tokens (could be warmed)."""
+        return any(True for _ in self._entries(pool))
+
+    def shared_counts(self, pool: str, n: int, now: float) -> dict[bytes, float]:
+        """This replica's own requests per prefix key for its `n` hottest prefixes of `pool`
+        (ranked as `top` ranks, shorter prefixes kept): what it publishes to the others."""
+        half_life = self.config.half_life_seconds
+        scored = sorted(
+            ((e.decayed(now, half_life), e) for e in self._entries(pool)),
+            key=lambda pair: pair[0] * pair[1].token_count,
+            reverse=True,
+        )
+        return {e.key: count for count, e in scored[:n]}
 
     def _entries(self, pool: str) -> Iterator[HotPrefix]:
         return (e for (p, _), e in self._hot.items() if p == pool)

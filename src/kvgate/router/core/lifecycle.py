@@ -25,7 +25,8 @@
   this replica's own counts in every decision while it is fresh.
 - `endpoints_changed(added, removed)`: forget what departed endpoints left behind; a pod that
   joins a pool with other pods is warmed with the pool's hottest prefixes before it takes its
-  full share (`warmup.py`; the I/O side sends what `warmup.take()` hands it).
+  full share (`warmup.py`; the I/O side sends what `warmup.take()` hands it and, with router
+  replicas sharing warm-ups, claims and follows them through the directory).
 
 Only `admit`, `route`, `dispatch`, `plan` and `explain` await anything (the directory: a Redis round trip with the redis
 backend); every hook is plain synchronous code. Time comes from the injected clock: monotonic in
@@ -105,7 +106,7 @@ class RoutingCore:
         self.endpoints = endpoints
         self.accounting = Accounting()
         self.estimator = PrefillRateEstimator()
-        self.warmup = Warmup(config.warmup, metrics)
+        self.warmup = Warmup(config.warmup, metrics, shared=config.warmup_sharing_enabled)
         self.peers = PeerLoads(config.load_sharing.ttl_seconds)
         self.router = Router(
             state,
@@ -145,7 +146,7 @@ class RoutingCore:
         self.router.state = state
         self.learner.ttl = config.directory.approximate_ttl_seconds
         self.learner.access_log = config.server.access_log
-        self.warmup.configure(config.warmup)
+        self.warmup.configure(config.warmup, shared=config.warmup_sharing_enabled)
         self.peers.ttl_seconds = config.load_sharing.ttl_seconds
         self.sessions.configure(
             config.sessions.max_sessions,

@@ -15,6 +15,21 @@
   client request may go to it with probability (time since ramp start) / `ramp_seconds`, so the
   pool's new, idle pods do not take every request at once. Then it is **warm**.
 
+With **shared** warm-ups (router replicas on the Redis directory, `warmup.shared`), a joining
+pod is warmed once for all replicas. It is held back (warming) while its claim is decided:
+
+- `take_claims()`: the I/O side (`http/warm_sharing.py`, or the bench in process) claims each
+  pod in the directory (`kvgate.directory.shared_warmup`) and reports with `claim_result`:
+  **claimed**: this replica warms it, with the prefixes it knows ranked by every replica's
+  request counts (`peer_prefixes.py`); when that warm-up ends (answered, or timed out) the pod
+  is in `take_reports()` to be marked done. **follow**: another replica warms it; the pod stays
+  out of rotation here until `following()`'s poll (`follow_result`) finds the claim done (or
+  gone), or this replica's own `timeout_seconds` passes, then it ramps as if warmed here.
+  **done**: warmed already (this replica heard of the pod late): ramp. **nothing**: no replica
+  claimed it and this one has nothing hot: ramp, as without sharing.
+- **failed** (Redis down or slow, at the claim or while following): the pod is warmed from this
+  replica's own history, exactly as without sharing, within the same deadline.
+
 Phases advance lazily against the core's clock (when the router next looks), so the same code
 runs in real time and in simulated time. Plain synchronous code, one event loop.
 """
@@ -27,12 +42,21 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvgate.api.fleet import WarmupConfig
+from kvgate.directory.shared_warmup import ClaimOutcome, ClaimState
 from kvgate.discovery.endpoints import Endpoint
 from kvgate.router.core.hot_prefixes import HotPrefix, HotPrefixes
+from kvgate.router.core.peer_prefixes import PeerPrefixCounts, shared_counts_ttl_seconds
 from kvgate.router.metrics import RouterMetrics
 
 Phase = Literal["warming", "ramping", "warm"]
+#: who warms the pod: this replica alone (no sharing, or its fallback); its claim is being
+#: decided; this replica, for every replica; another replica (followed)
+Role = Literal["own", "claiming", "claimed", "following"]
 WARM_PATH = "/v1/completions"
+#: a finished claim stays readable this long, for replicas that hear of the pod late
+DONE_GRACE_SECONDS = 10.0
+#: how often a replica reads the claims it follows
+FOLLOW_POLL_SECONDS = 0.1
 
 
 @dataclass(slots=True, eq=False)
@@ -58,12 +82,26 @@ class WarmRequest:
         return body
 
 
+@dataclass(slots=True, frozen=True)
+class WarmClaim:
+    """A joining pod's warm-up as replicas share it (`kvgate.directory.shared_warmup`)."""
+
+    endpoint_id: str
+    pool: str
+    generation: str  # the pod's (a replaced pod is another warm-up)
+    joined_at: float  # this replica's join (matches the answer to the warm-up it was for)
+    can_warm: bool = False  # this replica has prefixes to warm it with
+
+
 @dataclass(slots=True)
 class PodWarmup:
     endpoint_id: str
     pool: str
     joined_at: float
     deadline: float
+    generation: str = ""
+    role: Role = "own"
+    warmed_by: str = ""  # the replica warming it, when another one does
     phase: Phase = "warming"
     ramp_started_at: float | None = None
     requests: int = 0
@@ -89,7 +127,12 @@ class PodWarmup:
             "failed": self.failed,
             "prefill_tokens": self.prefill_tokens,
             "timed_out": self.timed_out,
+            "role": self.role,
+            "warmed_by": self.warmed_by or None,
         }
+
+    def claim(self, *, can_warm: bool = False) -> WarmClaim:
+        return WarmClaim(self.endpoint_id, self.pool, self.generation, self.joined_at, can_warm)
 
 
 def _ramp_share(elapsed: float, ramp_seconds: float) -> float:
@@ -99,17 +142,26 @@ def _ramp_share(elapsed: float, ramp_seconds: float) -> float:
 class Warmup:
     """Every joining pod's warm-up (see the module docstring). Owned by the routing core."""
 
-    def __init__(self, config: WarmupConfig, metrics: RouterMetrics) -> None:
+    def __init__(
+        self, config: WarmupConfig, metrics: RouterMetrics, *, shared: bool = False
+    ) -> None:
         self.config = config
         self.metrics = metrics
-        self.hot = HotPrefixes(config)
+        self.shared = shared  # warm-ups are claimed and followed across replicas
+        self.peer_counts = PeerPrefixCounts(shared_counts_ttl_seconds(config))
+        self.hot = HotPrefixes(config, self.peer_counts)
         self._pods: dict[str, PodWarmup] = {}  # warming or ramping
         self._finished: dict[str, PodWarmup] = {}  # warm now (kept for /debug until it leaves)
         self._ready: list[WarmRequest] = []  # for the I/O side to `take`
+        self._claims: list[PodWarmup] = []  # shared: joined, to claim
+        self._reports: list[PodWarmup] = []  # shared: claimed warm-ups that ended
 
-    def configure(self, config: WarmupConfig) -> None:
+    def configure(self, config: WarmupConfig, *, shared: bool | None = None) -> None:
         self.config = config
         self.hot.configure(config)
+        self.peer_counts.ttl_seconds = shared_counts_ttl_seconds(config)
+        if shared is not None:
+            self.shared = shared
 
     # -- membership ----------------------------------------------------------------------
 
@@ -119,16 +171,26 @@ class Warmup:
         config = self.config
         if not config.enabled or not others:
             return
-        prefixes = self.hot.top(ep.pool, config.top_prefixes, now)
-        pod = PodWarmup(ep.id, ep.pool, now, now + config.timeout_seconds)
+        deadline = now + config.timeout_seconds
+        pod = PodWarmup(ep.id, ep.pool, now, deadline, generation=ep.spec.generation)
         self._pods[ep.id] = pod
+        if self.shared:  # held back while its claim is decided
+            pod.role = "claiming"
+            self._claims.append(pod)
+            self._set_phase(pod, "warming")
+            return
+        self._warm(pod, self.hot.top(ep.pool, config.top_prefixes, now), now)
+
+    def _warm(self, pod: PodWarmup, prefixes: list[HotPrefix], now: float) -> None:
+        """Hand out the pod's warm requests (none: it ramps at once)."""
         if not prefixes:
-            self.metrics.child(self.metrics.warmups, ep.pool, "nothing_hot").inc()
+            self.metrics.child(self.metrics.warmups, pod.pool, "nothing_hot").inc()
             self._start_ramp(pod, now)
             return
         pod.requests = pod.pending = len(prefixes)
-        requests = [WarmRequest(ep.id, ep.pool, prefix, now) for prefix in prefixes]
-        self._ready.extend(requests)
+        self._ready.extend(
+            WarmRequest(pod.endpoint_id, pod.pool, prefix, pod.joined_at) for prefix in prefixes
+        )
         self._set_phase(pod, "warming")
 
     def left(self, ep: Endpoint) -> None:
@@ -136,6 +198,7 @@ class Warmup:
         pod = self._pods.pop(ep.id, None)
         if pod is not None:
             self._ready = [r for r in self._ready if r.endpoint_id != ep.id]
+            self._claims = [p for p in self._claims if p is not pod]
             self._clear_phase(pod)
 
     def take(self) -> list[WarmRequest]:
@@ -162,6 +225,101 @@ class Warmup:
         if pod.pending <= 0:
             self.metrics.child(self.metrics.warmups, pod.pool, "warmed").inc()
             self._start_ramp(pod, now)
+
+    # -- shared warm-ups (the I/O side talks to the directory) -----------------------------
+
+    def take_claims(self, now: float) -> list[WarmClaim]:
+        """Pods that joined, to claim (each once); answer each with `claim_result`."""
+        claims, self._claims = self._claims, []
+        return [
+            pod.claim(can_warm=self.hot.has(pod.pool))
+            for pod in claims
+            if self._pods.get(pod.endpoint_id) is pod and pod.phase == "warming"
+        ]
+
+    def claim_result(
+        self,
+        claim: WarmClaim,
+        outcome: ClaimOutcome | Literal["failed"],
+        now: float,
+        *,
+        warmed_by: str = "",
+    ) -> None:
+        """What the directory answered to `claim` (see the module docstring)."""
+        pod = self._current(claim, "claiming")
+        if pod is None:
+            return
+        top = self.config.top_prefixes
+        if outcome == "claimed":
+            pod.role = "claimed"
+            peers = self.peer_counts.counts(pod.pool, now)
+            self._warm(pod, self.hot.top(pod.pool, top, now, peer_counts=peers), now)
+        elif outcome in ("follow", "done"):
+            pod.role, pod.warmed_by = "following", warmed_by
+            if outcome == "done":
+                self._followed(pod, now)
+        elif outcome == "nothing":
+            pod.role = "own"
+            self._warm(pod, [], now)
+        else:  # the directory failed: warm it from this replica's own history
+            pod.role = "own"
+            self._warm(pod, self.hot.top(pod.pool, top, now), now)
+
+    def following(self, now: float) -> list[WarmClaim]:
+        """Pods another replica is warming and this one still holds back: read their claims
+        and answer with `follow_result`."""
+        out = []
+        for pod in list(self._pods.values()):
+            if pod.role == "following" and pod.phase == "warming":
+                self._advance(pod, now)  # its own deadline bounds the wait
+                if pod.phase == "warming":
+                    out.append(pod.claim())
+        return out
+
+    def follow_result(
+        self, claim: WarmClaim, state: ClaimState | Literal["failed"], now: float
+    ) -> None:
+        """A followed claim's state: done, or gone (its replica stopped; the pod was
+        replaced): ramp; failed (the directory): warm it from this replica's own history."""
+        pod = self._current(claim, "following")
+        if pod is None or state == "warming":
+            return
+        if state == "failed":
+            pod.role = "own"
+            self._warm(pod, self.hot.top(pod.pool, self.config.top_prefixes, now), now)
+        else:
+            self._followed(pod, now)
+
+    def sharing(self, now: float) -> bool:
+        """Whether a shared warm-up is under way here (claims to make or answer, pods followed
+        or warmed for the others, done marks to write): the I/O side then polls often."""
+        busy = False
+        for pod in list(self._pods.values()):
+            if pod.role != "own" and pod.phase == "warming":
+                self._advance(pod, now)  # a claimed warm-up that timed out is reported
+                busy = True
+        return busy or bool(self._claims or self._reports)
+
+    def take_reports(self) -> list[WarmClaim]:
+        """Warm-ups this replica claimed that ended since: mark each done for the others."""
+        reports, self._reports = self._reports, []
+        return [
+            pod.claim()
+            for pod in reports  # not a pod that left since
+            if self._pods.get(pod.endpoint_id) is pod or self._finished.get(pod.endpoint_id) is pod
+        ]
+
+    def _current(self, claim: WarmClaim, role: Role) -> PodWarmup | None:
+        """The warming pod `claim` was made for, in `role` (None: it left, came back since,
+        timed out or moved on)."""
+        pod = self._pods.get(claim.endpoint_id)
+        if pod is None or pod.joined_at != claim.joined_at:
+            return None
+        return pod if pod.role == role and pod.phase == "warming" else None
+
+    def _followed(self, pod: PodWarmup, now: float) -> None:
+        self.metrics.child(self.metrics.warmups, pod.pool, "followed").inc()
+        self._start_ramp(pod, now)
 
     def deadline(self, endpoint_id: str) -> float | None:
         """When the pod's warm-up gives up (None: it is not warming)."""
@@ -196,20 +354,23 @@ class Warmup:
                 states.append({"endpoint": ep.id, "pool": ep.pool, "phase": "warm"})
             else:
                 states.append(pod.describe(now, ramp))
-        top = {
-            pool: [
+        top = {}
+        for pool in sorted(pools):
+            peers = self.peer_counts.counts(pool, now)
+            top[pool] = [
                 {
                     "model": p.model,
                     "tenant": p.tenant,
                     "tokens": p.token_count,
                     "requests": round(p.decayed(now, half_life), 2),
+                    "peer_requests": round(peers.get(p.key, 0.0), 2),
                 }
-                for p in self.hot.top(pool, self.config.top_prefixes, now)
+                for p in self.hot.top(pool, self.config.top_prefixes, now, peer_counts=peers)
             ]
-            for pool in sorted(pools)
-        }
         return {
             "enabled": self.config.enabled,
+            "shared": self.shared,
+            "peer_replicas": {pool: self.peer_counts.replicas(pool, now) for pool in sorted(pools)},
             "endpoints": states,
             "hot_prefixes": len(self.hot),
             "hot_prefix_bytes": self.hot.bytes,
@@ -233,6 +394,8 @@ class Warmup:
         return share
 
     def _start_ramp(self, pod: PodWarmup, now: float) -> None:
+        if pod.role == "claimed":  # the other replicas follow this warm-up
+            self._reports.append(pod)
         pod.ramp_started_at = now
         if self.config.ramp_seconds <= 0:
             self._finish(pod)
