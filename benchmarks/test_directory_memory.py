@@ -5,6 +5,8 @@
 16 pods x 20,000 blocks = 320,000 exact (block, pod) entries, added in events of 128 blocks.
 `distinct`: every pod holds its own blocks (no sharing: the forward index has one key per
 entry). `shared`: all pods hold the same blocks (one forward-index key per 16 entries).
+`copies`: as `distinct`, but every block is stored twice (a second event, with its own key
+objects: vLLM caching the hash in two blocks), so every entry has a second copy.
 The memory figure includes the block keys themselves (as decoded events would create them).
 """
 
@@ -31,15 +33,16 @@ EVENT = 128
 
 async def _fill(index: BlockIndex, layout: str) -> int:
     for pod in range(PODS):
-        keys = chain(BLOCKS, "shared" if layout == "shared" else f"pod{pod}")
-        for i in range(0, BLOCKS, EVENT):
-            await index.add(f"pod-{pod}", keys[i : i + EVENT])
+        for _copy in range(2 if layout == "copies" else 1):
+            keys = chain(BLOCKS, "shared" if layout == "shared" else f"pod{pod}")
+            for i in range(0, BLOCKS, EVENT):
+                await index.add(f"pod-{pod}", keys[i : i + EVENT])
     entries = (await index.stats()).entries
     assert entries == PODS * BLOCKS
     return entries
 
 
-@pytest.mark.parametrize("layout", ["distinct", "shared"])
+@pytest.mark.parametrize("layout", ["distinct", "shared", "copies"])
 def test_memory_per_entry_memory_backend(benchmark, layout):
     gc.collect()
     tracemalloc.start()
@@ -54,7 +57,7 @@ def test_memory_per_entry_memory_backend(benchmark, layout):
     benchmark.pedantic(lambda: None, rounds=1, iterations=1)
 
 
-@pytest.mark.parametrize("layout", ["distinct", "shared"])
+@pytest.mark.parametrize("layout", ["distinct", "shared", "copies"])
 def test_memory_per_entry_redis(benchmark, layout, redis_server: RedisServer):
     redis_server.flushall()
 

@@ -5,7 +5,11 @@ block key held by a pod, in a medium (vLLM's `medium`: "GPU" by default, "CPU" f
 blocks). Two kinds of entries exist:
 
 * **exact** entries come from the engine's own KV events (`add` / `remove`) and live until they
-  are removed, the pod is cleared, its generation changes, or the per-pod cap evicts them;
+  are removed, the pod is cleared, its generation changes, or the per-pod cap evicts them. An
+  engine may cache several blocks with the same hash (vLLM's `BlockPool` does when two requests
+  compute one prefix at once) and then reports one `BlockStored` per copy and one
+  `BlockRemoved` per evicted copy: an exact entry therefore counts its *copies* (per pod and
+  medium, up to `MAX_COPIES`) and is held until as many removals as stores have arrived;
 * **approximate** entries record where the router sent a prompt (routing history, for pools that
   publish no KV events, `add_approximate`); each expires `ttl_seconds` after it was last added.
 
@@ -20,10 +24,14 @@ Semantics shared by every backend (the conformance suite in tests/unit/directory
 
 * pods are opaque non-empty strings; block keys are `bytes` (`kvgate.prefix.BlockKey`);
 * a pod is *known* once it has a generation or an entry; `pods()` lists known pods;
-* a medium is a non-empty string without ","; anything else is a ValueError;
-* order of keys in `add`/`remove` does not matter; adding an entry twice is a no-op, removing an
-  absent one is a no-op; a key may be held in several media by the same pod, and is held until
-  it has been removed from every one of them;
+* a medium is a non-empty string without "," or "*"; anything else is a ValueError;
+* order of keys in `add`/`remove` does not matter; adding a key the pod holds in that medium
+  adds a copy (also when the key repeats within one call), removing one drops a copy and the
+  key stays held while a copy is left; removing an absent key (or more copies than were added)
+  is a no-op; copies beyond `MAX_COPIES` are not counted; a key may be held in several media by
+  the same pod, each with its own copies, and is held until it has been removed from every one
+  of them; `clear_pod`, a new generation and the per-pod cap drop an entry with all its copies;
+  approximate entries have no copies;
 * every method is safe to call concurrently from many tasks (and, for Redis, processes).
 """
 
@@ -42,6 +50,11 @@ DEFAULT_MEDIUM = "GPU"
 DEFAULT_MAX_BLOCKS_PER_POD = 1_000_000
 DEFAULT_MAX_APPROXIMATE_PER_POD = 100_000
 
+#: Copies of one key a pod's medium counts (more stores are not counted, so a stream repeating a
+#: `BlockStored` costs nothing more; vLLM holds a few copies at most, one per request that
+#: computed the block at the same time). Docs: docs/directory.md, docs/security.md.
+MAX_COPIES = 255
+
 
 @dataclass(frozen=True, slots=True)
 class IndexStats:
@@ -50,7 +63,8 @@ class IndexStats:
     pods: int
     """Known pods."""
     entries: int
-    """Exact (block, pod) entries; a block held by one pod in two media counts once."""
+    """Exact (block, pod) entries; a block held by one pod in two media, or in several copies,
+    counts once."""
     approximate_entries: int
     """Approximate (block, pod) entries, including expired ones not yet collected."""
 
@@ -94,6 +108,8 @@ class BlockIndex(Protocol):
     ) -> bool:
         """Record that `pod` holds every key of `keys` in `medium` (a KV `BlockStored`).
 
+        - A key the pod already holds in `medium` gains a copy (at most `MAX_COPIES`), as does
+          each repetition of a key within `keys`.
         - `generation=None` writes into whatever generation the pod has.
         - A pod without a generation adopts `generation` and the write applies.
         - A `generation` different from the pod's current one is a stale writer (an indexer that
@@ -101,7 +117,7 @@ class BlockIndex(Protocol):
         - If the pod then holds more than the backend's per-pod cap of exact entries, entries
           are evicted until it holds the cap (which ones is backend-defined: the bound on memory
           matters more than the choice, since an over-full pod has lost removal events anyway).
-        - An approximate entry for the same key becomes exact.
+        - An approximate entry for the same key becomes exact (one copy).
         Returns True when the write applied.
         """
         ...
@@ -116,7 +132,8 @@ class BlockIndex(Protocol):
     ) -> bool:
         """Record that `pod` no longer holds `keys` in `medium` (a KV `BlockRemoved`).
 
-        - A key still held in another medium stays held.
+        - Each key (each repetition too) drops one copy; a key with a copy left in `medium`, or
+          held in another medium, stays held.
         - Removing a key the pod does not hold, or from an unknown pod, is a no-op.
         - Removes the pod's approximate entry for the key too, since the engine said it is gone.
         - `generation` follows the same rule as in `add` (a stale writer changes nothing;
@@ -128,7 +145,8 @@ class BlockIndex(Protocol):
         """Record routing history: `pod` probably holds `keys` for the next `ttl_seconds`.
 
         - Re-adding a key refreshes its expiry to now + `ttl_seconds` (never shortens an exact
-          entry, which has no expiry).
+          entry, which has no expiry, and never adds a copy to one); an approximate entry has
+          no copies: re-adding it is no second copy, one `remove` drops it.
         - Expired entries stop counting at once and are collected lazily.
         - Approximate entries per pod are capped like exact ones; the entries closest to expiry
           are evicted first.
@@ -184,9 +202,10 @@ def check_pod(pod: str) -> None:
 
 
 def check_medium(medium: str) -> None:
-    """Raise ValueError unless `medium` is a non-empty string without ','."""
-    if not isinstance(medium, str) or not medium or "," in medium:
-        raise ValueError(f"medium must be a non-empty string without ',', got {medium!r}")
+    """Raise ValueError unless `medium` is a non-empty string without ',' or '*' (the Redis
+    backend's separators: `keys.py`)."""
+    if not isinstance(medium, str) or not medium or "," in medium or "*" in medium:
+        raise ValueError(f"medium must be a non-empty string without ',' or '*', got {medium!r}")
 
 
 def check_generation(generation: str) -> None:

@@ -6,7 +6,8 @@ Cluster they live in one slot and the multi-key Lua scripts of `redis_scripts.py
     <base> = <prefix>:{<namespace>/<pool>}:
     <base>pods        HASH  pod -> "<slot>|<generation>" (generation "" = none yet)
     <base>m:<word>    HASH  block key (raw bytes) -> mask (unsigned 32-bit) of slots 32*word.. holding it
-    <base>x:<pod>     HASH  block key -> media ("GPU" or "GPU,CPU"): the pod's exact entries
+    <base>x:<pod>     HASH  block key -> media ("GPU", "GPU,CPU", "GPU*2,CPU"): the pod's exact
+                            entries; "*<n>" after a medium: n copies there (2 .. MAX_COPIES)
     <base>a:<pod>     ZSET  block key -> expiry (unix seconds): the pod's approximate entries
     <base>gc:<slot>   HASH  a cleared pod's former `x:` hash, erased from `m:` in bounded steps
     <base>gcq         LIST  slots waiting for that; <base>free LIST reusable slots
@@ -16,6 +17,9 @@ Cluster they live in one slot and the multi-key Lua scripts of `redis_scripts.py
     <base>w:<pod>     STRING "<generation>|<w(arming)|d(one)>|<replica>": who warms the pod that
                       joined (TTL: its warm-up's timeout; then a short grace) (`shared_warmup.py`)
 
+An `x:` value without "*" means one copy per medium, as every value did before copies were
+counted, so data written by an older kvgate reads the same (an older reader's tier lookup,
+during a rolling upgrade, misses a key with copies: a missed hit, never a false one).
 `x:<pod>` is the pod's reverse index: clearing a pod renames it away (O(1)) and its entries
 are reclaimed in O(its blocks) steps; nothing ever SCANs or FLUSHes. Pod names go into key
 names verbatim: only the first `{...}` of a key decides its slot, and the `x:`/`a:`/`w:` marker

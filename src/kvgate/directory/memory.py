@@ -8,6 +8,11 @@ only the positions where the mask differs from the previous block's (found in C 
 `map(operator.ne)` and `list.index`) are visited in Python; the scan stops when no bit is left. Each pod also keeps its own entries (the reverse index): exact entries
 as `key -> media bitmask` in insertion order, approximate ones as `key -> expiry` with a heap.
 
+Copies. A key held once in a medium costs nothing more than its bit in the media bitmask; only
+a key with two or more copies (vLLM caching one hash in several blocks) has an entry in the
+pod's overflow map `copies[medium bit][key] = count` (2 .. `MAX_COPIES`), which the per-pod cap,
+a clear and a new generation drop with the key.
+
 Generations and clearing. Clearing a pod gives it a fresh slot at once, so the old bit stops
 counting in the same instant without touching the forward index; the old bit is then erased from
 the forward index in chunks (O(the pod's entries), yielding to the event loop) and its slot is
@@ -17,7 +22,7 @@ Bounds. At most `max_blocks_per_pod` exact entries per pod (the oldest-inserted 
 `max_approximate_per_pod` approximate ones (the soonest-expiring go first). Expired approximate
 entries are collected lazily on lookup and on writes to the pod.
 
-Export. `export_pod` copies one pod's entries at one instant (two dict copies, in C), so that
+Export. `export_pod` copies one pod's entries at one instant (dict copies, in C), so that
 `FallbackIndex` can rebuild the pod in the shared index after an outage; the snapshot turns
 them into write batches lazily, chunk by chunk.
 """
@@ -25,6 +30,7 @@ them into write batches lazily, chunk by chunk.
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import itertools
 import operator
@@ -36,6 +42,7 @@ from kvgate.directory.base import (
     DEFAULT_MAX_APPROXIMATE_PER_POD,
     DEFAULT_MAX_BLOCKS_PER_POD,
     DEFAULT_MEDIUM,
+    MAX_COPIES,
     IndexStats,
     check_caps,
     check_generation,
@@ -56,16 +63,22 @@ class PodSnapshot:
     exact: dict[BlockKey, int]  # key -> media bitmask, oldest first
     media: dict[int, str]  # medium bit -> name
     approximate: dict[BlockKey, float]  # key -> expiry (the index's clock)
+    copies: dict[int, dict[BlockKey, int]]  # medium bit -> key -> copies, where more than one
 
     def exact_batches(self, size: int) -> Iterator[tuple[str, list[BlockKey]]]:
-        """(medium, keys) batches of at most `size` keys covering every exact entry, in the
-        pod's insertion order within each medium (a key held in two media is in both)."""
+        """(medium, keys) batches of about `size` keys covering every exact entry, in the
+        pod's insertion order within each medium (a key held in two media is in both, a key
+        with n copies in a medium n times in a row: `add` counts repetitions as copies)."""
         pending: dict[str, list[BlockKey]] = {}
+        no_copies: dict[BlockKey, int] = {}
         for key, mask in self.exact.items():
             for bit, medium in self.media.items():
                 if mask & bit:
                     batch = pending.setdefault(medium, [])
                     batch.append(key)
+                    n = self.copies.get(bit, no_copies).get(key)
+                    if n is not None:
+                        batch.extend(itertools.repeat(key, n - 1))
                     if len(batch) >= size:
                         yield medium, pending.pop(medium)
         yield from pending.items()
@@ -87,12 +100,21 @@ class _Pod:
     slot: int
     generation: str | None
     exact: dict[BlockKey, int] = field(default_factory=dict)  # key -> media bitmask
+    # medium bit -> key -> copies (2 .. MAX_COPIES) of the exact entries with more than one
+    copies: dict[int, dict[BlockKey, int]] = field(default_factory=dict)
     approx: dict[BlockKey, float] = field(default_factory=dict)  # key -> expiry (clock seconds)
     heap: list[tuple[float, BlockKey]] = field(default_factory=list)  # may hold stale expiries
 
     @property
     def bit(self) -> int:
         return 1 << self.slot
+
+    def add_copies(self, medium_bit: int, key: BlockKey, more: int) -> None:
+        """`more` copies of `key`, which is held in the medium already (MAX_COPIES at most)."""
+        copies = self.copies.get(medium_bit)
+        if copies is None:
+            copies = self.copies[medium_bit] = {}
+        copies[key] = min(copies.get(key, 1) + more, MAX_COPIES)
 
 
 class MemoryBlockIndex:
@@ -219,14 +241,23 @@ class MemoryBlockIndex:
         if len(fresh) != len(keys):  # some are held already (maybe in another medium)
             for key in keys:
                 held = exact.get(key)
-                if held is not None:
+                if held is None:
+                    continue
+                if held & medium_bit:
+                    state.add_copies(medium_bit, key, 1)
+                else:
                     exact[key] = held | medium_bit
-        exact.update(dict.fromkeys(fresh, medium_bit))
+        new = dict.fromkeys(fresh, medium_bit)
+        exact.update(new)
+        if len(new) != len(fresh):  # a new key repeated in `keys`: its repetitions are copies
+            for key, n in collections.Counter(fresh).items():
+                if n > 1:
+                    state.add_copies(medium_bit, key, n - 1)
         get = masks.get
-        for key in fresh:
+        for key in new:
             masks[key] = get(key, 0) | bit
         if state.approx:
-            for key in fresh:
+            for key in new:
                 state.approx.pop(key, None)
         if len(exact) > self._max_exact:
             self._evict_exact(state, len(exact) - self._max_exact)
@@ -249,9 +280,15 @@ class MemoryBlockIndex:
             return False
         medium_bit = self._media.get(medium, 0)
         exact = state.exact
+        copies = state.copies.get(medium_bit)
         for key in keys:
             held = exact.get(key)
             if held is not None:
+                if copies and key in copies:  # a copy is left in this medium
+                    n = copies.pop(key) - 1
+                    if n > 1:
+                        copies[key] = n
+                    continue
                 left = held & ~medium_bit
                 if left:
                     exact[key] = left
@@ -329,7 +366,8 @@ class MemoryBlockIndex:
         if state is None:
             return None
         media = {bit: name for name, bit in self._media.items()}
-        return PodSnapshot(state.generation, dict(state.exact), media, dict(state.approx))
+        copies = {bit: dict(keys) for bit, keys in state.copies.items() if keys}
+        return PodSnapshot(state.generation, dict(state.exact), media, dict(state.approx), copies)
 
     async def stats(self) -> IndexStats:
         return IndexStats(
@@ -385,6 +423,8 @@ class MemoryBlockIndex:
         victims = list(itertools.islice(state.exact, count))
         for key in victims:
             del state.exact[key]
+            for copies in state.copies.values():
+                copies.pop(key, None)
             if key not in state.approx:
                 self._drop_bit(key, state.bit)
 

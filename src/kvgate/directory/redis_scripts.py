@@ -8,13 +8,16 @@ the caller's wall clock in seconds.
 Every known pod owns a *slot*; the forward index `m:<word>` maps a block key to a 32-bit mask of
 the slots `32*word .. 32*word+31` holding it exactly, so a lookup reads one value per block (per
 32 pods) instead of one per (block, pod). A pod's exact entries are also in its reverse hash
-`x:<pod>` (block key -> media). Clearing a pod gives it a fresh slot at once and queues the old
-slot's reverse hash (renamed `gc:<slot>`) for garbage collection: stale bits of a retired slot
-are never read because no pod owns that slot, and they are erased in bounded steps by every
-later write (and by the client until the queue is empty) before the slot is reused.
+`x:<pod>` (block key -> media, each with its copies when more than one: "GPU", "GPU*2,CPU";
+`keys.py`). Clearing a pod gives it a fresh slot at once and queues the old slot's reverse hash
+(renamed `gc:<slot>`) for garbage collection: stale bits of a retired slot are never read
+because no pod owns that slot, and they are erased in bounded steps by every later write (and
+by the client until the queue is empty) before the slot is reused.
 """
 
 from __future__ import annotations
+
+from kvgate.directory.base import MAX_COPIES
 
 GC_BUDGET = 1000  # garbage entries a write script reclaims on its way
 
@@ -94,7 +97,30 @@ end
 local function call_chunks(cmd, key, keys)
   for i = 1, #keys, 1000 do redis.call(cmd, key, unpack(keys, i, math.min(#keys, i + 999))) end
 end
-"""
+-- An x:<pod> value lists the key's media, each followed by '*<copies>' when it has more than
+-- one ("GPU", "GPU*2,CPU"; media contain neither ',' nor '*'). `media` with `delta` copies of
+-- `medium` (1 or -1; MAX_COPIES at most; a medium without copies is left out, '' when none is).
+local function media_copies(media, medium, delta)
+  local out, found = {}, false
+  for entry in string.gmatch(media, '[^,]+') do
+    local star = string.find(entry, '*', 1, true)
+    local m = star and string.sub(entry, 1, star - 1) or entry
+    if m == medium then
+      found = true
+      local n = math.min((star and tonumber(string.sub(entry, star + 1)) or 1) + delta, MAX_COPIES)
+      if n == 1 then
+        out[#out + 1] = m
+      elseif n > 1 then
+        out[#out + 1] = m .. '*' .. n
+      end
+    else
+      out[#out + 1] = entry
+    end
+  end
+  if not found and delta > 0 then out[#out + 1] = medium end
+  return table.concat(out, ',')
+end
+""".replace("MAX_COPIES", str(MAX_COPIES))
 
 
 def _script(body: str) -> str:
@@ -225,10 +251,12 @@ return out
 
 # ARGV: base, medium, approximate counts (1/0), now, npods (-1 = every known pod), pods...,
 # key size, chain (as in LOOKUP). Counts per pod the leading blocks held in `medium` (its x:
-# hash lists the medium) or, when approximate entries count, by an unexpired one. One HMGET (and
-# ZMSCORE) per pod per chunk of the chain (growing 4x from 64), stopping at the pod's first miss.
+# hash lists the medium, with copies or not) or, when approximate entries count, by an unexpired
+# one. One HMGET (and ZMSCORE) per pod per chunk of the chain (growing 4x from 64), stopping at
+# the pod's first miss.
 LOOKUP_MEDIUM = _script("""
 local needle, approx_counts = ',' .. ARGV[2] .. ',', ARGV[3] == '1'
+local needle_copies = ',' .. ARGV[2] .. '*'
 local now, npods = tonumber(ARGV[4]), tonumber(ARGV[5])
 local pods = {}
 if npods < 0 then
@@ -250,8 +278,8 @@ for _, pod in ipairs(pods) do
     local media = redis.call('HMGET', x, unpack(keys, i, upto))
     local scores = zset and redis.call('ZMSCORE', z, unpack(keys, i, upto))
     for j = 1, #media do
-      local m = media[j]
-      local held = m and string.find(',' .. m .. ',', needle, 1, true)
+      local m = media[j] and ',' .. media[j] .. ','
+      local held = m and (string.find(m, needle, 1, true) or string.find(m, needle_copies, 1, true))
       if not held and scores then
         local s = scores[j]
         held = s and tonumber(s) > now
@@ -273,7 +301,7 @@ return out
 """)
 
 # ARGV: base, pod, generation ('' = none), medium, cap, key size, keys (as in LOOKUP)
-# Returns 1 when applied, 0 for a stale generation.
+# A key held in `medium` already gains a copy. Returns 1 when applied, 0 for a stale generation.
 ADD = _script("""
 local pod, gen, medium = ARGV[2], ARGV[3], ARGV[4]
 local slot, cur = reg_get(pod)
@@ -289,16 +317,14 @@ elseif gen ~= '' then
   end
 end
 local x = base .. 'x:' .. pod
-local needle = ',' .. medium .. ','
 local keys = read_keys(6)
 for _, k in ipairs(keys) do
   if redis.call('HSETNX', x, k, medium) == 1 then
     set_bit(k, slot)
   else
     local media = redis.call('HGET', x, k)
-    if not string.find(',' .. media .. ',', needle, 1, true) then
-      redis.call('HSET', x, k, media .. ',' .. medium)
-    end
+    local more = media_copies(media, medium, 1)
+    if more ~= media then redis.call('HSET', x, k, more) end
   end
 end
 local z = base .. 'a:' .. pod
@@ -315,6 +341,7 @@ return 1
 """).replace("GC_BUDGET", str(GC_BUDGET))
 
 # ARGV: base, pod, generation ('' = any), medium, key size, keys (as in LOOKUP)
+# Each key drops one copy in `medium`; the last copy of the last medium drops the key.
 REMOVE = _script("""
 local pod, gen, medium = ARGV[2], ARGV[3], ARGV[4]
 local slot, cur = reg_get(pod)
@@ -325,16 +352,12 @@ local keys = read_keys(5)
 for _, k in ipairs(keys) do
   local media = redis.call('HGET', x, k)
   if media then
-    local left, total = {}, 0
-    for m in string.gmatch(media, '[^,]+') do
-      total = total + 1
-      if m ~= medium then left[#left + 1] = m end
-    end
-    if #left == 0 then
+    local left = media_copies(media, medium, -1)
+    if left == '' then
       redis.call('HDEL', x, k)
       clear_bit(k, slot)
-    elseif #left ~= total then
-      redis.call('HSET', x, k, table.concat(left, ','))
+    elseif left ~= media then
+      redis.call('HSET', x, k, left)
     end
   end
 end

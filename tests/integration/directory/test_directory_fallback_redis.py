@@ -81,6 +81,7 @@ async def test_a_stall_loses_writes_and_the_rebuild_restores_them(
         server.pause()
         started = time.monotonic()
         await index.add("a", keys[10:30], generation="g")  # times out: lost in Redis
+        await index.add("a", keys[:1], generation="g")  # a second copy of block 0, lost too
         await index.remove("b", keys[2:5])
         await index.add_approximate("c", keys[:7], 60)
         assert await index.lookup(keys) == {"a": 30, "b": 2, "c": 7}  # the local view
@@ -90,6 +91,10 @@ async def test_a_stall_loses_writes_and_the_rebuild_restores_them(
         await wait_synced(index)
         assert await reader.lookup(keys) == {"a": 30, "b": 2, "c": 7}
         assert await reader.get_generation("a") == "g"
+        await reader.remove("a", keys[:1])  # the rebuild kept both copies
+        assert await reader.lookup(keys, ["a"]) == {"a": 30}
+        await reader.remove("a", keys[:1])
+        assert await reader.lookup(keys, ["a"]) == {}
     finally:
         server.resume()
         await index.close()

@@ -14,7 +14,7 @@ from tests.unit.directory.conformance import (
     chain,
 )
 
-from kvgate.directory.base import BlockIndex
+from kvgate.directory.base import MAX_COPIES, BlockIndex
 from kvgate.directory.redis import RedisBlockIndex
 
 
@@ -122,6 +122,34 @@ async def test_lookup_is_one_round_trip(index: RedisBlockIndex, raw: aioredis.Re
         k: v["calls"] for k, v in info.items() if k in {"cmdstat_evalsha", "cmdstat_eval"}
     }
     assert sum(client_calls.values()) == 1
+
+
+async def test_copies_are_counted_in_the_media_value(
+    index: RedisBlockIndex, raw: aioredis.Redis
+) -> None:
+    key, other = chain(2)
+    await index.add("a", [key, other])
+    await index.add("a", [key, key], medium="CPU")
+    await index.add("a", [key])
+    x = "test:{ns/pool}:x:a"
+    assert await raw.hget(x, other) == b"GPU"  # one copy: the value it has always been
+    assert await raw.hget(x, key) == b"GPU*2,CPU*2"
+    assert await index.lookup([key], medium="GP") == {}  # a medium's name, not a prefix of it
+    await index.add("a", [key] * 1000)
+    assert await raw.hget(x, key) == f"GPU*{MAX_COPIES},CPU*2".encode()
+
+
+async def test_values_written_before_copies_were_counted_read_as_one_copy(
+    index: RedisBlockIndex, raw: aioredis.Redis
+) -> None:
+    keys = chain(1)
+    await index.add("a", keys)
+    await raw.hset("test:{ns/pool}:x:a", keys[0], "CPU,GPU")  # as an older kvgate wrote it
+    await index.remove("a", keys)
+    assert await index.lookup(keys, medium="GPU") == {}
+    assert await index.lookup(keys, medium="CPU") == {"a": 1}
+    await index.add("a", keys, medium="CPU")
+    assert await raw.hget("test:{ns/pool}:x:a", keys[0]) == b"CPU*2"
 
 
 async def test_approximate_entries_expire_in_redis_too(

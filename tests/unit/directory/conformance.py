@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
+from collections import Counter
 
 import pytest
 
-from kvgate.directory.base import BlockIndex, IndexStats
+from kvgate.directory.base import MAX_COPIES, BlockIndex, IndexStats
 
 CAP = 64
 APPROX_CAP = 8
@@ -105,7 +106,7 @@ class BlockIndexConformance:
         rng = random.Random(7)
         chains = [chain(30, f"r{c}") for c in range(2)]  # at most 60 keys per pod: under CAP
         pods = [f"p{i}" for i in range(40)]
-        model: dict[str, set[bytes]] = {}
+        model: dict[str, Counter[bytes]] = {}  # pod -> copies of each key
         for _step in range(300):
             pod, keys = rng.choice(pods), rng.choice(chains)
             lo = rng.randrange(30)
@@ -117,13 +118,14 @@ class BlockIndexConformance:
             action = rng.random()
             if action < 0.6:
                 await index.add(pod, part)
-                model.setdefault(pod, set()).update(part)
+                model.setdefault(pod, Counter()).update(part)
             elif action < 0.9:
                 await index.remove(pod, part)
-                model.get(pod, set()).difference_update(part)
+                model.get(pod, Counter()).subtract(part)
+                model[pod] = +model.get(pod, Counter())  # never below zero copies
             else:
                 await index.clear_pod(pod)
-                model.get(pod, set()).clear()
+                model.get(pod, Counter()).clear()
             if _step % 10 == 0:
                 keys = rng.choice(chains)
                 wanted = None if rng.random() < 0.5 else set(rng.sample(pods, 5))
@@ -138,7 +140,7 @@ class BlockIndexConformance:
 
     # -- add / remove ------------------------------------------------------------------------
 
-    async def test_add_is_idempotent_and_order_free(self, index: BlockIndex) -> None:
+    async def test_add_is_order_free_and_copies_are_no_entries(self, index: BlockIndex) -> None:
         keys = chain(5)
         assert await index.add("a", list(reversed(keys)))
         await index.add("a", [keys[2], keys[2], keys[0]])
@@ -192,6 +194,8 @@ class BlockIndexConformance:
         with pytest.raises(ValueError):
             await index.add("a", chain(1), medium="GPU,CPU")
         with pytest.raises(ValueError):
+            await index.add("a", chain(1), medium="GPU*2")  # the Redis backend's copy marker
+        with pytest.raises(ValueError):
             await index.add("", chain(1))
         assert await index.pods() == set()
 
@@ -203,6 +207,141 @@ class BlockIndexConformance:
         assert stats.entries == CAP + 3
         got = await index.lookup(chain(CAP + 10, "x"))
         assert got.get("a", 0) <= CAP
+
+    # -- copies (vLLM may cache one hash in several blocks: one store, one removal each) -------
+
+    async def test_a_second_copy_outlives_one_removal(self, index: BlockIndex) -> None:
+        keys = chain(3)
+        await index.add("a", keys)
+        await index.add("a", keys[1:2])  # a second block with the hash of block 1
+        await index.add("b", keys)
+        assert await index.remove("a", keys[1:2])
+        assert await index.lookup(keys) == {"a": 3, "b": 3}
+        assert (await index.stats()).entries == 6
+        await index.remove("a", keys[1:2])
+        assert await index.lookup(keys) == {"a": 1, "b": 3}
+        await index.remove("b", keys[1:2])  # another pod's copies are its own
+        assert await index.lookup(keys) == {"a": 1, "b": 1}
+
+    async def test_removing_more_than_stored_stops_at_zero(self, index: BlockIndex) -> None:
+        keys = chain(2)
+        await index.add("a", keys)
+        await index.add("a", keys[:1])
+        for _ in range(3):
+            await index.remove("a", keys)
+        assert await index.lookup(keys) == {}
+        assert (await index.stats()).entries == 0
+        await index.add("a", keys)  # no debt: one store is held again, one removal drops it
+        assert await index.lookup(keys) == {"a": 2}
+        await index.remove("a", keys)
+        assert await index.lookup(keys) == {}
+
+    async def test_repeated_keys_in_one_call_are_copies(self, index: BlockIndex) -> None:
+        keys = chain(2)
+        k = keys[0]
+        await index.add("a", [k, keys[1], k, k])  # three stores of block 0 in one batch
+        await index.remove("a", [k, k])  # two removals in one batch
+        assert await index.lookup(keys) == {"a": 2}
+        await index.remove("a", [k])
+        assert await index.lookup(keys) == {}
+        await index.add("a", [k, k])  # held once already in no medium: both count
+        await index.add("a", [k])
+        await index.remove("a", [k, k])
+        assert await index.lookup(keys[:1]) == {"a": 1}
+        await index.remove("a", [k])
+        assert await index.lookup(keys[:1]) == {}
+
+    async def test_copies_are_counted_per_medium(self, index: BlockIndex) -> None:
+        keys = chain(2)
+        await index.add("a", keys)
+        await index.add("a", keys[:1])  # block 0: two GPU copies
+        await index.add("a", keys[:1], medium="CPU")  # and one in the CPU tier
+        await index.add("a", keys[1:], medium="CPU")
+        await index.add("a", keys[1:], medium="CPU")  # block 1: one GPU copy, two CPU copies
+        assert await index.lookup(keys, medium="GPU") == {"a": 2}
+        assert await index.lookup(keys, medium="CPU") == {"a": 2}
+        await index.remove("a", keys, medium="CPU")  # block 0 leaves the CPU tier
+        assert await index.lookup(keys, medium="CPU") == {}
+        assert await index.lookup(keys[1:], medium="CPU") == {"a": 1}
+        await index.remove("a", keys[:1], medium="CPU")  # no CPU copy left: GPU copies stay
+        await index.remove("a", keys[:1])
+        assert await index.lookup(keys, medium="GPU") == {"a": 2}
+        await index.remove("a", keys)  # the last GPU copies
+        assert await index.lookup(keys, medium="GPU") == {}
+        assert await index.lookup(keys) == {}  # block 0 is gone everywhere
+        assert await index.lookup(keys[1:]) == {"a": 1}  # block 1 has a CPU copy
+        await index.remove("a", keys[1:], medium="CPU")
+        assert (await index.stats()).entries == 0
+
+    async def test_approximate_entries_have_no_copies(
+        self, index: BlockIndex, clock: FakeClock
+    ) -> None:
+        keys = chain(3)
+        await index.add_approximate("a", keys, ttl_seconds=60)
+        await index.add_approximate("a", keys, ttl_seconds=60)
+        await index.remove("a", keys[2:])
+        assert await index.lookup(keys) == {"a": 2}
+        await index.add("a", keys[:1])  # the approximate entry becomes one exact copy
+        await index.add_approximate("a", keys[:1], ttl_seconds=60)  # no second copy
+        await index.remove("a", keys[:1])
+        assert await index.lookup(keys) == {}
+        await index.add("a", keys[1:2])
+        await index.add("a", keys[1:2])  # two exact copies; routing history changes nothing
+        await index.add_approximate("a", keys[1:2], ttl_seconds=1)
+        clock.advance(10)
+        await index.remove("a", keys[1:2])
+        assert await index.lookup(keys[1:]) == {"a": 1}
+        stats = await index.stats()
+        assert (stats.entries, stats.approximate_entries) == (1, 0)
+        await index.remove("a", keys[1:2])
+        assert await index.lookup(keys[1:]) == {}
+
+    async def test_clear_and_new_generation_drop_every_copy(self, index: BlockIndex) -> None:
+        keys = chain(2)
+        await index.add("a", [*keys, *keys, *keys], generation="g1")
+        await index.clear_pod("a")
+        await index.add("a", keys, generation="g1")
+        await index.remove("a", keys, generation="g1")
+        assert await index.lookup(keys) == {}
+        await index.add("a", [*keys, *keys], generation="g1")
+        await index.set_generation("a", "g2")
+        await index.add("a", keys, generation="g2")
+        await index.remove("a", keys, generation="g2")
+        assert await index.lookup(keys) == {}
+        await index.add("a", [*keys, *keys], generation="g2")
+        await index.forget_pod("a")
+        await index.add("a", keys)
+        await index.remove("a", keys)
+        assert await index.lookup(keys) == {}
+
+    async def test_copies_are_bounded(self, index: BlockIndex) -> None:
+        keys = chain(1)
+        await index.add("a", keys * (MAX_COPIES + 100))  # a stream repeating one store
+        await index.add("a", keys)
+        for _ in range(MAX_COPIES - 1):
+            await index.remove("a", keys)
+        assert await index.lookup(keys) == {"a": 1}
+        await index.remove("a", keys)  # stores beyond MAX_COPIES were not counted
+        assert await index.lookup(keys) == {}
+
+    async def test_cap_eviction_drops_every_copy(self, index: BlockIndex) -> None:
+        old = chain(CAP, "old")
+        await index.add("a", old)
+        await index.add("a", old)  # two copies of each
+        await index.add("a", chain(CAP // 2, "new"))  # evicts CAP // 2 entries
+        assert (await index.stats()).entries == CAP
+        evicted = 0
+        for key in old:
+            if await index.lookup([key]):
+                await index.remove("a", [key])
+                assert await index.lookup([key]) == {"a": 1}
+                await index.remove("a", [key])
+            else:  # its copies went with it: a new store is one copy
+                evicted += 1
+                await index.add("a", [key])
+                await index.remove("a", [key])
+            assert await index.lookup([key]) == {}
+        assert evicted > 0
 
     # -- clear, forget, generations ----------------------------------------------------------
 

@@ -225,6 +225,26 @@ async def test_rebuild_keeps_media_and_remaining_ttls(
     assert await shared.lookup(keys[:1]) == {}
 
 
+async def test_rebuild_keeps_copies(pair: tuple[FallbackIndex, FlakyIndex], clocks: Clocks) -> None:
+    index, shared = pair
+    keys = chain(3)
+    await index.add("a", keys)
+    shared.down = True
+    await index.add("a", keys[:1])  # a second GPU copy of block 0, lost in Redis
+    await index.add("a", [keys[1], keys[1]], medium="CPU")  # two CPU copies of block 1
+    shared.down = False
+    clocks.advance(1.0)
+    assert await index.resync()
+    await shared.remove("a", keys[:1])
+    assert await shared.lookup(keys) == {"a": 3}  # the rebuilt second copy is still held
+    await shared.remove("a", keys[:1])
+    assert await shared.lookup(keys) == {}
+    await shared.remove("a", keys[1:2], medium="CPU")
+    assert await shared.lookup(keys[1:], medium="CPU") == {"a": 1}
+    await shared.remove("a", keys[1:2], medium="CPU")
+    assert await shared.lookup(keys[1:], medium="CPU") == {}
+
+
 async def test_a_lost_forget_is_retried(
     pair: tuple[FallbackIndex, FlakyIndex], clocks: Clocks
 ) -> None:

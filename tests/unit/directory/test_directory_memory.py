@@ -52,6 +52,23 @@ async def test_exact_eviction_keeps_newest(index: MemoryBlockIndex) -> None:
     assert await index.lookup(old) == {}
 
 
+async def test_only_keys_with_copies_cost_more(index: MemoryBlockIndex) -> None:
+    """One copy is a bit in the media mask, as before copies were counted; the overflow map
+    holds only keys with more, and loses them with their last extra copy or their eviction."""
+    keys = chain(CAP)
+    await index.add("a", keys)
+    state = index._pods["a"]
+    assert not any(state.copies.values())
+    await index.add("a", keys[:3])
+    await index.add("a", keys[:1], medium="CPU")
+    assert sum(map(len, state.copies.values())) == 3
+    await index.remove("a", keys[:3])
+    assert not any(state.copies.values())
+    await index.add("a", keys[:2] * 3)
+    await index.add("a", chain(CAP, "new"))  # evicts every old key
+    assert not any(state.copies.values())
+
+
 def test_bad_caps_are_rejected() -> None:
     with pytest.raises(ValueError):
         MemoryBlockIndex(max_blocks_per_pod=0)

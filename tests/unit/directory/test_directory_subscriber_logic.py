@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -20,6 +21,9 @@ from kvgate.directory.events import (
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.directory.subscriber import PodEndpoint, PodSubscriber
+from kvgate.sim.hashing import PrefixBlockHasher
+from kvgate.sim.kv_cache import KVCacheManager
+from kvgate.sim.request import SimRequest
 
 
 def h(i: int) -> bytes:
@@ -206,6 +210,39 @@ async def test_directory_failure_rewinds_expected_seq(
     await sub.handle_many([msg(1, stored(h(1))), msg(2, stored(h(2)))])
     assert sub.expected == 1  # the next message will look like a gap from 1 and replay it
     assert bad(registry, "directory_error") == 1
+
+
+async def test_the_directory_agrees_with_an_engine_that_caches_copies(sub: PodSubscriber) -> None:
+    """vLLM's block pool (and the simulator's) may cache one hash in several blocks: requests
+    scheduled together each compute and store the prefix none of them found cached, and every
+    evicted copy is removed on its own. The directory holds a block as long as the engine does."""
+    index, block_size = index_of(sub), 4
+    kv = KVCacheManager(num_gpu_blocks=24, block_size=block_size)
+    hasher = PrefixBlockHasher("sha256", block_size, None)
+    rng = random.Random(5)
+    prompts = [[p % 3] * 8 + [p] * rng.randrange(4, 13) + [99] for p in range(8)]
+    seen: set[bytes] = set()
+    copies = seq = 0
+    for step in range(300):
+        batch = []
+        for n in range(rng.randrange(1, 4)):
+            request = SimRequest(f"{step}.{n}", rng.choice(prompts), max_tokens=1, arrival_time=0)
+            request.update_block_hashes(hasher, block_size)
+            batch.append(request)
+        hits = [kv.get_computed_blocks(r) for r in batch]  # one step: none sees the others
+        for request, hit in zip(batch, hits, strict=True):
+            if kv.allocate_slots(request, request.num_tokens - len(hit) * block_size, hit):
+                request.num_computed_tokens = request.num_tokens
+        copies += sum(len(ids) - 1 for ids in kv._cached.values())
+        for request in batch:
+            kv.free(request)
+            seen.update(request.block_hashes)
+        if events := kv.take_events():
+            await sub.handle(msg(seq, *events))
+            seq += 1
+        for block in seen:
+            assert bool(await index.lookup([block])) == kv.is_cached(block), step
+    assert copies > 100  # the engine did cache copies
 
 
 async def test_wrong_topic_and_frames(sub: PodSubscriber, registry: CollectorRegistry) -> None:
