@@ -32,7 +32,9 @@ Algorithm, with `expected` = the next seq this subscriber needs (None before the
   (the pool's `engine.cpu_offload`), and other media (a disk tier) never, so that an unpriced
   tier never passes for GPU hits.
 * If the directory fails (Redis down), the batch's seq becomes `expected` again after a short
-  back-off, so the next message triggers a replay and the directory catches up.
+  back-off, so the next message triggers a replay and the directory catches up. If some of the
+  drained writes had landed, a replay would apply them twice (a repeated store counts as a
+  second copy): the pod restarts instead (a new generation, then the late-start replay).
 
 Messages that queued up while the previous ones were written are drained together (up to
 `drain_messages`) and consecutive events of the same kind and medium are coalesced: under load,
@@ -294,24 +296,31 @@ class PodSubscriber:
         ops, first, batches = self._ops, self._ops_from, self._batches
         self._ops, self._ops_from, self._batches = [], None, 0
         pod, gen = self.endpoint.pod, self.generation
+        applied = 0
         try:
             for op in ops:
                 if op.op == "clear":
                     await self._index.clear_pod(pod)
-                    continue
-                write = self._index.add if op.op == "add" else self._index.remove
-                if not await write(pod, op.keys, medium=op.medium, generation=gen):
-                    self._bad("stale_generation", f"generation {gen} superseded")
+                else:
+                    write = self._index.add if op.op == "add" else self._index.remove
+                    if not await write(pod, op.keys, medium=op.medium, generation=gen):
+                        self._bad("stale_generation", f"generation {gen} superseded")
+                applied += 1
         except Exception as exc:
             self._log.warning(("apply", pod),
                               "pod %s: directory write failed (%s); will replay from seq %s",
                               pod, exc, first)  # fmt: skip
             if self._metrics:
                 self._metrics.bad_events.labels(self._pool, "directory_error").inc()
-            if first is not None:
+            await asyncio.sleep(self._retry)
+            if applied:
+                # Replaying would apply the writes that landed twice (a store twice is two
+                # copies): start the pod over, as after any error (`run`).
+                await self._restart("error")
+                self._rewound = True
+            elif first is not None:
                 self.expected = first
                 self._rewound = True
-            await asyncio.sleep(self._retry)
             return
         if self._metrics and batches:
             self._metrics.event_batches.labels(self._pool).inc(batches)

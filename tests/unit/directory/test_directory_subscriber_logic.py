@@ -212,6 +212,24 @@ async def test_directory_failure_rewinds_expected_seq(
     assert bad(registry, "directory_error") == 1
 
 
+async def test_a_failure_after_some_writes_landed_restarts_the_pod(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
+    """Replaying the drained messages would store the landed writes' blocks a second time."""
+    index = index_of(sub)
+    await sub.handle(msg(0, stored(h(0)), stored(h(1))))
+    before = sub.generation
+    index.fail = 1
+    await sub.handle(msg(1, BlockRemoved([h(1)]), stored(h(2))))  # the removal lands, not the store
+    assert sub.generation != before and sub.expected is None
+    assert await index.lookup([h(0)]) == {}
+    assert bad(registry, "directory_error") == 1
+    clears = {"pool": "pool", "reason": "error"}
+    assert registry.get_sample_value("kvgate_directory_pod_clears_total", clears) == 1
+    await sub.handle(msg(2, stored(h(0))))  # followed again (what the replay buffer holds)
+    assert await index.lookup([h(0)]) == {"p": 1}
+
+
 async def test_the_directory_agrees_with_an_engine_that_caches_copies(sub: PodSubscriber) -> None:
     """vLLM's block pool (and the simulator's) may cache one hash in several blocks: requests
     scheduled together each compute and store the prefix none of them found cached, and every
