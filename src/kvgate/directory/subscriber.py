@@ -291,8 +291,9 @@ class PodSubscriber:
                 ops.append(_Op(op, medium, list(event.keys)))
 
     async def _flush(self) -> None:
-        """Apply the queued writes in order. If the directory fails, the seq of the first
-        unapplied batch becomes `expected` again, so the next message replays from there."""
+        """Apply the queued writes in order. If the directory fails on the first write, a clear
+        or a removal, the seq of the first unapplied batch becomes `expected` again, so the next
+        message replays from there; otherwise the pod starts over (a new generation)."""
         ops, first, batches = self._ops, self._ops_from, self._batches
         self._ops, self._ops_from, self._batches = [], None, 0
         pod, gen = self.endpoint.pod, self.generation
@@ -313,9 +314,11 @@ class PodSubscriber:
             if self._metrics:
                 self._metrics.bad_events.labels(self._pool, "directory_error").inc()
             await asyncio.sleep(self._retry)
-            if applied:
-                # Replaying would apply the writes that landed twice (a store twice is two
-                # copies): start the pod over, as after any error (`run`).
+            if applied or ops[0].op == "add":
+                # Replaying would apply the writes that landed twice, and a store that failed
+                # may have landed all the same (a timeout after Redis ran it): a store applied
+                # twice is a copy the engine never made. Start the pod over, as after any
+                # error (`run`). A failed first clear or removal is replayed: twice is harmless.
                 await self._restart("error")
                 self._rewound = True
             elif first is not None:

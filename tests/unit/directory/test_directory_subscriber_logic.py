@@ -42,12 +42,20 @@ class FlakyIndex(MemoryBlockIndex):
     """A memory index whose next `fail` writes raise, like a Redis that went away."""
 
     fail = 0
+    failing = ("add", "remove")  # which writes fail
 
-    async def add(self, pod: str, keys: Sequence[bytes], **kwargs: object) -> bool:
-        if self.fail:
+    def _down(self, write: str) -> None:
+        if self.fail and write in self.failing:
             self.fail -= 1
             raise ConnectionError("directory down")
+
+    async def add(self, pod: str, keys: Sequence[bytes], **kwargs: object) -> bool:
+        self._down("add")
         return await super().add(pod, keys, **kwargs)  # type: ignore[arg-type]
+
+    async def remove(self, pod: str, keys: Sequence[bytes], **kwargs: object) -> bool:
+        self._down("remove")
+        return await super().remove(pod, keys, **kwargs)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -207,8 +215,21 @@ async def test_directory_failure_rewinds_expected_seq(
     index = index_of(sub)
     await sub.handle(msg(0, stored(h(0))))
     index.fail = 1
-    await sub.handle_many([msg(1, stored(h(1))), msg(2, stored(h(2)))])
+    await sub.handle_many([msg(1, BlockRemoved([h(0)])), msg(2, stored(h(2)))])
     assert sub.expected == 1  # the next message will look like a gap from 1 and replay it
+    assert bad(registry, "directory_error") == 1
+
+
+async def test_a_failed_store_restarts_the_pod_rather_than_replaying_it(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
+    """A store that timed out may have landed: replayed, it would count a second copy."""
+    index = index_of(sub)
+    await sub.handle(msg(0, stored(h(0))))
+    before = sub.generation
+    index.fail = 1
+    await sub.handle(msg(1, stored(h(1))))
+    assert sub.generation != before and sub.expected is None
     assert bad(registry, "directory_error") == 1
 
 
@@ -219,7 +240,7 @@ async def test_a_failure_after_some_writes_landed_restarts_the_pod(
     index = index_of(sub)
     await sub.handle(msg(0, stored(h(0)), stored(h(1))))
     before = sub.generation
-    index.fail = 1
+    index.fail, index.failing = 1, ("add",)
     await sub.handle(msg(1, BlockRemoved([h(1)]), stored(h(2))))  # the removal lands, not the store
     assert sub.generation != before and sub.expected is None
     assert await index.lookup([h(0)]) == {}

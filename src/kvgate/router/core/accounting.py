@@ -45,8 +45,8 @@ class Attempt:
     uncached_tokens: int  # predicted at routing time
     queued_ahead: int  # this router's requests pending prefill on the endpoint when sent
     streaming: bool
-    release_at: float
-    batch: bool = False  # a batch-class request  # when pending prefill expires without a first byte (inf when streaming)
+    release_at: float  # when pending prefill expires without a first byte (inf when streaming)
+    batch: bool = False  # a batch-class request
     first_byte_at: float | None = None
     prefill_pending: bool = True
     open: bool = True

@@ -19,6 +19,7 @@ backend, which `FallbackIndex` turns into a local lookup while Redis is down).
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -406,7 +407,8 @@ class Router:
         # Drops: a pod may have evicted dropped blocks and kept what follows them. The blocks
         # the final state needs, mapped back to path blocks restorable without any dropped
         # block; and up to the next needed block it lacks if it still holds the dropped blocks
-        # whose drop comes after that point (a session's latest drops: one more lookup).
+        # whose drop comes after that point (a session's latest drops: one more lookup per
+        # distinct end, all at once).
         needed = await index.lookup(plan.keys, pods, medium=medium)
         candidates: dict[int, list[str]] = {}
         for pod, held in needed.items():
@@ -416,11 +418,15 @@ class Router:
             end = plan.needed_end[held]
             if end > found.get(pod, 0):
                 candidates.setdefault(end, []).append(pod)
-        for end, group in candidates.items():
-            late = plan.late_keys(end)
-            held_late = await index.lookup(late, group, medium=medium) if late else {}
+        checks = [(end, group, plan.late_keys(end)) for end, group in candidates.items()]
+        held_late = await asyncio.gather(
+            *(index.lookup(late, group, medium=medium) for _end, group, late in checks if late)
+        )
+        answers = iter(held_late)
+        for end, group, late in checks:
+            held = next(answers) if late else {}
             for pod in group:
-                if held_late.get(pod, 0) == len(late):
+                if held.get(pod, 0) == len(late):
                     found[pod] = end
         return found
 

@@ -7,8 +7,8 @@ batch work could have had, so with online traffic spread over every pod, no pod 
 borrowable and batch waits in the router's queue. Keeping the classes apart where that is free
 lets the online traffic gather on as few pods as it needs and the batch work take the rest.
 
-Algorithm, for an online request: the candidates that host no batch request of this router
-(``batch_in_flight == 0``) are kept, unless none of them is within ``max_extra_seconds`` of
+Algorithm, for an online request: the candidates that host no batch request (``batch_in_flight
+== 0``: this router's, plus the other replicas' where they share load) are kept, unless none of them is within ``max_extra_seconds`` of
 the best predicted TTFT among all candidates (then every candidate is kept). Batch requests,
 and decisions where every candidate or none hosts batch work, keep every candidate.
 """
