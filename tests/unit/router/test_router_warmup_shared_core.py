@@ -287,7 +287,11 @@ def test_counts_read_back_from_redis_are_checked_and_bounded():
         "05": [1],
     }
     assert parse_counts(json.dumps(bad).encode()) == {}
-    assert parse_counts(b'{"06": NaN, "07": Infinity}') == {}
+    assert parse_counts(b'{"06": NaN, "07": Infinity, "08": -Infinity, "09": 1e400}') == {}
+    # an integer too large for a float is dropped, not an OverflowError that ends the exchange
+    huge = b'{"0a": 1' + b"0" * 400 + b', "0b": 2}'
+    assert parse_counts(huge) == {b"\x0b": 2.0}
+    assert parse_counts(b'{"0c": 1' + b"0" * 5000 + b"}") == {}  # past int()'s digit limit
     assert parse_counts(b"not json") == {} and parse_counts(b"[1]") == {}
     assert parse_counts(b"{" + b" " * MAX_HOT_FIELD_BYTES + b"}") == {}
     many = {f"{i:08x}": 1.0 for i in range(MAX_SHARED_PREFIXES + 10)}
