@@ -11,8 +11,9 @@ closes every connection.
 
 Reload: a new config builds a new `RouterState` (classifier, keyers, policy) and swaps it in
 atomically; requests already in flight keep the state they started with. Pools that remain keep
-their directory and endpoints; new pools get them; removed pools are dropped and their pods
-forgotten. A config that fails to load or validate leaves the old one in place (counted).
+their directory and endpoints; new pools get them; removed pools are dropped, their pods
+forgotten, and so are their hot prefixes (`core.pool_removed`). A config that fails to load or
+validate leaves the old one in place (counted).
 """
 
 from __future__ import annotations
@@ -225,6 +226,7 @@ class RouterRuntime:
                 await self.discoveries.pop(key).stop()
                 if key not in wanted:
                     await self.endpoints.drop_pool(key)
+                    self.core.pool_removed(key)
                     index = self.indexes.pop(key, None)
                     if index is not None:
                         await index.close()

@@ -234,3 +234,22 @@ async def test_an_answer_from_an_earlier_warm_up_does_not_end_the_next_one():
     assert core.warmup.deadline("pod2:8000") is not None  # still warming
     core.warmup.request_done(new, now[0], ok=True)
     assert core.warmup.deadline("pod2:8000") is None
+
+
+async def test_a_pool_removed_by_a_reload_leaves_no_warm_up_state(router_app):
+    def pool(name: str, model: str) -> dict[str, object]:
+        urls = [f"http://{name}{i}:8000" for i in range(2)]
+        return {"name": name, "model": model, "endpoints": {"static": [{"url": u} for u in urls]}}
+
+    client, runtime = await router_app(
+        make_config(pools=[pool("p", "m"), pool("q", "m2")]), FakePods()
+    )
+    for i in range(3):
+        assert (await client.post("/v1/completions", json=_body(i))).status_code == 200
+    warmup, now = runtime.core.warmup, runtime.core.clock()
+    warmup.peer_counts.update("default/p", {"r1": {b"k" * 32: 3.0}}, now)
+    assert warmup.hot.has("default/p") and warmup.hot.bytes > 0
+    await runtime.reload(make_config(pools=[pool("q", "m2")]))
+    assert not warmup.hot.has("default/p") and warmup.hot.bytes == 0
+    assert warmup.peer_counts.counts("default/p", now) == {}
+    assert warmup.peer_counts.replicas("default/p", now) == 0

@@ -1,15 +1,16 @@
 """Share warm-ups with the other router replicas through Redis: one warm-up per joining pod.
 
 While sharing is on (`RouterConfig.warmup_sharing_enabled`: by default whenever the directory is
-Redis and warm-up is on), the background task does, for the routing core's `warmup`
-(`core/warmup.py`, which holds the states; this module only talks to Redis):
+Redis and warm-up is on), the background task does, for the routing core's `warmup.claims`
+(`core/warmup_claims.py`, which holds the states; this module only talks to Redis):
 
 - **claims**, as soon as pods join (`wake()`): each joining pod's claim
   (`kvgate.directory.shared_warmup.RedisWarmClaims`) goes to Redis; the answer goes back to the
   core (`claim_result`), which hands the warm requests of a claimed pod to the warmer;
 - **follows**, every `FOLLOW_POLL_SECONDS` while a pod another replica warms is held back here:
   one read of the followed claims per pool (`follow_result`);
-- **done**: the claimed warm-ups that ended are marked done, so the followers ramp;
+- **done**: the claimed warm-ups that ended are marked done, so the followers ramp; a mark that
+  fails is queued again (`requeue_report`) and retried with the back-off while the claim lives;
 - **hot prefixes**, every `warmup.share_interval_seconds`: per pool, this replica's hottest
   prefixes' request counts are published and the others' read back in the same round trip
   (`HotPrefixBoard`), into `core.warmup.peer_counts`, which a claimed warm-up ranks by.
@@ -38,11 +39,7 @@ from kvgate.directory.redis import Client
 from kvgate.directory.shared_warmup import HotPrefixBoard, RedisWarmClaims
 from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.core.peer_prefixes import shared_counts_ttl_seconds, shared_prefix_limit
-from kvgate.router.core.warmup import (
-    DONE_GRACE_SECONDS,
-    FOLLOW_POLL_SECONDS,
-    WarmClaim,
-)
+from kvgate.router.core.warmup_claims import DONE_GRACE_SECONDS, FOLLOW_POLL_SECONDS, WarmClaim
 from kvgate.router.http.load_sharing import replica_id
 from kvgate.router.metrics import RouterMetrics
 
@@ -113,14 +110,14 @@ class WarmupSharer:
                 log.info("warm-up sharing %s", "on" if enabled else "off")
                 was_enabled = enabled
             if not enabled:
-                self._fail_pending()
+                self._fail_pending(drop_reports=True)
                 delay = _IDLE_CHECK_SECONDS
             else:
                 try:
                     ok = await self.step()
                 except Exception:  # a bug must not end sharing for the process's life
                     log.exception("warm-up sharing: step failed")
-                    self._fail_pending()
+                    self._fail_pending(drop_reports=False)
                     ok = False
                 self._failures = 0 if ok else self._failures + 1
                 delay = self._delay()
@@ -131,21 +128,20 @@ class WarmupSharer:
     def _delay(self) -> float:
         if self._failures:
             return min(_MAX_BACKOFF_SECONDS, FOLLOW_POLL_SECONDS * 2.0**self._failures)
-        if self.core.warmup.sharing(self._clock()):
+        # While a shared warm-up is under way, the next round is soon: it also times out the
+        # pods past their deadline (`step` advances first) and reports the claimed ones.
+        if self.core.warmup.claims.in_progress():
             return FOLLOW_POLL_SECONDS
         return max(0.0, self._next_publish - self._clock())
 
-    def _fail_pending(self) -> None:
-        """Redis cannot be asked (sharing turned off, no connection): pods waiting on a claim or
-        a follow are warmed from this replica's own history, as without sharing."""
-        warmup, now = self.core.warmup, self._clock()
-        claims, followed = warmup.take_claims(now), warmup.following(now)
-        for claim in claims:
-            warmup.claim_result(claim, "failed", now)
-        for claim in followed:
-            warmup.follow_result(claim, "failed", now)
-        warmup.take_reports()
-        if claims or followed:
+    def _fail_pending(self, *, drop_reports: bool) -> None:
+        """Redis cannot be asked (sharing turned off, a round failed): pods waiting on a claim
+        or a follow are warmed from this replica's own history, as without sharing; with sharing
+        off, nothing is told to the others (done marks dropped)."""
+        claims = self.core.warmup.claims
+        if drop_reports:
+            claims.take_reports()
+        if claims.fail_pending(self._clock()):
             self._dispatch()
 
     async def step(self) -> bool:
@@ -153,21 +149,21 @@ class WarmupSharer:
         call to Redis failed."""
         config = self._config()
         client = await self._redis(config)
-        warmup = self.core.warmup
+        claims = self.core.warmup.claims
         self._ok = True
-        claims = warmup.take_claims(self._clock())
-        reports = warmup.take_reports()
+        claims.advance(self._clock())
+        taken, reports = claims.take(), claims.take_reports()
         await asyncio.gather(
-            *(self._claim(client, config, c) for c in claims),
+            *(self._claim(client, config, c) for c in taken),
             *(self._done(client, config, c) for c in reports),
         )
         followed: dict[str, list[WarmClaim]] = {}
-        for c in warmup.following(self._clock()):
+        for c in claims.following():
             followed.setdefault(c.pool, []).append(c)
         await asyncio.gather(
             *(self._follow(client, config, pool, cs) for pool, cs in followed.items())
         )
-        if claims or followed:
+        if taken or followed:
             self._dispatch()
         if self._clock() >= self._next_publish:
             await self._publish(client, config)
@@ -198,30 +194,32 @@ class WarmupSharer:
             ttl_seconds=config.warmup.timeout_seconds,
         )
         answer = await self._call(config, claim.pool, "claim", call)
-        warmup, now = self.core.warmup, self._clock()
+        claims, now = self.core.warmup.claims, self._clock()
         if answer is None:
-            warmup.claim_result(claim, "failed", now)
+            claims.claim_result(claim, "failed", now)
             return
         outcome, replica = answer
-        warmup.claim_result(claim, outcome, now, warmed_by=replica)
+        claims.claim_result(claim, outcome, now, warmed_by=replica)
         log.info("warm-up of %s: %s %s", claim.endpoint_id, outcome, replica)
 
     async def _done(self, client: Client, config: RouterConfig, claim: WarmClaim) -> None:
         call = self._claims_of(client, config, claim.pool).done(
             claim.endpoint_id, claim.generation, self.replica, grace_seconds=DONE_GRACE_SECONDS
         )
-        await self._call(config, claim.pool, "done", call)
+        if await self._call(config, claim.pool, "done", call) is None:
+            # The followers wait for this mark: try again next round (backing off).
+            self.core.warmup.claims.requeue_report(claim, self._clock())
 
     async def _follow(
-        self, client: Client, config: RouterConfig, pool: str, claims: list[WarmClaim]
+        self, client: Client, config: RouterConfig, pool: str, followed: list[WarmClaim]
     ) -> None:
         call = self._claims_of(client, config, pool).states(
-            [(c.endpoint_id, c.generation) for c in claims]
+            [(c.endpoint_id, c.generation) for c in followed]
         )
         states = await self._call(config, pool, "follow", call)
-        warmup, now = self.core.warmup, self._clock()
-        for i, claim in enumerate(claims):
-            warmup.follow_result(claim, "failed" if states is None else states[i], now)
+        claims, now = self.core.warmup.claims, self._clock()
+        for i, claim in enumerate(followed):
+            claims.follow_result(claim, "failed" if states is None else states[i], now)
 
     async def _publish(self, client: Client, config: RouterConfig) -> None:
         """Publish every pool's hottest prefixes' counts; read the others' into the core."""

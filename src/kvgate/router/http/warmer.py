@@ -20,7 +20,7 @@ from typing import Any
 
 from kvgate.api.router_config import LimitsConfig
 from kvgate.router.core.lifecycle import RoutingCore
-from kvgate.router.core.warmup import WARM_PATH, WarmRequest
+from kvgate.router.core.warmup_pods import WARM_PATH, WarmRequest
 from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
 from kvgate.router.http.usage import usage_from_json_body
 
