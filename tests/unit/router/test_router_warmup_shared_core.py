@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
+from unittest.mock import AsyncMock
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 from tests.unit.router.fakes import make_config, routing_core
 
 from kvgate.api.fleet import WarmupConfig
@@ -21,6 +24,8 @@ from kvgate.directory.shared_warmup import (
 from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.peer_prefixes import PeerPrefixCounts
+from kvgate.router.core.warmup_claims import FOLLOW_POLL_SECONDS
+from kvgate.router.http.warm_sharing import WarmupSharer
 
 POOL = "default/p"
 SYSTEM_A = list(range(1000, 1512))  # 512 tokens: 32 blocks of 16
@@ -206,6 +211,49 @@ async def test_a_done_mark_that_failed_is_reported_again_while_its_claim_lives()
     assert claims.take_reports() == []
     claims.requeue_report(report, now[0])
     assert claims.take_reports() == []
+
+
+class _FlakyClaims(MemoryWarmClaims):
+    """In-process claims whose first `done` fails as Redis would."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        super().__init__(clock)
+        self.done_calls = 0
+
+    async def done(self, pod: str, generation: str, replica: str, *, grace_seconds: float) -> bool:
+        self.done_calls += 1
+        if self.done_calls == 1:
+            raise RedisConnectionError("connection reset")
+        return await super().done(pod, generation, replica, grace_seconds=grace_seconds)
+
+
+async def test_the_sharer_retries_a_done_mark_redis_failed_so_followers_do_not_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    core, endpoints, now = await _core(ramp_seconds=0.0)
+    config = make_config(2, directory={"backend": "redis"}, warmup={"ramp_seconds": 0.0})
+    directory = _FlakyClaims(lambda: now[0])
+    sharer = WarmupSharer(
+        core, lambda: config, core.metrics, lambda: None, replica="a", clock=lambda: now[0]
+    )
+    monkeypatch.setattr(sharer.redis, "client", AsyncMock(return_value=None))
+    monkeypatch.setattr(sharer, "_claims_of", lambda *_: directory)
+    sharer._next_publish = float("inf")  # the hot counts are not this test's
+    await _send(core, 3, SYSTEM_A)
+    await _join(endpoints)
+    assert await sharer.step(config)  # claimed
+    (request,) = core.warmup.take()
+    core.warmup.request_done(request, now[0], ok=True)
+    assert not await sharer.step(config)  # the done mark fails ...
+    assert await directory.states([(NEW, "uid2")]) == ["warming"]
+    assert sharer.delay(config) == FOLLOW_POLL_SECONDS  # ... is retried soon ...
+    assert await sharer.step(config)
+    assert await directory.states([(NEW, "uid2")]) == ["done"]  # ... and the followers ramp
+    errors = {"pool": POOL, "operation": "done"}
+    assert (
+        core.metrics.registry.get_sample_value("kvgate_router_warm_sharing_errors_total", errors)
+        == 1
+    )
 
 
 @pytest.mark.parametrize("state", ["done", "gone"])
