@@ -21,11 +21,8 @@ from typing import Any
 from kvgate.directory.shared_warmup import MemoryWarmClaims
 from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.core.peer_prefixes import shared_prefix_limit
-from kvgate.router.core.warmup import (
-    DONE_GRACE_SECONDS,
-    FOLLOW_POLL_SECONDS,
-    WarmRequest,
-)
+from kvgate.router.core.warmup_claims import DONE_GRACE_SECONDS, FOLLOW_POLL_SECONDS
+from kvgate.router.core.warmup_pods import WarmRequest
 from kvgate.sim.des import TraceRequest
 
 Complete = Callable[[Coroutine[Any, Any, Any]], Any]
@@ -87,7 +84,8 @@ class DesWarmups:
     def _share(self, k: int, core: RoutingCore, now: float) -> None:
         """One round of `http/warm_sharing.py` for replica `k`: claims, done marks, follows."""
         warmup, replica, claims = core.warmup, f"r{k}", self._claims
-        for claim in warmup.take_claims(now):
+        warmup.claims.advance(now)
+        for claim in warmup.claims.take():
             outcome, by = self._complete(
                 claims.claim(
                     claim.endpoint_id,
@@ -97,17 +95,17 @@ class DesWarmups:
                     ttl_seconds=warmup.config.timeout_seconds,
                 )
             )
-            warmup.claim_result(claim, outcome, now, warmed_by=by)
-        for claim in warmup.take_reports():
+            warmup.claims.claim_result(claim, outcome, now, warmed_by=by)
+        for claim in warmup.claims.take_reports():
             self._complete(
                 claims.done(
                     claim.endpoint_id, claim.generation, replica, grace_seconds=DONE_GRACE_SECONDS
                 )
             )
-        followed = warmup.following(now)
+        followed = warmup.claims.following()
         states = self._complete(claims.states([(c.endpoint_id, c.generation) for c in followed]))
         for claim, state in zip(followed, states, strict=True):
-            warmup.follow_result(claim, state, now)
+            warmup.claims.follow_result(claim, state, now)
 
     def _publish(self, now: float) -> None:
         """Every replica publishes its hottest prefixes' counts and reads the others'."""

@@ -23,7 +23,6 @@ discrete-event bench, tests); one conformance test runs both.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping
 from typing import Literal
 
@@ -41,11 +40,13 @@ MAX_SHARED_PREFIXES = 1024  # entries of one replica's published counts, per poo
 MAX_HOT_FIELD_BYTES = 256 << 10  # ~100 bytes an entry
 MAX_KEY_BYTES = 64  # block keys are 32 (sha256) or 16 bytes
 MAX_COUNT = 1e9
-_MAX_CLAIM_BYTES = 1024
+MAX_CLAIM_BYTES = 1024  # a claim's value; a longer one is no claim
 
-_CLAIM = """
+# A claim's value, "<generation>|<state>|<replica>": its three parts, or nil when it is not a
+# claim (missing, too long, malformed): shared by the scripts that read claims.
+_PARSE_CLAIM = """
 local function parse(value)
-  if not value or #value > 1024 then return nil end
+  if not value or #value > MAX_CLAIM_BYTES then return nil end
   local a = string.find(value, '|', 1, true)
   local b = a and string.find(value, '|', a + 1, true)
   if not b then return nil end
@@ -53,6 +54,11 @@ local function parse(value)
   if state ~= 'w' and state ~= 'd' then return nil end
   return string.sub(value, 1, a - 1), state, string.sub(value, b + 1)
 end
+""".replace("MAX_CLAIM_BYTES", str(MAX_CLAIM_BYTES))
+
+_CLAIM = (
+    _PARSE_CLAIM
+    + """
 local gen, state, owner = parse(redis.call('GET', KEYS[1]))
 if gen == ARGV[2] and owner ~= ARGV[1] then
   return {state, owner}
@@ -63,6 +69,7 @@ end
 redis.call('SET', KEYS[1], ARGV[2] .. '|w|' .. ARGV[1], 'PX', ARGV[4])
 return {'c', ARGV[1]}
 """
+)
 
 _DONE = """
 if redis.call('GET', KEYS[1]) == ARGV[2] .. '|w|' .. ARGV[1] then
@@ -72,23 +79,17 @@ end
 return 0
 """
 
-_STATES = """
+_STATES = (
+    _PARSE_CLAIM
+    + """
 local out = {}
 for i, key in ipairs(KEYS) do
-  local value = redis.call('GET', key)
-  local state = 'g'
-  if value and #value <= 1024 then
-    local a = string.find(value, '|', 1, true)
-    local b = a and string.find(value, '|', a + 1, true)
-    if b and string.sub(value, 1, a - 1) == ARGV[i] then
-      local s = string.sub(value, a + 1, b - 1)
-      if s == 'w' or s == 'd' then state = s end
-    end
-  end
-  out[i] = state
+  local gen, state = parse(redis.call('GET', key))
+  out[i] = (gen == ARGV[i]) and state or 'g'
 end
 return out
 """
+)
 
 _OUTCOMES: dict[bytes, ClaimOutcome] = {
     b"c": "claimed",
@@ -128,7 +129,7 @@ class RedisWarmClaims:
         outcome = _OUTCOMES.get(raw[0]) if isinstance(raw, list) and len(raw) == 2 else None
         if outcome is None:
             raise ValueError(f"unexpected claim answer {raw!r}")
-        return outcome, raw[1][:_MAX_CLAIM_BYTES].decode("utf-8", "replace")
+        return outcome, raw[1][:MAX_CLAIM_BYTES].decode("utf-8", "replace")
 
     async def done(self, pod: str, generation: str, replica: str, *, grace_seconds: float) -> bool:
         """Mark this replica's claim done (False: it is not this replica's any more)."""
@@ -233,9 +234,11 @@ def parse_counts(value: bytes) -> dict[bytes, float]:
     for name, count in data.items():
         if len(out) >= MAX_SHARED_PREFIXES:
             break
-        if type(count) not in (int, float) or not math.isfinite(count):
+        # Type and range only, never arithmetic: NaN fails the comparison, and an integer of
+        # any size compares exactly (math.isfinite(10**400) would raise OverflowError).
+        if type(count) not in (int, float) or not 0 <= count <= MAX_COUNT:
             continue
-        if not 0 <= count <= MAX_COUNT or not 2 <= len(name) <= 2 * MAX_KEY_BYTES:
+        if not 2 <= len(name) <= 2 * MAX_KEY_BYTES:
             continue
         try:
             key = bytes.fromhex(name)

@@ -3,16 +3,18 @@
 `RouterRuntime` owns: the routing core (`core/lifecycle.py`: decisions, endpoint accounting and
 learning), the HTTP client to the pods (pooled keep-alive connections, `http/upstream.py`), the
 proxy, the warmer of pods that join (`http/warmer.py`), the load and warm-up exchanges with
-the other router replicas (`http/load_sharing.py`, `http/warm_sharing.py`), one directory
-index per pool, the endpoint set fed by
+the other router replicas (`http/load_sharing.py`, `http/warm_sharing.py`, over one Redis
+client, `http/replica_exchange.py`), one directory index per pool, the endpoint set fed by
 discovery, the load scraper, the embedded indexer (KV-event subscriptions, `kvgate.indexer`)
 and the config-file watcher. `start()` starts them; `stop()` cancels and awaits every task and
-closes every connection.
+closes every connection, each producer before what it feeds (the warm-up exchange hands warm
+requests to the warmer: it stops first).
 
 Reload: a new config builds a new `RouterState` (classifier, keyers, policy) and swaps it in
 atomically; requests already in flight keep the state they started with. Pools that remain keep
-their directory and endpoints; new pools get them; removed pools are dropped and their pods
-forgotten. A config that fails to load or validate leaves the old one in place (counted).
+their directory and endpoints; new pools get them; removed pools are dropped, their pods
+forgotten, and so are their hot prefixes (`core.pool_removed`). A config that fails to load or
+validate leaves the old one in place (counted).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.core.routing import RouterState
 from kvgate.router.http.load_sharing import LoadSharer
 from kvgate.router.http.proxy import Proxy
+from kvgate.router.http.replica_exchange import SharedRedis
 from kvgate.router.http.scrape import LoadScraper
 from kvgate.router.http.upstream import HttpxUpstream, RawUpstream, RoutingUpstream, Upstream
 from kvgate.router.http.warm_sharing import WarmupSharer
@@ -123,12 +126,16 @@ class RouterRuntime:
         )
         self.proxy = Proxy(self.upstream, self.core, limits)
         self.warmer = Warmer(self.core, self.upstream, lambda: self.config.limits, clock=clock)
-        self.load_sharer = LoadSharer(self.core, lambda: self.config, self.metrics, clock=clock)
+        self.replica_redis = SharedRedis()  # one client for both exchanges with the replicas
+        self.load_sharer = LoadSharer(
+            self.core, lambda: self.config, self.metrics, redis=self.replica_redis, clock=clock
+        )
         self.warm_sharer = WarmupSharer(
             self.core,
             lambda: self.config,
             self.metrics,
             self.warmer.dispatch,
+            redis=self.replica_redis,
             replica=self.load_sharer.replica,
             clock=clock,
         )
@@ -194,9 +201,10 @@ class RouterRuntime:
         if self.indexer is not None:
             await self.indexer.close()
         await self.scraper.stop()
+        await self.warm_sharer.stop()  # before the warmer: it dispatches warm requests
         await self.warmer.stop()
         await self.load_sharer.stop()
-        await self.warm_sharer.stop()
+        await self.replica_redis.aclose()
         for index in self.indexes.values():
             await index.close()
         await self.upstream.aclose()
@@ -225,6 +233,7 @@ class RouterRuntime:
                 await self.discoveries.pop(key).stop()
                 if key not in wanted:
                     await self.endpoints.drop_pool(key)
+                    self.core.pool_removed(key)
                     index = self.indexes.pop(key, None)
                     if index is not None:
                         await index.close()

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 from kvgate.directory.keys import PoolKeys
 from kvgate.directory.shared_warmup import (
+    MAX_CLAIM_BYTES,
     MAX_HOT_FIELD_BYTES,
     HotPrefixBoard,
     MemoryWarmClaims,
@@ -87,6 +88,20 @@ async def test_a_claim_a_bad_writer_left_is_taken_over(redis_url: str) -> None:
                 "b",
             )
         assert 0 < await client.pttl(key) <= 5000
+        # a replica with nothing to warm takes nothing: the junk stays as it is
+        await client.set(key, b"no separators")
+        assert await board.claim("p", "g1", "c", can_warm=False, ttl_seconds=5) == ("nothing", "")
+        assert await client.get(key) == b"no separators"
+        # MAX_CLAIM_BYTES is the scripts' bound: a claim of that size is read, one byte more not
+        owner = b"x" * (MAX_CLAIM_BYTES - len(b"g1|w|"))
+        await client.set(key, b"g1|w|" + owner)
+        assert await board.states([("p", "g1")]) == ["warming"]
+        assert await board.claim("p", "g1", "b", can_warm=True, ttl_seconds=5) == (
+            "follow",
+            owner.decode(),
+        )
+        await client.set(key, b"g1|w|x" + owner)
+        assert await board.states([("p", "g1")]) == ["gone"]
     finally:
         await client.aclose()
 

@@ -114,7 +114,7 @@ async def test_a_router_on_the_memory_directory_never_reaches_for_redis():
     sharer.start()
     try:
         await asyncio.sleep(0.05)  # the task looks at its config once, then idles
-        assert sharer._client is None
+        assert sharer.redis.current is None
         assert metrics.registry.get_sample_value("kvgate_router_load_sharing_degraded") == 0
     finally:
         await sharer.stop()
@@ -129,11 +129,12 @@ async def test_load_sharing_reaches_redis_as_the_directory_does(monkeypatch):
     core, _ = await routing_core(config, [0.0], 2)
     sharer = LoadSharer(core, lambda: config, RouterMetrics(), replica="a")
     try:
-        client = await sharer._redis(config)
+        client = await sharer.redis.client(config.directory.redis)
         assert isinstance(client, RedisCluster)  # not a one-server client to `redis.url`
         assert [(n.host, n.port) for n in client.nodes_manager.startup_nodes.values()] == [
             ("shared.example", 6380)
         ]
-        assert await sharer._redis(config) is client  # one client until the config changes
+        # one client until the config changes
+        assert await sharer.redis.client(config.directory.redis) is client
     finally:
         await sharer.stop()

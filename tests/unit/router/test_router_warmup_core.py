@@ -234,3 +234,49 @@ async def test_an_answer_from_an_earlier_warm_up_does_not_end_the_next_one():
     assert core.warmup.deadline("pod2:8000") is not None  # still warming
     core.warmup.request_done(new, now[0], ok=True)
     assert core.warmup.deadline("pod2:8000") is None
+
+
+async def test_a_stopped_router_starts_no_warm_request(router_app, monkeypatch):
+    pods = FakePods()
+    client, runtime = await router_app(make_config(2, warmup={"ramp_seconds": 0.0}), pods)
+    for i in range(3):
+        assert (await client.post("/v1/completions", json=_body(i))).status_code == 200
+    stopped: list[str] = []
+    for name in ("warm_sharer", "warmer", "load_sharer"):
+        part = getattr(runtime, name)
+
+        async def stop(part=part, name=name) -> None:  # type: ignore[no-untyped-def]
+            stopped.append(name)
+            await type(part).stop(part)
+
+        monkeypatch.setattr(part, "stop", stop)
+    await runtime.stop()
+    # what feeds the warmer (the warm-up exchange's claims) stops before it
+    assert stopped.index("warm_sharer") < stopped.index("warmer")
+    # a pod that joins now (a late discovery event, or a claim answered during shutdown): its
+    # warm request stays queued in the core, no task is left to send it over the closed upstream
+    pool = "default/p"
+    specs = [ep.spec for ep in runtime.endpoints.in_pool(pool)]
+    await runtime.endpoints.replace_pool(pool, [*specs, EndpointSpec("pod2:8000", pool, "x")])
+    runtime.warmer.dispatch()
+    assert runtime.warmer._tasks == set()
+    assert [r.endpoint_id for r in runtime.core.warmup.take()] == ["pod2:8000"]
+
+
+async def test_a_pool_removed_by_a_reload_leaves_no_warm_up_state(router_app):
+    def pool(name: str, model: str) -> dict[str, object]:
+        urls = [f"http://{name}{i}:8000" for i in range(2)]
+        return {"name": name, "model": model, "endpoints": {"static": [{"url": u} for u in urls]}}
+
+    client, runtime = await router_app(
+        make_config(pools=[pool("p", "m"), pool("q", "m2")]), FakePods()
+    )
+    for i in range(3):
+        assert (await client.post("/v1/completions", json=_body(i))).status_code == 200
+    warmup, now = runtime.core.warmup, runtime.core.clock()
+    warmup.peer_counts.update("default/p", {"r1": {b"k" * 32: 3.0}}, now)
+    assert warmup.hot.has("default/p") and warmup.hot.bytes > 0
+    await runtime.reload(make_config(pools=[pool("q", "m2")]))
+    assert not warmup.hot.has("default/p") and warmup.hot.bytes == 0
+    assert warmup.peer_counts.counts("default/p", now) == {}
+    assert warmup.peer_counts.replicas("default/p", now) == 0

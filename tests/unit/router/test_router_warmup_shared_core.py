@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
+from unittest.mock import AsyncMock
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 from tests.unit.router.fakes import make_config, routing_core
 
 from kvgate.api.fleet import WarmupConfig
@@ -21,6 +24,8 @@ from kvgate.directory.shared_warmup import (
 from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.peer_prefixes import PeerPrefixCounts
+from kvgate.router.core.warmup_claims import FOLLOW_POLL_SECONDS
+from kvgate.router.http.warm_sharing import WarmupSharer
 
 POOL = "default/p"
 SYSTEM_A = list(range(1000, 1512))  # 512 tokens: 32 blocks of 16
@@ -67,9 +72,9 @@ async def test_a_joining_pod_is_held_back_while_its_claim_is_decided():
     await _send(core, 3, SYSTEM_A)
     await _join(endpoints)
     assert core.warmup.take() == []  # nothing is sent before the claim is answered
-    (claim,) = core.warmup.take_claims(now[0])
+    (claim,) = core.warmup.claims.take()
     assert (claim.endpoint_id, claim.generation, claim.can_warm) == (NEW, "uid2", True)
-    assert core.warmup.take_claims(now[0]) == []  # each claim is handed out once
+    assert core.warmup.claims.take() == []  # each claim is handed out once
     assert not core.warmup.admits(NEW, now[0], random.Random(0))
     assert _phase(core, endpoints, now[0])["role"] == "claiming"
 
@@ -82,8 +87,8 @@ async def test_the_claimant_warms_with_the_prefixes_all_replicas_asked_for_most(
     # ... the other replicas saw B far more often
     core.warmup.peer_counts.update(POOL, {"r1": {key_b: 10.0}, "r2": {key_b: 9.0}}, now[0])
     await _join(endpoints)
-    (claim,) = core.warmup.take_claims(now[0])
-    core.warmup.claim_result(claim, "claimed", now[0], warmed_by="me")
+    (claim,) = core.warmup.claims.take()
+    core.warmup.claims.claim_result(claim, "claimed", now[0], warmed_by="me")
     (request,) = core.warmup.take()
     assert request.body()["prompt"] == SYSTEM_B
     assert _phase(core, endpoints, now[0])["role"] == "claimed"
@@ -117,26 +122,30 @@ async def test_the_claimant_marks_its_warm_up_done_when_it_ends():
     core, endpoints, now = await _core(ramp_seconds=0.0)
     await _send(core, 3, SYSTEM_A)
     await _join(endpoints)
-    (claim,) = core.warmup.take_claims(now[0])
-    core.warmup.claim_result(claim, "claimed", now[0])
+    (claim,) = core.warmup.claims.take()
+    core.warmup.claims.claim_result(claim, "claimed", now[0])
     (request,) = core.warmup.take()
-    assert core.warmup.sharing(now[0]) and core.warmup.take_reports() == []
+    assert core.warmup.claims.in_progress() and core.warmup.claims.take_reports() == []
     core.warmup.request_done(request, now[0], ok=True, prompt_tokens=512)
-    (report,) = core.warmup.take_reports()
+    (report,) = core.warmup.claims.take_reports()
     assert (report.endpoint_id, report.generation) == (NEW, "uid2")
     assert core.warmup.admits(NEW, now[0], random.Random(0))
-    assert not core.warmup.sharing(now[0])
+    assert not core.warmup.claims.in_progress()
 
 
 async def test_a_claimed_warm_up_that_times_out_is_reported_done_too():
     core, endpoints, now = await _core(ramp_seconds=0.0, timeout_seconds=30.0)
     await _send(core, 3, SYSTEM_A)
     await _join(endpoints)
-    (claim,) = core.warmup.take_claims(now[0])
-    core.warmup.claim_result(claim, "claimed", now[0])
+    (claim,) = core.warmup.claims.take()
+    core.warmup.claims.claim_result(claim, "claimed", now[0])
     assert core.warmup.take()
-    assert core.warmup.sharing(now[0] + 30.0)  # the poll advances it past its deadline
-    (report,) = core.warmup.take_reports()
+    assert core.warmup.claims.in_progress()
+    core.warmup.claims.advance(now[0] + 29.0)
+    assert core.warmup.claims.take_reports() == []  # still warming
+    core.warmup.claims.advance(now[0] + 30.0)  # the poll advances it past its deadline
+    assert core.warmup.claims.in_progress()  # its report is still to be written
+    (report,) = core.warmup.claims.take_reports()
     assert report.endpoint_id == NEW and _metric(core, "timed_out") == 1
 
 
@@ -144,14 +153,14 @@ async def test_a_follower_holds_the_pod_back_until_the_claimant_is_done_then_ram
     core, endpoints, now = await _core(ramp_seconds=10.0)
     await _send(core, 3, SYSTEM_A)
     await _join(endpoints)
-    (claim,) = core.warmup.take_claims(now[0])
-    core.warmup.claim_result(claim, "follow", now[0], warmed_by="replica-a")
+    (claim,) = core.warmup.claims.take()
+    core.warmup.claims.claim_result(claim, "follow", now[0], warmed_by="replica-a")
     assert core.warmup.take() == []  # the other replica sends the warm requests
     rng = random.Random(0)
     for _ in range(3):
         now[0] += 1.0
-        (followed,) = core.warmup.following(now[0])
-        core.warmup.follow_result(followed, "warming", now[0])
+        (followed,) = core.warmup.claims.following()
+        core.warmup.claims.follow_result(followed, "warming", now[0])
         assert not core.warmup.admits(NEW, now[0], rng)
         for i in range(5):
             body = {"model": "m", "prompt": SYSTEM_A + [50 + i] * 40, "max_tokens": 4}
@@ -160,24 +169,91 @@ async def test_a_follower_holds_the_pod_back_until_the_claimant_is_done_then_ram
     assert (state["phase"], state["role"], state["warmed_by"]) == (
         "warming", "following", "replica-a"
     )  # fmt: skip
-    core.warmup.follow_result(followed, "done", now[0])
+    core.warmup.claims.follow_result(followed, "done", now[0])
     assert _phase(core, endpoints, now[0])["phase"] == "ramping"  # as if warmed here
     now[0] += 5.0
     share = sum(core.warmup.admits(NEW, now[0], rng) for _ in range(1000)) / 1000
     assert 0.4 < share < 0.6
-    assert _metric(core, "followed") == 1 and core.warmup.following(now[0]) == []
+    assert _metric(core, "followed") == 1 and core.warmup.claims.following() == []
 
 
 async def test_a_claimant_that_never_finishes_holds_the_pod_back_no_longer_than_the_timeout():
     core, endpoints, now = await _core(ramp_seconds=0.0, timeout_seconds=20.0)
     await _send(core, 3, SYSTEM_A)
     await _join(endpoints)
-    (claim,) = core.warmup.take_claims(now[0])
-    core.warmup.claim_result(claim, "follow", now[0], warmed_by="gone-replica")
-    assert core.warmup.following(now[0] + 19.0)
-    assert core.warmup.following(now[0] + 20.0) == []  # its own deadline: it ramps
+    (claim,) = core.warmup.claims.take()
+    core.warmup.claims.claim_result(claim, "follow", now[0], warmed_by="gone-replica")
+    core.warmup.claims.advance(now[0] + 19.0)
+    assert core.warmup.claims.following()
+    core.warmup.claims.advance(now[0] + 20.0)
+    assert core.warmup.claims.following() == []  # its own deadline: it ramps
     assert core.warmup.admits(NEW, now[0] + 20.0, random.Random(0))
     assert _phase(core, endpoints, now[0] + 20.0)["timed_out"] is True
+
+
+async def test_a_done_mark_that_failed_is_reported_again_while_its_claim_lives():
+    core, endpoints, now = await _core(ramp_seconds=0.0, timeout_seconds=30.0)
+    claims = core.warmup.claims
+    await _send(core, 3, SYSTEM_A)
+    await _join(endpoints)
+    (claim,) = claims.take()
+    claims.claim_result(claim, "claimed", now[0])
+    (request,) = core.warmup.take()
+    core.warmup.request_done(request, now[0], ok=True)
+    (report,) = claims.take_reports()
+    claims.requeue_report(report, now[0])  # Redis failed: again at the next round
+    claims.requeue_report(report, now[0])  # (once)
+    assert claims.in_progress() and claims.take_reports() == [report]
+    claims.requeue_report(report, now[0] + 30.0)  # the claim expired: nobody waits for it
+    assert claims.take_reports() == []
+    claims.requeue_report(report, now[0])
+    await _join(endpoints, 2)  # the pod left: nothing to report
+    assert claims.take_reports() == []
+    claims.requeue_report(report, now[0])
+    assert claims.take_reports() == []
+
+
+class _FlakyClaims(MemoryWarmClaims):
+    """In-process claims whose first `done` fails as Redis would."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        super().__init__(clock)
+        self.done_calls = 0
+
+    async def done(self, pod: str, generation: str, replica: str, *, grace_seconds: float) -> bool:
+        self.done_calls += 1
+        if self.done_calls == 1:
+            raise RedisConnectionError("connection reset")
+        return await super().done(pod, generation, replica, grace_seconds=grace_seconds)
+
+
+async def test_the_sharer_retries_a_done_mark_redis_failed_so_followers_do_not_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    core, endpoints, now = await _core(ramp_seconds=0.0)
+    config = make_config(2, directory={"backend": "redis"}, warmup={"ramp_seconds": 0.0})
+    directory = _FlakyClaims(lambda: now[0])
+    sharer = WarmupSharer(
+        core, lambda: config, core.metrics, lambda: None, replica="a", clock=lambda: now[0]
+    )
+    monkeypatch.setattr(sharer.redis, "client", AsyncMock(return_value=None))
+    monkeypatch.setattr(sharer, "_claims_of", lambda *_: directory)
+    sharer._next_publish = float("inf")  # the hot counts are not this test's
+    await _send(core, 3, SYSTEM_A)
+    await _join(endpoints)
+    assert await sharer.step(config)  # claimed
+    (request,) = core.warmup.take()
+    core.warmup.request_done(request, now[0], ok=True)
+    assert not await sharer.step(config)  # the done mark fails ...
+    assert await directory.states([(NEW, "uid2")]) == ["warming"]
+    assert sharer.delay(config) == FOLLOW_POLL_SECONDS  # ... is retried soon ...
+    assert await sharer.step(config)
+    assert await directory.states([(NEW, "uid2")]) == ["done"]  # ... and the followers ramp
+    errors = {"pool": POOL, "operation": "done"}
+    assert (
+        core.metrics.registry.get_sample_value("kvgate_router_warm_sharing_errors_total", errors)
+        == 1
+    )
 
 
 @pytest.mark.parametrize("state", ["done", "gone"])
@@ -185,10 +261,10 @@ async def test_a_claim_done_or_gone_ends_the_follow(state):
     core, endpoints, now = await _core(ramp_seconds=0.0)
     await _send(core, 3, SYSTEM_A)
     await _join(endpoints)
-    (claim,) = core.warmup.take_claims(now[0])
-    core.warmup.claim_result(claim, "follow", now[0], warmed_by="a")
-    (followed,) = core.warmup.following(now[0])
-    core.warmup.follow_result(followed, state, now[0])
+    (claim,) = core.warmup.claims.take()
+    core.warmup.claims.claim_result(claim, "follow", now[0], warmed_by="a")
+    (followed,) = core.warmup.claims.following()
+    core.warmup.claims.follow_result(followed, state, now[0])
     assert core.warmup.admits(NEW, now[0], random.Random(0))
     assert core.warmup.take() == []
 
@@ -197,8 +273,8 @@ async def test_a_pod_warmed_already_by_another_replica_ramps_at_once():
     core, endpoints, now = await _core(ramp_seconds=0.0)
     await _send(core, 3, SYSTEM_A)
     await _join(endpoints)
-    (claim,) = core.warmup.take_claims(now[0])
-    core.warmup.claim_result(claim, "done", now[0], warmed_by="a")
+    (claim,) = core.warmup.claims.take()
+    core.warmup.claims.claim_result(claim, "done", now[0], warmed_by="a")
     assert core.warmup.take() == [] and core.warmup.admits(NEW, now[0], random.Random(0))
     assert _metric(core, "followed") == 1
 
@@ -208,30 +284,30 @@ async def test_when_the_directory_fails_the_replica_warms_the_pod_from_its_own_h
     core, endpoints, now = await _core(ramp_seconds=0.0, timeout_seconds=30.0)
     await _send(core, 3, SYSTEM_A)
     await _join(endpoints)
-    (claim,) = core.warmup.take_claims(now[0])
+    (claim,) = core.warmup.claims.take()
     if when == "claim":
-        core.warmup.claim_result(claim, "failed", now[0])
+        core.warmup.claims.claim_result(claim, "failed", now[0])
     else:
-        core.warmup.claim_result(claim, "follow", now[0], warmed_by="a")
+        core.warmup.claims.claim_result(claim, "follow", now[0], warmed_by="a")
         now[0] += 2.0
-        (followed,) = core.warmup.following(now[0])
-        core.warmup.follow_result(followed, "failed", now[0])
+        (followed,) = core.warmup.claims.following()
+        core.warmup.claims.follow_result(followed, "failed", now[0])
     (request,) = core.warmup.take()  # exactly what it sends without sharing
     assert request.body()["prompt"] == SYSTEM_A
     state = _phase(core, endpoints, now[0])
     assert (state["phase"], state["role"]) == ("warming", "own")
     assert core.warmup.deadline(NEW) == 130.0  # within the same deadline
     core.warmup.request_done(request, now[0], ok=True, prompt_tokens=512)
-    assert core.warmup.take_reports() == []  # nobody follows an own warm-up
+    assert core.warmup.claims.take_reports() == []  # nobody follows an own warm-up
     assert core.warmup.admits(NEW, now[0], random.Random(0))
 
 
 async def test_a_replica_with_nothing_hot_claims_nothing_and_does_not_hold_the_pod_back():
     core, endpoints, now = await _core(ramp_seconds=0.0)
     await _join(endpoints)
-    (claim,) = core.warmup.take_claims(now[0])
+    (claim,) = core.warmup.claims.take()
     assert not claim.can_warm
-    core.warmup.claim_result(claim, "nothing", now[0])
+    core.warmup.claims.claim_result(claim, "nothing", now[0])
     assert core.warmup.admits(NEW, now[0], random.Random(0))
     assert _metric(core, "nothing_hot") == 1
 
@@ -240,23 +316,23 @@ async def test_an_answer_for_an_earlier_join_is_ignored():
     core, endpoints, now = await _core(ramp_seconds=0.0)
     await _send(core, 3, SYSTEM_A)
     await _join(endpoints)
-    (old,) = core.warmup.take_claims(now[0])
+    (old,) = core.warmup.claims.take()
     await _join(endpoints, 2)  # it left ...
     now[0] += 1.0
     await _join(endpoints)  # ... and came back
-    (new,) = core.warmup.take_claims(now[0])
-    core.warmup.claim_result(old, "done", now[0])
+    (new,) = core.warmup.claims.take()
+    core.warmup.claims.claim_result(old, "done", now[0])
     assert _phase(core, endpoints, now[0])["role"] == "claiming"
-    core.warmup.claim_result(new, "claimed", now[0])
+    core.warmup.claims.claim_result(new, "claimed", now[0])
     assert len(core.warmup.take()) == 1
 
 
 async def test_without_sharing_no_claim_is_made():
-    core, endpoints, now = await _core()
+    core, endpoints, _ = await _core()
     core.warmup.shared = False
     await _send(core, 3, SYSTEM_A)
     await _join(endpoints)
-    assert core.warmup.take_claims(now[0]) == []
+    assert core.warmup.claims.take() == []
     assert len(core.warmup.take()) == 1
 
 
@@ -287,7 +363,11 @@ def test_counts_read_back_from_redis_are_checked_and_bounded():
         "05": [1],
     }
     assert parse_counts(json.dumps(bad).encode()) == {}
-    assert parse_counts(b'{"06": NaN, "07": Infinity}') == {}
+    assert parse_counts(b'{"06": NaN, "07": Infinity, "08": -Infinity, "09": 1e400}') == {}
+    # an integer too large for a float is dropped, not an OverflowError that ends the exchange
+    huge = b'{"0a": 1' + b"0" * 400 + b', "0b": 2}'
+    assert parse_counts(huge) == {b"\x0b": 2.0}
+    assert parse_counts(b'{"0c": 1' + b"0" * 5000 + b"}") == {}  # past int()'s digit limit
     assert parse_counts(b"not json") == {} and parse_counts(b"[1]") == {}
     assert parse_counts(b"{" + b" " * MAX_HOT_FIELD_BYTES + b"}") == {}
     many = {f"{i:08x}": 1.0 for i in range(MAX_SHARED_PREFIXES + 10)}

@@ -18,8 +18,9 @@ if each of those requests lands on the new pod); a prefix that starts another ch
 dropped (warming the longer caches its blocks too). Router replicas that share warm-ups add the
 other replicas' counts of the same prefixes (`peer_prefixes.py`) to the ranking and to the
 count that promotes a candidate (a prefix hot in the pool keeps its tokens the first time it
-comes to this replica), and publish their own (`shared_counts`). Plain synchronous code on the core's clock, like the rest of the
-core.
+comes to this replica), and publish their own (`shared_counts`). A pool removed from the
+configuration is forgotten (`forget_pool`). Plain synchronous code on the core's clock, like
+the rest of the core.
 """
 
 from __future__ import annotations
@@ -151,6 +152,7 @@ class HotPrefixes:
             self.bytes -= entry.token_count * _TOKEN_BYTES
 
     def forget_pool(self, pool: str) -> None:
+        """Drop every prefix of `pool` (it left the configuration)."""
         for tier in (self._candidates, self._hot):
             for name in [name for name in tier if name[0] == pool]:
                 entry = tier.pop(name)

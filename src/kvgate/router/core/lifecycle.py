@@ -27,6 +27,7 @@
   joins a pool with other pods is warmed with the pool's hottest prefixes before it takes its
   full share (`warmup.py`; the I/O side sends what `warmup.take()` hands it and, with router
   replicas sharing warm-ups, claims and follows them through the directory).
+- `pool_removed(pool)`: a reload dropped the pool: forget the warm-up state it left behind.
 
 Only `admit`, `route`, `dispatch`, `plan` and `explain` await anything (the directory: a Redis round trip with the redis
 backend); every hook is plain synchronous code. Time comes from the injected clock: monotonic in
@@ -429,6 +430,11 @@ class RoutingCore:
             others = [m for m in self.endpoints.in_pool(ep.pool) if m.id not in joining]
             self.warmup.joined(ep, others, now)
         self.flow.pump()
+
+    def pool_removed(self, pool: str) -> None:
+        """`pool` left the configuration (its pods left before, through `endpoints_changed`):
+        forget its hot prefixes and the other replicas' counts of them."""
+        self.warmup.forget_pool(pool)
 
     def endpoint_load(self) -> MutableMapping[str, int]:
         """Requests in flight per endpoint id (for tests and /debug)."""

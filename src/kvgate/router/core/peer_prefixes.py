@@ -11,8 +11,9 @@ them, so a prefix is warmed by a replica that saw it itself, ranked by what all 
 
 Each replica publishes the counts of its `SHARED_TOP_FACTOR` x `top_prefixes` hottest prefixes
 (at most `MAX_SHARED_PREFIXES`). A pool's view older than `ttl_seconds` (three intervals) counts
-nothing (Redis down, or the exchange stalled: the
-replica ranks by its own counts). Plain synchronous code on the core's clock.
+nothing (Redis down, or the exchange stalled: the replica ranks by its own counts); a pool
+removed from the configuration is forgotten (`forget_pool`). Plain synchronous code on the
+core's clock.
 """
 
 from __future__ import annotations
@@ -71,4 +72,5 @@ class PeerPrefixCounts:
         return 0 if found is None or now - found[1] > self.ttl_seconds else found[2]
 
     def forget_pool(self, pool: str) -> None:
+        """Drop `pool`'s view (it left the configuration)."""
         self._pools.pop(pool, None)

@@ -5,7 +5,7 @@ the live router's background side of `core/warmup.py`: after the endpoint set ch
 the core's warm requests and sends them, at most `warmup.concurrency` at a time across every
 pod, each bounded by the pod's warm-up deadline and `limits.first_byte_timeout_seconds`, and
 reports each answer (or failure) back to the core. Its tasks are owned: `stop()` cancels and
-awaits them.
+awaits them, and a `dispatch` after it starts none.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from kvgate.api.router_config import LimitsConfig
 from kvgate.router.core.lifecycle import RoutingCore
-from kvgate.router.core.warmup import WARM_PATH, WarmRequest
+from kvgate.router.core.warmup_pods import WARM_PATH, WarmRequest
 from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
 from kvgate.router.http.usage import usage_from_json_body
 
@@ -82,9 +82,13 @@ class Warmer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(core.warmup.config.concurrency)
         self._concurrency = core.warmup.config.concurrency
+        self._stopped = False
 
     def dispatch(self) -> None:
-        """Start sending whatever the core has to warm (call after the endpoint set changed)."""
+        """Start sending whatever the core has to warm (call after the endpoint set changed);
+        nothing once stopped (the upstream is closing: a task made now would outlive `stop`)."""
+        if self._stopped:
+            return
         concurrency = self.core.warmup.config.concurrency
         if concurrency != self._concurrency:  # reloaded: new requests queue on new slots
             self._slots, self._concurrency = asyncio.Semaphore(concurrency), concurrency
@@ -120,6 +124,7 @@ class Warmer:
             warmup.request_done(request, self._clock(), ok=ok, prompt_tokens=tokens)
 
     async def stop(self) -> None:
+        self._stopped = True
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from kvgate.discovery.endpoints import Endpoint
 from kvgate.router.core.errors import RouterError, bad_request
 from kvgate.router.core.lifecycle import ClientRequest
-from kvgate.router.core.warmup import WARM_PATH, WarmRequest
+from kvgate.router.core.warmup_pods import WARM_PATH, WarmRequest
 from kvgate.router.http.warmer import send_warm
 
 if TYPE_CHECKING:
