@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvgate.bench.des import run_des
@@ -40,6 +40,49 @@ TENANTS = {
         {"name": "flood", "api_keys": [{"value": "k-flood"}]},
     ]
 }
+# A simulated H100 pod (Llama-3.1-8B profile) prefills about this many prompt tokens a second.
+POD_PREFILL_TOKENS_PER_S = 30_000
+
+
+def tenants_config(short_weight: float = 1.0) -> dict[str, Any]:
+    """The router's `tenants` section: `short` (key k-short) at ``short_weight``, `flood`
+    (k-flood) at weight 1."""
+    short, flood = TENANTS["tenants"]
+    return {"tenants": [{**short, "weight": short_weight}, flood]}
+
+
+@dataclass(frozen=True)
+class TwoTenants:
+    """Tenant `short`'s requests alone, and with tenant `flood`'s: the fairness workload."""
+
+    short: list[BenchRequest]
+    flood: list[BenchRequest]
+    flood_rate_rps: float
+
+    @property
+    def alone(self) -> Workload:
+        return Workload("short-alone", tuple(self.short))
+
+    @property
+    def both(self) -> Workload:
+        merged = sorted(self.short + self.flood, key=lambda r: r.arrival_s)
+        return Workload("short+flood", tuple(merged))
+
+
+def two_tenants(pods: int, flood_tokens: int, seed: int, duration_s: float) -> TwoTenants:
+    """`short`: 1024-token prompts, 64 output tokens, Poisson 10 req/s for ``duration_s``;
+    `flood`: ``flood_tokens``-token prompts, 64 output tokens, at twice the fleet's prefill
+    capacity for as long."""
+    short = _requests(
+        "short", random.Random(seed), count=int(10 * duration_s), rate_rps=10.0,
+        prompt_tokens=1024, output_tokens=64, api_key="k-short",
+    )  # fmt: skip
+    flood_rate = 2 * pods * POD_PREFILL_TOKENS_PER_S / flood_tokens
+    flood = _requests(
+        "flood", random.Random(seed + 1), count=int(duration_s * flood_rate),
+        rate_rps=flood_rate, prompt_tokens=flood_tokens, output_tokens=64, api_key="k-flood",
+    )  # fmt: skip
+    return TwoTenants(short, flood, flood_rate)
 
 
 def _requests(
@@ -82,8 +125,7 @@ def _run(
     short_weight = params.pop("short_weight", 1.0)  # tenant `short`'s weight, not a setting
     update: dict[str, Any] = {"flow_control": {"enabled": flow, **params}}
     if tenants:
-        short, flood = TENANTS["tenants"]
-        update["tenants"] = {"tenants": [{**short, "weight": short_weight}, flood]}
+        update["tenants"] = tenants_config(short_weight)
     result = run_des(
         workload,
         "kvgate",
@@ -103,20 +145,9 @@ def _ttft(records: list[RequestRecord], prefix: str) -> tuple[float, float, int,
 def fairness(
     pods: int, flood_tokens: int, seed: int, duration_s: float, variants: list[str], off: bool
 ) -> None:
-    short = _requests(
-        "short", random.Random(seed), count=int(10 * duration_s), rate_rps=10.0,
-        prompt_tokens=1024, output_tokens=64, api_key="k-short",
-    )  # fmt: skip
-    # The flood: its prompts at 2x the fleet's prefill capacity (~30k tokens/s a pod), for as
-    # long as the short tenant's traffic.
-    flood_rate = 2 * pods * 30_000 / flood_tokens
-    flood = _requests(
-        "flood", random.Random(seed + 1), count=int(duration_s * flood_rate),
-        rate_rps=flood_rate, prompt_tokens=flood_tokens, output_tokens=64, api_key="k-flood",
-    )  # fmt: skip
-    alone = Workload("short-alone", tuple(short))
-    both = Workload("short+flood", tuple(sorted(short + flood, key=lambda r: r.arrival_s)))
-    base = _ttft(_run(alone, pods, True), "short-")
+    workload = two_tenants(pods, flood_tokens, seed, duration_s)
+    flood, flood_rate, both = workload.flood, workload.flood_rate_rps, workload.both
+    base = _ttft(_run(workload.alone, pods, True), "short-")
     print(f"\nflood of {len(flood)} x {flood_tokens}-token prompts at {flood_rate:.1f} req/s")
     print(
         "| run | short p50 TTFT s | short p99 TTFT s | p99 / alone | short ok | flood ok | refused |"

@@ -195,7 +195,7 @@ async def run_live(
                 }
                 summary.router = router_stats
                 summaries[name] = summary
-                if health.max_loop_lag_s > 0.25 or health.late_sends > len(recs) // 20:
+                if health.client_limited(len(recs)):
                     notes.append(
                         f"{name}: the load generator lagged (max send lag "
                         f"{health.max_send_lag_s:.3f}s, loop stall {health.max_loop_lag_s:.3f}s, "
@@ -240,7 +240,7 @@ def write_outputs(
     )
     report_path = report.write(out_dir)
     for name, recs in run.records.items():
-        _write_records(out_dir / f"records-{name}.jsonl", recs)
+        write_records(out_dir / f"records-{name}.jsonl", recs)
     plots = write_plots(report, run.records, run.samples, out_dir)
     return BenchResult(report, plots, report_path)
 
@@ -275,7 +275,8 @@ def kvgate_router_args(settings: HarnessSettings, fleet: SimFleet) -> list[str]:
     return args + list(settings.router_args)
 
 
-def _write_records(path: Path, records: list[RequestRecord]) -> None:
+def write_records(path: Path, records: list[RequestRecord]) -> None:
+    """One JSON object a line, in the order the requests were sent."""
     with path.open("w") as handle:
         for record in sorted(records, key=lambda r: r.sent_s):
             handle.write(json.dumps(record.to_json()) + "\n")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -69,9 +69,17 @@ class GeneratorHealth:
     mean_send_lag_s: float = 0.0
     max_loop_lag_s: float = 0.0  # event-loop stall measured by a ticker
     late_sends: int = 0  # sent more than LATE_SEND_S after schedule
+    # Each stall over LOOP_STALL_S: (when it ended, how long), seconds since the run started.
+    loop_stalls: list[tuple[float, float]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def client_limited(self, requests: int) -> bool:
+        """Whether the generator, not the target, set the pace of a run of ``requests``: its
+        event loop stalled over LOOP_STALL_S, or more than 5% of the requests left late."""
+        return self.max_loop_lag_s > LOOP_STALL_S or self.late_sends > requests // 20
+
 
 LATE_SEND_S = 0.05
+LOOP_STALL_S = 0.25

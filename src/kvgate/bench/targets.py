@@ -131,11 +131,29 @@ async def start_target(
 ) -> RunningTarget:
     port = free_port(HOST)
     argv = router_argv(name, pod_urls, model, port, extra_args)
+    return await _start(name, argv, port, health_url(name, ""), log_dir, startup_timeout_s)
+
+
+async def start_config_router(
+    name: str, config_path: Path, log_dir: Path, *, startup_timeout_s: float = 60.0
+) -> RunningTarget:
+    """``kvgate router --config FILE`` on a free loopback port (overriding the file's
+    ``server``), for benchmarks that need sections the quick-start flags do not set (tenants,
+    flow control)."""
+    port = free_port(HOST)
+    argv = [*kvgate_command(), "--log-level", "WARNING", "router", "--config", str(config_path)]
+    argv += ["--host", HOST, "--port", str(port)]
+    return await _start(name, argv, port, "/health", log_dir, startup_timeout_s)
+
+
+async def _start(
+    name: str, argv: list[str], port: int, health_path: str, log_dir: Path, timeout_s: float
+) -> RunningTarget:
     process = ManagedProcess(name, argv, log_dir / f"{name}.log")
     await process.start()
     base_url = f"http://{HOST}:{port}"
     try:
-        await process.wait_ready([health_url(name, base_url)], startup_timeout_s)
+        await process.wait_ready([base_url + health_path], timeout_s)
     except BaseException:
         await process.stop()
         raise

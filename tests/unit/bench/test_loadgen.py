@@ -1,6 +1,8 @@
 """Load generator against an in-process ASGI-free mock transport (httpx.MockTransport)."""
 
+import gc
 import json
+import time
 
 import httpx
 
@@ -98,3 +100,17 @@ async def test_open_loop_and_sessions_record_usage_headers_and_errors():
     session_requests = [r for r in seen if r.headers.get("x-session-id") == "s"]
     assert len(session_requests) == 2
     assert health.max_send_lag_s >= 0 and health.late_sends <= 4
+
+
+async def test_a_stalled_loop_is_reported_with_its_time_and_the_collector_is_unfrozen():
+    def slow(request: httpx.Request) -> httpx.Response:
+        time.sleep(0.4)  # a handler that blocks the event loop, as a busy client would
+        return httpx.Response(200, content=_sse(1, 0, 1))
+
+    workload = Workload(name="w", requests=(completion_request("a", [1], 1, 0.1),))
+    async with httpx.AsyncClient(transport=httpx.MockTransport(slow)) as client:
+        records, health = await LoadGenerator(client, "http://target", "m").run(workload)
+    (stall_end_s, stall_s), *_ = health.loop_stalls
+    assert stall_s >= 0.3 and 0.1 < stall_end_s <= records[0].end_s + 0.1
+    assert health.client_limited(len(records))
+    assert gc.get_freeze_count() == 0  # the workload was frozen only while it ran
