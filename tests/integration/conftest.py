@@ -10,6 +10,8 @@ Every test under tests/integration is marked `integration`.
 
 from __future__ import annotations
 
+import contextlib
+import random
 import shutil
 import signal
 import socket
@@ -42,6 +44,31 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def free_port_range(count: int, groups: int = 1) -> list[int]:
+    """`groups` base ports whose ranges [base, base + count) are disjoint and free right now.
+
+    The ranges lie below the kernel's ephemeral range, so no outgoing connection and no
+    `free_port()` (which binds port 0) can take a port of them between this check and the
+    process that binds it; only another explicit pick could, and the bind check catches it.
+    """
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    low = max(1024, ephemeral_low - 12_000)
+    for _attempt in range(200):
+        bases = [random.randrange(low, ephemeral_low - count) for _ in range(groups)]
+        ports = [b + i for b in bases for i in range(count)]
+        if len(set(ports)) != len(ports):
+            continue
+        try:
+            with contextlib.ExitStack() as stack:
+                for port in ports:
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return bases
+    raise RuntimeError("no free port ranges")
 
 
 @dataclass(frozen=True)

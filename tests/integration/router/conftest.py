@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from tests.integration.conftest import free_port
+from tests.integration.conftest import free_port, free_port_range
 from tests.integration.sim.processes import SimProcess
 
 from kvgate.api.router_config import RouterConfig
@@ -43,26 +43,6 @@ def sim_pods(tmp_path: Path) -> Iterator[Callable[..., list[SimProcess]]]:
     yield start
     for proc in started:
         proc.stop()
-
-
-def free_port_range(count: int, groups: int) -> list[int]:
-    """`groups` base ports whose ranges [base, base + count) are disjoint and free right now."""
-    import socket
-
-    for _attempt in range(50):
-        bases = [free_port() for _ in range(groups)]
-        ports = [b + i for b in bases for i in range(count)]
-        if len(set(ports)) != len(ports):
-            continue
-        try:
-            with contextlib.ExitStack() as stack:
-                for port in ports:
-                    sock = stack.enter_context(socket.socket())
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return bases
-    raise RuntimeError("no free port ranges")
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.integration.conftest import free_port
+from tests.integration.conftest import free_port, free_port_range
 from tests.integration.sim.processes import SimFactory, SimProcess
 
 
@@ -30,7 +30,7 @@ def _factory(tmp_path: Path) -> Iterator[SimFactory]:
             ports = [free_port()]
             args = ["serve", "--port", str(ports[0]), "--host", "127.0.0.1", *flags]
         else:
-            base = free_port()
+            [base] = free_port_range(pods)
             ports = [base + i for i in range(pods)]
             args = ["fleet", "--pods", str(pods), "--base-port", str(base), *flags]
         proc = SimProcess(args, ports, tmp_path / f"sim-{len(started)}.log")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 import zmq
-from tests.integration.conftest import free_port
+from tests.integration.conftest import free_port, free_port_range
 from tests.integration.sim.processes import SimFactory, SimProcess
 
 from kvgate.kvevents import BlockStored, decode_batch
@@ -17,7 +17,7 @@ HITS = "vllm:prefix_cache_hits_total"
 
 
 def test_fleet_pods_are_independent(start_sim: SimFactory) -> None:
-    kv_base = free_port()
+    [kv_base] = free_port_range(3)
     fleet = start_sim(
         "--model", "m", "--max-model-len", "4096", "--enable-prompt-tokens-details",
         "--kv-events-base-port", str(kv_base), pods=3,
