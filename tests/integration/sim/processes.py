@@ -63,17 +63,18 @@ class SimProcess:
     def stop(self) -> None:
         if self._client is not None:
             self._client.close()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-                self._log.close()
-                pytest.fail("the simulator did not stop within 10 s of SIGTERM")
-            assert self.proc.returncode == 0, self.log_path.read_text()
-        self._log.close()
+        try:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=5)
+                    pytest.fail("the simulator did not stop within 10 s of SIGTERM")
+                assert self.proc.returncode == 0, self.log_path.read_text()
+        finally:
+            self._log.close()  # also when the checks fail: a leaked file fails a later test
 
 
 SimFactory = Callable[..., SimProcess]
