@@ -111,6 +111,7 @@ class Reconciler:
         self._clear_pool = clear_pool
         self._locks: dict[tuple[str, str, str], asyncio.Lock] = {}
         self._problems: dict[tuple[str, str, str], Problem | None] = {}
+        self._advised: dict[tuple[str, str, str], str | None] = {}
 
     def _lock(self, kind: str, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault((kind, namespace, name), asyncio.Lock())
@@ -127,6 +128,16 @@ class Reconciler:
             await self.events(body, type="Warning", reason=problem.reason, message=problem.message)
         elif before is not None:
             await self.events(body, type="Normal", reason="Reconciled", message="problem resolved")
+
+    async def _advise(self, body: JsonDict, owner: Owner, advice: str | None) -> None:
+        """Post a Warning when a working but unwise setting appears (once, not every resync)."""
+        key = (owner.kind, owner.namespace, owner.name)
+        if self._advised.get(key) == advice:
+            return
+        self._advised[key] = advice
+        if advice is not None:
+            log.warning("%s %s/%s: %s", owner.kind, owner.namespace, owner.name, advice)
+            await self.events(body, type="Warning", reason="LoadNotShared", message=advice)
 
     async def _apply_all(
         self, children: list[JsonDict]
@@ -383,6 +394,7 @@ class Reconciler:
             spec, problem = None, Problem("InvalidSpec", describe(exc))
         if spec is not None:
             desired = spec.router.replicas
+            await self._advise(body, owner, unshared_replicas(spec))
             try:
                 pools, endpoints, problem = await self._selected_pools(owner, spec)
             except KubeError as exc:
@@ -436,6 +448,27 @@ class Reconciler:
                 await self.reconcile_pool(owner)
             elif ref["kind"] == POLICY_KIND:
                 await self.reconcile_policy(owner)
+
+
+def unshared_replicas(spec: RoutingPolicySpec) -> str | None:
+    """Why several router replicas would not see each other's load, if they would not.
+
+    Each replica still routes by its own directory (every replica hears every pod's KV events),
+    but counts only the requests it sent itself, so a burst spread over the replicas can send
+    them all to the same idle pod (docs/router.md, *Router replicas*)."""
+    if spec.router.replicas < 2:
+        return None
+    if spec.load_sharing.active(shared_directory=spec.directory.backend == "redis"):
+        return None
+    why = (
+        "loadSharing.enabled is false"
+        if spec.load_sharing.enabled is False
+        else "the directory is in memory (load is shared through the Redis directory)"
+    )
+    return (
+        f"router.replicas is {spec.router.replicas} but {why}: each replica sees only the "
+        "requests it sent itself"
+    )
 
 
 def owner_kind(child: dict[str, Any]) -> str | None:

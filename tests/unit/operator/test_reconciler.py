@@ -424,3 +424,26 @@ async def test_external_indexer_is_run_and_parked(kube: FakeKube, events: Events
     # A policy that never had one gets none.
     await rec.reconcile_policy(kube.put(policy("plain")))
     assert kube.find("Deployment", "plain-indexer") is None
+
+
+async def test_replicas_that_would_not_share_load_get_one_warning(
+    kube: FakeKube, events: Events
+) -> None:
+    rec = make(kube, events)
+    kube.put(pool())
+    body = kube.put(policy(router={"replicas": 3}))
+    await rec.reconcile_policy(body)
+    await rec.reconcile_policy(body)  # a resync: no second event
+    assert events.reasons() == ["LoadNotShared"]
+    assert "in memory" in events.posted[0][3]
+    # The Redis directory shares load: nothing to say; turning sharing off is said again.
+    redis = {"backend": "redis", "redis": {"url": "redis://r:6379/0"}}
+    shared = kube.put(policy(router={"replicas": 3}, directory=redis))
+    await rec.reconcile_policy(shared)
+    off = kube.put(policy(router={"replicas": 3}, directory=redis, loadSharing={"enabled": False}))
+    await rec.reconcile_policy(off)
+    assert events.reasons() == ["LoadNotShared", "LoadNotShared"]
+    assert "loadSharing.enabled is false" in events.posted[1][3]
+    # One replica has no one to share with.
+    await rec.reconcile_policy(kube.put(policy(name="solo")))
+    assert events.reasons() == ["LoadNotShared", "LoadNotShared"]
