@@ -33,7 +33,6 @@ forgotten it: blocks that stay cached in an engine are not announced again by it
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -45,6 +44,7 @@ from prometheus_client import Counter, Gauge
 from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex, IndexStats
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.prefix.hashing import BlockKey
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -324,10 +324,7 @@ class FallbackIndex:
 
     async def close(self) -> None:
         task, self.resync_task = self.resync_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         await self.local.close()
         try:
             await self.shared.close()

@@ -27,7 +27,6 @@ defaults. KV events are expected under the topic the operator renders, `kv@<pod 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Iterable
@@ -36,6 +35,7 @@ from typing import Any
 
 from kvgate.api.router_config import KubernetesDiscovery, PoolConfig
 from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, kv_topic
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -170,11 +170,8 @@ class EndpointSliceDiscovery:
         self._task = asyncio.create_task(self._run(), name=f"kvgate-discovery-{self.pool.key}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _publish(self) -> None:
         specs = pool_endpoint_specs(self.pool, self._disc, self._slices.values())

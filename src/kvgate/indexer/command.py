@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from kvgate.api.router_config import RouterConfig, load_router_config
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -81,10 +81,7 @@ class IndexerService:
         await refresh_directory_stats(self.indexes, STATS_INTERVAL_SECONDS)
 
     async def stop(self) -> None:
-        if self._stats_task is not None:
-            self._stats_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._stats_task
+        await cancel_and_wait(self._stats_task)
         for discovery in self._discoveries:
             await discovery.stop()
         await self.indexer.close()

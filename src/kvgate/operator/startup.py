@@ -13,7 +13,6 @@ warnings are posted as Kubernetes events on kopf's behalf; kvgate posts its own 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from typing import Any
@@ -23,6 +22,7 @@ import kopf
 from kvgate.operator.kube import ApiKube, KubeEvents
 from kvgate.operator.reconcile import OperatorSettings, Reconciler
 from kvgate.operator.resync import resync_forever
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +75,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
 
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
-    task = getattr(memo, "resync_task", None)
-    if task is not None:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+    await cancel_and_wait(getattr(memo, "resync_task", None))
     api_client = getattr(memo, "api_client", None)
     if api_client is not None:
         await api_client.close()

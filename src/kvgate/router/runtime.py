@@ -20,7 +20,6 @@ validate leaves the old one in place (counted).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -49,6 +48,7 @@ from kvgate.router.http.warmer import Warmer
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.setup import build_keyer
 from kvgate.scoring.registry import build_policy
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -191,11 +191,7 @@ class RouterRuntime:
         self.started = True
 
     async def stop(self) -> None:
-        for task in (self._watch_task, self._stats_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await cancel_and_wait(self._watch_task, self._stats_task)
         for discovery in self.discoveries.values():
             await discovery.stop()
         if self.indexer is not None:

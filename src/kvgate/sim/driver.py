@@ -11,7 +11,6 @@ TTFTs reported in virtual time are the same as the discrete-event mode's for the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from kvgate.prefix.cache_ops import OpHistory
 from kvgate.sim.engine import SimEngine, StepResult
 from kvgate.sim.lora import LoraModule
 from kvgate.sim.request import SimRequest
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +79,7 @@ class EngineDriver:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     def submit(
         self,

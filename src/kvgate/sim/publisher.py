@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -24,6 +23,7 @@ import zmq.asyncio
 
 from kvgate.kvevents import EventBatch, KVEvent, encode_batch
 from kvgate.sim.config import KVEventsConfig
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +108,7 @@ class KVEventPublisher:
 
     async def close(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         self._pub_async.close(linger=0)
         if self._replay is not None:
             self._replay.close(linger=0)

@@ -12,6 +12,7 @@ from kvgate.sim.config import ServerConfig
 from kvgate.sim.pod import SimPod
 from kvgate.sim.server import SimApp
 from kvgate.sim.text import TextCodec, load_codec
+from kvgate.tasks import cancel_and_wait
 
 
 class _QuietServer(uvicorn.Server):
@@ -73,9 +74,7 @@ async def serve_pods(configs: list[ServerConfig]) -> None:
         for s in servers:
             s.should_exit = True
         await asyncio.gather(*tasks, return_exceptions=True)
-        stopper.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await stopper
+        await cancel_and_wait(stopper)
         context.term()
 
 

@@ -13,7 +13,6 @@ arrival time and TTFT of the request, to compare with the discrete-event mode.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -34,6 +33,7 @@ from kvgate.sim.openai import (
     usage,
 )
 from kvgate.sim.pod import SimPod
+from kvgate.tasks import cancel_and_wait
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -247,9 +247,7 @@ class SimApp:
             else:
                 await self._complete(send, req, request_id, stream)
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            await cancel_and_wait(watcher)
 
     async def _watch_disconnect(self, receive: Receive, stream: RequestStream) -> None:
         while True:

@@ -35,6 +35,7 @@ from kvgate.directory.factory import redis_connection
 from kvgate.directory.redis import Client
 from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.metrics import RouterMetrics
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -142,11 +143,8 @@ class ReplicaExchange(ABC):
         self._wake.set()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._owns_redis:
             await self.redis.aclose()
 

@@ -24,6 +24,7 @@ from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
 from kvgate.promtext import newest_sample, sum_samples
 from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +100,8 @@ class LoadScraper:
             self._task = asyncio.create_task(self._run(), name="kvgate-load-scraper")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def scrape_once(self) -> None:
         endpoints = self._endpoints.all()

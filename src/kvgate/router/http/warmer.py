@@ -11,7 +11,6 @@ awaits them, and a `dispatch` after it starts none.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -23,6 +22,7 @@ from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.core.warmup_pods import WARM_PATH, WarmRequest
 from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
 from kvgate.router.http.usage import usage_from_json_body
+from kvgate.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -125,9 +125,4 @@ class Warmer:
 
     async def stop(self) -> None:
         self._stopped = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
