@@ -13,14 +13,17 @@ each level the workload is rebuilt with its arrival rate set to ``level x capaci
 sessions), so they have no level.
 Every level runs :func:`kvgate.bench.des.des_report` (the router's own routing core on simulated
 engines) and writes its ``report.json`` under ``OUT/load-<level>/``; ``OUT/sweep.md`` has one
-table of every level and target. Live runs are left to ``kvgate bench run`` (one level per run):
+table of every level and target. ``--seed 0,1,2`` runs every level once per router seed (tie
+draws, replica choice), under ``OUT/load-<level>/seed-<s>/``, and the table gives each number
+as the seeds' mean with their range: policies closer than that range are not told apart. Live runs are left to ``kvgate bench run`` (one level per run):
 on a small machine the CPU, not the policy, sets a live run's numbers.
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +54,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="shares of round robin's capacity (default 0.5,0.75,1,1.3)",
     )
     parser.add_argument("--targets", default="round-robin,prefix,llm-d-sticky,kvgate")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=_seeds,
+        default=[0],
+        help="router seed, or several comma-separated: each level runs once per seed and the "
+        "table shows their mean and range",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-out/sweep"))
+
+
+def _seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"seeds are integers, got {text!r}") from None
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"give one or more distinct seeds, got {text!r}")
+    return seeds
 
 
 def workload_at(
@@ -90,39 +109,56 @@ def sweep(
     pods: int,
     targets: list[str],
     *,
-    seed: int = 0,
+    seeds: Sequence[int] = (0,),
     on_level: Callable[[float, float], None] | None = None,
-) -> list[tuple[float, BenchReport]]:
-    """One discrete-event report per level (in order)."""
+) -> list[tuple[float, list[BenchReport]]]:
+    """Per level (in order), one discrete-event report per seed (in order)."""
     from kvgate.bench.des import des_report
 
-    out: list[tuple[float, BenchReport]] = []
+    out: list[tuple[float, list[BenchReport]]] = []
     for level in levels:
         workload, capacity = workload_at(name, trace, params, level, pods)
         if on_level is not None:
             on_level(level, capacity)
-        report, _records, _samples = des_report(workload, pods, targets, seed=seed)
-        report.settings["load_level"] = level
-        report.settings["capacity_rps"] = capacity
-        out.append((level, report))
+        reports = []
+        for seed in seeds:
+            report, _records, _samples = des_report(workload, pods, targets, seed=seed)
+            report.settings["load_level"] = level
+            report.settings["capacity_rps"] = capacity
+            reports.append(report)
+        out.append((level, reports))
     return out
 
 
-def sweep_table(results: list[tuple[float, BenchReport]]) -> str:
-    """Markdown: one row per level and target."""
+def sweep_table(results: list[tuple[float, list[BenchReport]]]) -> str:
+    """Markdown: one row per level and target; with several seeds, each number is their mean
+    followed by their range, and errors are counted over every seed's run."""
     lines = [
         "| load | target | TTFT mean s | TTFT p99 s | e2e mean s | req/s | hit rate "
         "| ideal | finite | errors |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for level, report in results:
-        for name, s in report.targets.items():
+    for level, reports in results:
+        first = reports[0]
+        for name in first.targets:
+            runs = [r.targets[name] for r in reports]
             lines.append(
-                f"| {level:g} | {name} | {s.ttft_mean_s:.3f} | {s.ttft_p99_s:.3f} "
-                f"| {s.e2e_mean_s:.3f} | {s.throughput_rps:.2f} | {s.hit_rate:.3f} "
-                f"| {report.ideal_hit_rate:.3f} | {report.finite_hit_rate:.3f} | {s.errors} |"
+                f"| {level:g} | {name} | {_cell([s.ttft_mean_s for s in runs], 3)} "
+                f"| {_cell([s.ttft_p99_s for s in runs], 3)} "
+                f"| {_cell([s.e2e_mean_s for s in runs], 3)} "
+                f"| {_cell([s.throughput_rps for s in runs], 2)} "
+                f"| {_cell([s.hit_rate for s in runs], 3)} "
+                f"| {first.ideal_hit_rate:.3f} | {first.finite_hit_rate:.3f} "
+                f"| {sum(s.errors for s in runs)} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def _cell(values: list[float], digits: int) -> str:
+    mean = f"{statistics.fmean(values):.{digits}f}"
+    if len(values) == 1:
+        return mean
+    return f"{mean} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def run_sweep(args: argparse.Namespace, say: Callable[[str], None]) -> int:
@@ -135,11 +171,13 @@ def run_sweep(args: argparse.Namespace, say: Callable[[str], None]) -> int:
         say(f"{source}: load {level:g} x {capacity:.2f} req/s (round robin's capacity)")
 
     results = sweep(
-        args.workload, args.trace, params, levels, args.pods, targets, seed=args.seed,
+        args.workload, args.trace, params, levels, args.pods, targets, seeds=args.seed,
         on_level=on_level,
     )  # fmt: skip
-    for level, report in results:
-        report.write(args.out / f"load-{level:g}")
+    for level, reports in results:
+        for seed, report in zip(args.seed, reports, strict=True):
+            level_dir = args.out / f"load-{level:g}"
+            report.write(level_dir / f"seed-{seed}" if len(reports) > 1 else level_dir)
     table = sweep_table(results)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "sweep.md").write_text(f"# {source}, {args.pods} pods\n\n{table}")

@@ -44,3 +44,37 @@ def test_every_level_and_target_is_reported() -> None:
     assert [level for level, _ in results] == [0.5, 1.3]
     table = sweep_table(results)
     assert table.count("| kvgate |") == 2 and table.count("| round-robin |") == 2
+
+
+def test_several_seeds_give_their_mean_and_range() -> None:
+    results = sweep("shared-prefix", None, SMALL, [1.3], 2, ["kvgate"], seeds=[0, 1, 2])
+    reports = results[0][1]
+    assert len(reports) == 3
+    p99 = [r.targets["kvgate"].ttft_p99_s for r in reports]
+    row = next(line for line in sweep_table(results).splitlines() if "| kvgate |" in line)
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[4] == f"{sum(p99) / 3:.3f} ({min(p99):.3f}-{max(p99):.3f})"
+
+
+def test_the_command_writes_a_report_per_level_and_seed(tmp_path: Path) -> None:
+    from kvgate.cli import main
+
+    out = tmp_path / "sweep"
+    args = ["bench", "sweep", "--workload", "shared-prefix", "--pods", "2", "--levels", "1",
+            "--targets", "kvgate", "--seed", "3,4", "--out", str(out)]  # fmt: skip
+    for key, value in SMALL.items():
+        args += ["--param", f"{key}={value}"]
+    assert main(args) == 0
+    assert (out / "load-1" / "seed-3" / "report.json").exists()
+    assert (out / "load-1" / "seed-4" / "report.json").exists()
+    assert "| kvgate |" in (out / "sweep.md").read_text()
+
+
+@pytest.mark.parametrize("seeds", ["a", "1,1", ""])
+def test_seeds_must_be_distinct_integers(seeds: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvgate.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "sweep", "--workload", "shared-prefix", "--seed", seeds])
+    assert exit_.value.code == 2
+    assert "seeds" in capsys.readouterr().err
