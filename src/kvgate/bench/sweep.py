@@ -15,8 +15,9 @@ Every level runs :func:`kvgate.bench.des.des_report` (the router's own routing c
 engines) and writes its ``report.json`` under ``OUT/load-<level>/``; ``OUT/sweep.md`` has one
 table of every level and target. ``--seed 0,1,2`` runs every level once per router seed (tie
 draws, replica choice), under ``OUT/load-<level>/seed-<s>/``, and the table gives each number
-as the seeds' mean with their range: policies closer than that range are not told apart. Live runs are left to ``kvgate bench run`` (one level per run):
-on a small machine the CPU, not the policy, sets a live run's numbers.
+as the seeds' mean with their range: policies closer than that range are not told apart.
+Live runs are left to ``kvgate bench run`` (one level per run): on a small machine the CPU, not
+the policy, sets a live run's numbers.
 """
 
 from __future__ import annotations
