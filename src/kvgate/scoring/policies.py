@@ -16,11 +16,10 @@
   hits, a new session on a prefix every pod holds then lives where the fewest requests run
   (drawn at random, sessions piled onto some pods); for cold requests, the prefill stalls the
   decodes of every request beside it, so it goes where the fewest are decoding (by recency
-  instead, end-to-end time was 8-10% longer on the Mooncake trace). docs/scoring.md has both.
-  Optional: a bounded-load guard (``load_bound``: no pod above c x mean load) and a price on the
-  decode stall a prefill causes to the requests beside it (``interference_weight``); both are
-  off by default, because on the benchmark workloads they gave away cache hits
-  (docs/scoring.md).
+  instead, end-to-end time was 8-10% longer on the Mooncake trace). docs/scoring.md has both. Optional: a bounded-load guard (``load_bound``: no
+  pod above c x mean load) and a price on the decode stall a prefill causes to the requests
+  beside it (``interference_weight``); both are off by default, because on the benchmark
+  workloads they gave away cache hits (docs/scoring.md).
 - ``pipeline``: any filters, weighted scorers and picker from the registry, by name.
 
 Every policy carries a ``cost_model`` so that its decisions can be explained (``/debug/route``)
