@@ -210,21 +210,6 @@ def test_near_equal_costs_are_broken_at_random() -> None:
     assert strict == {"pod-0": 50}
 
 
-def test_near_equal_holders_go_to_the_one_running_fewer_requests() -> None:
-    """A new session on a prefix every pod holds: the pick decides where the session lives."""
-    eps = [endpoint(0, in_flight=6), endpoint(1, in_flight=2), endpoint(2, in_flight=4)]
-    matched = {e.id: 200 for e in eps}
-    chosen = {decide("kvgate", request(4096), eps, matched, seed=s).endpoint_id for s in range(50)}
-    assert chosen == {"pod-1"}
-    drawn = {
-        decide(
-            "kvgate", request(4096), eps, matched, seed=s, params={"tie_break": "random"}
-        ).endpoint_id
-        for s in range(50)
-    }
-    assert drawn == {"pod-0", "pod-1", "pod-2"}
-
-
 def test_router_replicas_seeing_the_same_state_do_not_herd() -> None:
     """A burst of cold requests from 4 replicas with the same (stale) view spreads out."""
     eps = fleet(8)
