@@ -81,9 +81,7 @@ class KvgateParams(StrictParams):
     stall a prefill causes to the requests running beside it."""
     ttft_floor_seconds: float = Field(default=0.02, gt=0)
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
-    tie_break: TieBreak = "least-load"
-    """Among near-equal candidates: the one with the fewest requests (ties at random), so new
-    sessions that hit a prefix every pod holds spread by load instead of by chance."""
+    tie_break: TieBreak = "random"
     no_hit_tie_break: TieBreak = "least-load"
     class_isolation: ClassIsolationParams | None = ClassIsolationParams()
     """Online requests leave pods that batch work borrowed while one without answers within
