@@ -160,3 +160,25 @@ async def test_explain_records_nothing():
     assert plan.endpoint.id in core.endpoint_load()
     after = [core.router.history.last_chosen(ep.id) for ep in core.endpoints.all()]
     assert before == after
+
+
+async def test_a_pod_that_leaves_while_the_directory_answers_is_not_chosen():
+    """Discovery may remove a pod during the directory lookup (an await): the decision is made
+    again without it, instead of failing the request."""
+    now = [100.0]
+    config = make_config(2)
+    core, endpoints = await routing_core(config, now, 2)
+    pool = config.pools[0].key
+    index = core.router.indexes[pool]
+
+    class LeavingIndex:
+        async def lookup(self, keys, pods, medium=None):  # type: ignore[no-untyped-def]
+            await endpoints.replace_pool(pool, [endpoints.get("pod1:8000").spec])  # type: ignore[union-attr]
+            return {"pod0:8000": len(keys)}  # pod0 holds the whole prompt: the policy wants it
+
+        def __getattr__(self, name):  # type: ignore[no-untyped-def]
+            return getattr(index, name)
+
+    core.router.indexes = {pool: LeavingIndex()}  # type: ignore[dict-item]
+    plan = await core.plan(ClientRequest(BODY, {}, "completion"))
+    assert plan.endpoint.id == "pod1:8000"

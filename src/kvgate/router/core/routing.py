@@ -173,8 +173,18 @@ class Router:
             raise unavailable(f"no eligible endpoint for model `{cls.model}`")
         decision, keys, added = best
         endpoint = self.endpoints.get(decision.endpoint_id)
-        if endpoint is None:  # the policy returned an id it was not given: a bug, not the client's
-            raise RouterError(500, "policy chose an unknown endpoint", type="server_error")
+        if endpoint is None:
+            if not any(ep.spec.id == decision.endpoint_id for _, _, m in groups for ep in m):
+                # the policy returned an id it was not given: a bug, not the client's
+                raise RouterError(500, "policy chose an unknown endpoint", type="server_error")
+            # The pod left while the directory was asked (discovery ran during the await):
+            # decide again without it. Each round excludes one more id, so this ends.
+            return await self.plan(
+                body, headers, kind,
+                exclude=excluded | {decision.endpoint_id},
+                classification=cls, keys_by_pool=keys_by_pool, record=record,
+                body_bytes=body_bytes,
+            )  # fmt: skip
         if record:
             self.history.record(decision.endpoint_id)
         return RoutePlan(
