@@ -81,7 +81,9 @@ class KvgateParams(StrictParams):
     stall a prefill causes to the requests running beside it."""
     ttft_floor_seconds: float = Field(default=0.02, gt=0)
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
-    tie_break: TieBreak = "random"
+    tie_break: TieBreak = "least-load"
+    """Among near-equal candidates with a hit: the pod with the fewest requests (a random draw
+    piles new sessions, whose first turn every pod holds, onto a few pods; docs/scoring.md)."""
     no_hit_tie_break: TieBreak = "least-load"
     class_isolation: ClassIsolationParams | None = ClassIsolationParams()
     """Online requests leave pods that batch work borrowed while one without answers within

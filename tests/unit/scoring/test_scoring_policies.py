@@ -210,6 +210,22 @@ def test_near_equal_costs_are_broken_at_random() -> None:
     assert strict == {"pod-0": 50}
 
 
+def test_near_equal_holders_go_to_the_pod_with_the_fewest_requests() -> None:
+    # A new session's first turn: every pod holds its system prompt and none queues prefill, so
+    # every pod is near-equal. A random draw let sessions pile onto a few pods (live: 42 vs 259
+    # turns per pod); the fewest requests keeps them apart.
+    eps = [endpoint(0, in_flight=6), endpoint(1, in_flight=2), endpoint(2, in_flight=4)]
+    matched = {e.id: 200 for e in eps}
+    for seed in range(20):
+        assert decide("kvgate", request(4096), eps, matched, seed=seed).endpoint_id == "pod-1"
+    drawn = {
+        decide("kvgate", request(4096), eps, matched, seed=s, params={"tie_break": "random"})
+        .endpoint_id
+        for s in range(50)
+    }
+    assert drawn == {"pod-0", "pod-1", "pod-2"}
+
+
 def test_router_replicas_seeing_the_same_state_do_not_herd() -> None:
     """A burst of cold requests from 4 replicas with the same (stale) view spreads out."""
     eps = fleet(8)
