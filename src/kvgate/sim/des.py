@@ -17,7 +17,7 @@ for each arrival (or none: refused, or held back in a router's queue); the other
 by default) see first tokens, finished requests (and may answer with follow-up requests:
 closed-loop sessions), rejections, KV events and ticks, and after each tick and delivery
 ``released`` lets held-back requests arrive.
-``kvgate.bench.des`` drives kvgate's own routing core through these hooks; :func:`routed_by`
+``kvgate.bench.des_driver`` drives kvgate's own routing core through these hooks; :func:`routed_by`
 wraps a plain function of the request and the pods' current state (:class:`PodState`, read
 from their real prefix caches, as an ideal KV-event-fed directory would know them).
 """

@@ -5,7 +5,8 @@ import itertools
 
 import pytest
 
-from kvgate.bench.des import RouterDriver, des_report, run_des
+from kvgate.bench.des import des_report, run_des
+from kvgate.bench.des_driver import RouterDriver
 from kvgate.bench.report import summarize
 from kvgate.bench.workloads import build_workload
 from kvgate.sim.des import DESFleet

@@ -7,7 +7,8 @@ import itertools
 import pytest
 
 from kvgate.bench.context_compare import compare_contexts, table
-from kvgate.bench.des import RouterDriver, run_des
+from kvgate.bench.des import run_des
+from kvgate.bench.des_driver import RouterDriver
 from kvgate.bench.long_agent import LongAgentParams, build_long_agent_sessions, tool_responses
 from kvgate.bench.workloads import build_workload
 from kvgate.prefix.cache_ops import token_prompt_history

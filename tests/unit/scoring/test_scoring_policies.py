@@ -219,8 +219,9 @@ def test_near_equal_holders_go_to_the_pod_with_the_fewest_requests() -> None:
     for seed in range(20):
         assert decide("kvgate", request(4096), eps, matched, seed=seed).endpoint_id == "pod-1"
     drawn = {
-        decide("kvgate", request(4096), eps, matched, seed=s, params={"tie_break": "random"})
-        .endpoint_id
+        decide(
+            "kvgate", request(4096), eps, matched, seed=s, params={"tie_break": "random"}
+        ).endpoint_id
         for s in range(50)
     }
     assert drawn == {"pod-0", "pod-1", "pod-2"}
