@@ -30,6 +30,7 @@ from kvgate.api.base import (
     cel,
     section,
 )
+from kvgate.api.directory_settings import DirectorySettings, RedisSettings
 from kvgate.api.fleet import LoadSharingConfig, WarmupConfig
 from kvgate.api.pool import (
     BLOCK_SIZES,
@@ -43,14 +44,11 @@ from kvgate.api.sections import (
     BorrowingConfig,
     CacheOpsConfig,
     ClassesConfig,
-    DirectorySettings,
     FlowControlConfig,
     PolicyConfig,
-    RedisSettings,
     SessionsConfig,
-    TenantSettings,
-    TenantsSettings,
 )
+from kvgate.api.tenants import TenantSettings, TenantsSettings
 
 POLICY_KIND = "RoutingPolicy"
 POLICY_PLURAL = "routingpolicies"

@@ -9,7 +9,8 @@ Secrets (API keys, the admin token, the Redis password, tenant salts) can be giv
 from a file (a mounted Kubernetes Secret) or from an environment variable: see `SecretRef`.
 
 The sections a RoutingPolicy also carries (classes, borrowing, policy, sessions, tenants,
-directory) are defined once in `kvgate.api.sections`; this module adds the router-only sections
+directory) are defined once in `kvgate.api.sections` (tenants and directory in `tenants.py` and
+`directory_settings.py`); this module adds the router-only sections
 and names the shared ones with the router's `SecretRef`. Field names are snake_case; their
 camelCase spelling (the CRD's) is accepted too.
 
@@ -26,6 +27,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, field_validator, model_validator
 
+from kvgate.api.directory_settings import DirectorySettings, RedisSettings
 from kvgate.api.fleet import LoadSharingConfig, WarmupConfig
 from kvgate.api.sections import (
     BorrowingConfig,
@@ -33,15 +35,12 @@ from kvgate.api.sections import (
     ClassesConfig,
     ClassRule,
     ConfigModel,
-    DirectorySettings,
     FlowControlConfig,
     PolicyConfig,
-    RedisSettings,
     RequestClass,
     SessionsConfig,
-    TenantSettings,
-    TenantsSettings,
 )
+from kvgate.api.tenants import TenantSettings, TenantsSettings
 
 __all__ = [
     "AdminConfig",

@@ -5,7 +5,8 @@ Each section is one pydantic model, used twice: in the router's YAML (snake_case
 `kvgate.api.policy.RoutingPolicySpec`, whose CRD schema `kvgate crds` generates from these
 models). Both spellings are accepted on input. A field added here therefore appears in the
 router's configuration, in the CRD's schema with its description, default and constraints,
-and in docs/crds.md at once.
+and in docs/crds.md at once. The `tenants` and `directory` sections follow the same rules in
+modules of their own (`tenants.py`, `directory_settings.py`).
 
 Sections holding secrets are generic in how a secret is named: the router reads
 `SecretRef` (an inline value, a file or an environment variable), a RoutingPolicy names a key
@@ -20,12 +21,12 @@ router's file) and as a CEL rule (`kubectl apply` rejects a bad RoutingPolicy).
 
 from __future__ import annotations
 
-from typing import Generic, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from kvgate.api.base import FreeForm, cel, section
+from kvgate.api.base import FreeForm, cel
 
 RequestClass = Literal["online", "batch"]
 
@@ -313,183 +314,3 @@ class CacheOpsConfig(ConfigModel):
         le=4096,
         description="Tool responses whose KV the rolling drop keeps (default 12).",
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# Tenants
-
-
-class TenantSettings(ConfigModel, Generic[SecretT]):
-    """A tenant: its API keys and the `cache_salt` the router injects into its requests."""
-
-    # A parametrised generic has no docstring of its own: the schema's description goes here.
-    model_config = ConfigDict(
-        json_schema_extra={"description": "A tenant: API keys, and its own cache salt."}
-    )
-
-    name: str = Field(min_length=1, max_length=63, description="Tenant name.")
-    api_keys: list[SecretT] = Field(
-        default_factory=list, description="This tenant's API keys (secrets)."
-    )
-    cache_salt: SecretT | None = Field(
-        default=None,
-        description="The tenant's cache_salt (a secret); default: derived from the salt secret "
-        "and the tenant's name.",
-    )
-    request_class: RequestClass | None = Field(
-        default=None, description="Default request class of this tenant's requests."
-    )
-    may_choose_class: bool = Field(
-        default=False,
-        description="The class header may also raise this tenant's requests to online, over the "
-        "rules and its class (default false: the header can only lower them to batch).",
-    )
-    priority: int = Field(
-        default=0,
-        ge=-100,
-        le=100,
-        description="Queued requests of a higher-priority tenant leave first, within a class "
-        "(online always before batch); default 0.",
-    )
-    weight: float = Field(
-        default=1.0,
-        gt=0.0,
-        le=1000.0,
-        description="The tenant's share of a queue among tenants of its priority, in prompt "
-        "tokens (fair queueing); default 1.",
-    )
-
-
-class TenantsSettings(ConfigModel, Generic[SecretT]):
-    """Tenants and their isolation: requests of different tenants never share KV blocks."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.items) || "
-                    "self.items.all(a, self.items.exists_one(b, b.name == a.name))",
-                    "tenant names must be unique",
-                )
-            ]
-        }
-    )
-
-    # `items` in a RoutingPolicy (its name since v1alpha1), `tenants` in the router's file.
-    tenants: list[TenantSettings[SecretT]] = Field(
-        default_factory=list, max_length=128, alias="items", description="The tenants."
-    )
-    unknown_key: Literal["reject", "anonymous"] = Field(
-        default="anonymous",
-        description="Requests whose key maps to no tenant: reject (401) or anonymous (the "
-        "shared anonymous tenant).",
-    )
-    anonymous_tenant: str = Field(default="anonymous", description="Tenant of anonymous requests.")
-    salt_secret: SecretT | None = Field(
-        default=None, description="Secret mixed into derived salts so they cannot be guessed."
-    )
-    pass_client_salt: bool = Field(
-        default=True,
-        description="Let a client's own cache_salt through (only when no tenants are configured).",
-    )
-
-    @model_validator(mode="after")
-    def _unique_names(self) -> TenantsSettings[SecretT]:
-        names = [t.name for t in self.tenants]
-        if len(set(names)) != len(names):
-            raise ValueError("tenant names must be unique")
-        return self
-
-
-# ---------------------------------------------------------------------------------------------
-# Directory
-
-
-class RedisSettings(ConfigModel, Generic[SecretT, DataT]):
-    """Connection to the Redis directory: one server or a Redis Cluster, optionally over TLS."""
-
-    url: str = Field(
-        default="redis://127.0.0.1:6379/0",
-        min_length=1,
-        pattern=r"^(rediss?|unix)://",
-        description="Redis URL without the password (that is `password`), e.g. "
-        "redis://kvgate-redis.kvgate-system.svc:6379/0 for the Helm chart's Redis; rediss:// "
-        "for TLS, unix:// for a socket. With cluster, any one node (database 0).",
-    )
-    url_secret: SecretT | None = Field(
-        default=None,
-        description="The URL from a secret instead of `url` (it may carry credentials, "
-        "rediss://user:password@host:6380/0, as managed Redis services hand it out).",
-    )
-    key_prefix: str = Field(default="kvgate", min_length=1, description="Prefix of every key.")
-    password: SecretT | None = Field(
-        default=None, description="The Redis password (a secret); overrides one in the URL."
-    )
-    cluster: bool = Field(
-        default=False,
-        description="Redis Cluster: the client discovers the nodes from the URL's, routes each "
-        "pool's calls to the master of its hash slot and follows failovers.",
-    )
-    ca_bundle: DataT | None = Field(
-        default=None,
-        description="PEM CA bundle that signs the server's TLS certificate (rediss:// only), "
-        "read when the directory connects; default: the system's trust store.",
-    )
-    socket_timeout_seconds: float = Field(
-        default=0.5,
-        gt=0.0,
-        description="Per-call timeout (default 0.5): a call that times out is answered from the "
-        "router's local view, so this is the most a Redis stall adds to a request; too short and "
-        "a healthy Redis on a loaded machine counts as down (50 ms did).",
-    )
-    resync_interval_seconds: float = Field(
-        default=1.0,
-        gt=0.0,
-        description="How often an index that lost shared writes (or lookups) retries Redis and "
-        "rebuilds them (default 1).",
-    )
-
-
-class DirectorySettings(ConfigModel, Generic[SecretT, DataT]):
-    """Where the router keeps which pod holds which blocks."""
-
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                cel(
-                    "!has(self.embeddedIndexer) || self.embeddedIndexer || "
-                    "(has(self.backend) && self.backend == 'redis')",
-                    "embeddedIndexer: false needs backend: redis (a separate `kvgate indexer` "
-                    "can only feed a shared directory)",
-                )
-            ]
-        }
-    )
-
-    backend: Literal["memory", "redis"] = Field(
-        default="memory",
-        description="Directory backend: memory (one per router replica) or redis (shared by "
-        "router replicas and indexers).",
-    )
-    redis: RedisSettings[SecretT, DataT] = section(
-        RedisSettings, "Redis connection (backend redis)."
-    )
-    embedded_indexer: bool = Field(
-        default=True,
-        description="Subscribe to KV events inside the router; false when a `kvgate indexer` "
-        "feeds the Redis directory instead (a RoutingPolicy then runs one).",
-    )
-    approximate_ttl_seconds: float = Field(
-        default=300.0,
-        gt=0.0,
-        description="Lifetime of routing-history entries of pods without KV events.",
-    )
-
-    @model_validator(mode="after")
-    def _indexer_needs_redis(self) -> DirectorySettings[SecretT, DataT]:
-        if not self.embedded_indexer and self.backend != "redis":
-            raise ValueError(
-                "embedded_indexer: false needs backend: redis (a separate `kvgate indexer` "
-                "can only feed a shared directory)"
-            )
-        return self

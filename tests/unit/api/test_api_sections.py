@@ -10,10 +10,10 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from kvgate.api import router_config as rc
-from kvgate.api import sections
 from kvgate.api.base import DataKeyRef
 from kvgate.api.policy import RoutingPolicySpec
 from kvgate.api.pool import InferencePoolSpec
+from kvgate.api.tenants import TenantsSettings
 from kvgate.operator.render.config import (
     SelectedPool,
     data_env_name,
@@ -245,4 +245,4 @@ def test_secrets_are_named_by_the_section_parameter() -> None:
             {"pools": ["p"], "tenants": {"saltSecret": {"value": "plain"}}}
         )
     assert rc.TenantsConfig.model_validate({"salt_secret": {"value": "plain"}}).salt_secret
-    assert sections.TenantsSettings in type(rc.TenantsConfig()).__mro__
+    assert TenantsSettings in type(rc.TenantsConfig()).__mro__
