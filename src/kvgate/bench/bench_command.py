@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -42,7 +41,13 @@ from kvgate.bench.sweep import add_arguments as add_sweep_arguments
 from kvgate.bench.sweep import run_sweep
 from kvgate.bench.targets import kvgate_policies, target_names, validate_targets
 from kvgate.bench.workload import Workload
-from kvgate.bench.workloads import WORKLOAD_NAMES, build_trace, build_workload, parse_overrides
+from kvgate.bench.workloads import (
+    WORKLOAD_NAMES,
+    build_trace,
+    build_workload,
+    nested_params,
+    parse_overrides,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -279,22 +284,6 @@ def run_des_mode(
     for plot in plots:
         console.print(f"plot:   {plot}")
     return exit_code(report.targets.keys(), [t for t in targets if t in kvgate_policies()])
-
-
-def nested_params(pairs: list[str]) -> dict[str, Any]:
-    """``["a.b=1", "c=\"x\""]`` -> ``{"a": {"b": 1}, "c": "x"}`` (values are JSON, else text)."""
-    out: dict[str, Any] = {}
-    for key, raw in parse_overrides(pairs).items():
-        try:
-            value: Any = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        node = out
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return out
 
 
 def quiet_http_logs() -> None:

@@ -155,6 +155,7 @@ def des_report(
             "targets": targets,
             "seed": seed,
             "workload_params": workload.params,
+            **({"policy_params": policy_params} if policy_params else {}),
         },
         notes=notes,
     )

@@ -107,7 +107,6 @@ class RouterDriver(FleetDriver):
         count)."""
         self.fleet = fleet
         self.now = 0.0
-        self._zmq = zmq.asyncio.Context()  # replay sockets only; never used: no seq gaps here
         ids = list(fleet.names)  # the endpoints' directory ids
         config = des_router_config(
             fleet,
@@ -136,6 +135,8 @@ class RouterDriver(FleetDriver):
         self._subscribers: list[PodSubscriber] = []
         self._seq: list[int] = []
         self._pod_index: dict[str, int] = {}
+        # After the cores are built (a bad policy parameter raises there), so nothing is left open.
+        self._zmq = zmq.asyncio.Context()  # replay sockets only; never used: no seq gaps here
         self._join(ids)
         self._scale = sorted(scale)
         self.warmups = DesWarmups(

@@ -23,6 +23,7 @@ the policy, sets a live run's numbers.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -31,7 +32,13 @@ from typing import Any
 from kvgate.bench.capacity import fleet_capacity
 from kvgate.bench.report import BenchReport
 from kvgate.bench.workload import Workload
-from kvgate.bench.workloads import WORKLOAD_NAMES, build_trace, build_workload, parse_overrides
+from kvgate.bench.workloads import (
+    WORKLOAD_NAMES,
+    build_trace,
+    build_workload,
+    nested_params,
+    parse_overrides,
+)
 
 DEFAULT_LEVELS = (0.5, 0.75, 1.0, 1.3)
 _RATE_PARAM = {"shared-prefix": "rate_rps", "precise-prefix": "rate_rps", "hot-prefix": "rate_rps"}
@@ -61,6 +68,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[0],
         help="router seed, or several comma-separated: each level runs once per seed and the "
         "table shows their mean and range",
+    )
+    parser.add_argument(
+        "--policy-param",
+        action="append",
+        default=[],
+        metavar="KEY=JSON",
+        help="a parameter of the kvgate target's policy, dotted keys for nested ones, e.g. "
+        "tie_break=random (repeatable; the other targets run on their defaults)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-out/sweep"))
 
@@ -111,9 +126,11 @@ def sweep(
     targets: list[str],
     *,
     seeds: Sequence[int] = (0,),
+    policy_params: dict[str, Any] | None = None,
     on_level: Callable[[float, float], None] | None = None,
 ) -> list[tuple[float, list[BenchReport]]]:
-    """Per level (in order), one discrete-event report per seed (in order)."""
+    """Per level (in order), one discrete-event report per seed (in order); `policy_params`
+    apply to the `kvgate` target."""
     from kvgate.bench.des import des_report
 
     out: list[tuple[float, list[BenchReport]]] = []
@@ -123,7 +140,9 @@ def sweep(
             on_level(level, capacity)
         reports = []
         for seed in seeds:
-            report, _records, _samples = des_report(workload, pods, targets, seed=seed)
+            report, _records, _samples = des_report(
+                workload, pods, targets, seed=seed, policy_params=policy_params
+            )
             report.settings["load_level"] = level
             report.settings["capacity_rps"] = capacity
             reports.append(report)
@@ -166,6 +185,7 @@ def run_sweep(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     levels = [float(x) for x in args.levels.split(",") if x.strip()]
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     params: dict[str, Any] = dict(parse_overrides(args.param))
+    policy_params = nested_params(args.policy_param)
     source = args.workload or str(args.trace)
 
     def on_level(level: float, capacity: float) -> None:
@@ -173,7 +193,7 @@ def run_sweep(args: argparse.Namespace, say: Callable[[str], None]) -> int:
 
     results = sweep(
         args.workload, args.trace, params, levels, args.pods, targets, seeds=args.seed,
-        on_level=on_level,
+        policy_params=policy_params or None, on_level=on_level,
     )  # fmt: skip
     for level, reports in results:
         for seed, report in zip(args.seed, reports, strict=True):
@@ -181,6 +201,9 @@ def run_sweep(args: argparse.Namespace, say: Callable[[str], None]) -> int:
             report.write(level_dir / f"seed-{seed}" if len(reports) > 1 else level_dir)
     table = sweep_table(results)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "sweep.md").write_text(f"# {source}, {args.pods} pods\n\n{table}")
+    title = f"# {source}, {args.pods} pods"
+    if policy_params:
+        title += f"\n\nkvgate policy params: `{json.dumps(policy_params, sort_keys=True)}`"
+    (args.out / "sweep.md").write_text(f"{title}\n\n{table}")
     say(table)
     return 0

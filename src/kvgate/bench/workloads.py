@@ -17,6 +17,7 @@ Mooncake traces are read with ``--trace FILE`` (:mod:`kvgate.bench.mooncake`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,22 @@ def parse_overrides(pairs: list[str]) -> dict[str, str]:
         if not sep or not key:
             raise ValueError(f"--param expects KEY=VALUE, got {pair!r}")
         out[key.strip()] = value.strip()
+    return out
+
+
+def nested_params(pairs: list[str]) -> dict[str, Any]:
+    """``["a.b=1", "c=\"x\""]`` -> ``{"a": {"b": 1}, "c": "x"}`` (values are JSON, else text)."""
+    out: dict[str, Any] = {}
+    for key, raw in parse_overrides(pairs).items():
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
     return out
 
 

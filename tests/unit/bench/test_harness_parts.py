@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from kvgate.bench import bench_command
+from kvgate.bench import bench_command, workloads
 from kvgate.bench.fleet import parse_load
 from kvgate.bench.targets import (
     UnknownTargetError,
@@ -101,7 +101,7 @@ def test_exit_code_says_whether_every_target_ran():
 
 
 def test_nested_policy_params():
-    assert bench_command.nested_params(
+    assert workloads.nested_params(
         ["cost_model.prior_prefill_tokens_per_second=30000", "tie_break=random", "tolerance=0.2"]
     ) == {
         "cost_model": {"prior_prefill_tokens_per_second": 30000},

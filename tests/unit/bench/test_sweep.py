@@ -1,5 +1,6 @@
 """`kvgate bench sweep`: load levels as shares of round robin's capacity."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,29 @@ def test_seeds_must_be_distinct_integers(seeds: str, capsys: pytest.CaptureFixtu
         main(["bench", "sweep", "--workload", "shared-prefix", "--seed", seeds])
     assert exit_.value.code == 2
     assert "seeds" in capsys.readouterr().err
+
+
+def test_policy_params_reach_the_kvgate_target(tmp_path: Path) -> None:
+    from kvgate.cli import main
+
+    out = tmp_path / "sweep"
+    args = ["bench", "sweep", "--workload", "shared-prefix", "--pods", "2", "--levels", "1",
+            "--targets", "kvgate", "--policy-param", "tie_break=\"random\"",
+            "--policy-param", "cost_model.prior_prefill_tokens_per_second=30000",
+            "--out", str(out)]  # fmt: skip
+    for key, value in SMALL.items():
+        args += ["--param", f"{key}={value}"]
+    assert main(args) == 0
+    report = json.loads((out / "load-1" / "report.json").read_text())
+    assert report["settings"]["policy_params"] == {
+        "tie_break": "random",
+        "cost_model": {"prior_prefill_tokens_per_second": 30000},
+    }
+    assert '"tie_break": "random"' in (out / "sweep.md").read_text()
+
+
+def test_an_unknown_policy_param_is_an_error() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="no_such_knob"):
+        sweep("shared-prefix", None, SMALL, [1], 2, ["kvgate"], policy_params={"no_such_knob": 1})
