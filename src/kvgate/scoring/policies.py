@@ -12,10 +12,10 @@
   they are saturated (llm-d's "sticky until saturated" rule, with its defaults), and among what is left
   goes where the predicted TTFT (queue delay + prefill of the tokens the pod lacks) plus
   ``work_weight`` x the prefill work itself (which others queue behind) is lowest; near-equal
-  costs (within ``tolerance``) are broken at random, or, when none of them holds any of the
-  prompt, by the fewest requests on the pod (a cold prefill stalls the decodes of every request beside it, so
-  it goes where the fewest are decoding; by recency instead, end-to-end time was 8-10% longer on
-  the Mooncake trace, docs/scoring.md). Optional: a bounded-load guard (``load_bound``: no
+  costs (within ``tolerance``) go to the pod with the fewest requests, ties at random: with a
+  hit, so new sessions whose first turn every pod holds spread by load instead of piling up at
+  random; without one, because a cold prefill stalls the decodes of every request beside it (by
+  recency instead, end-to-end time was 8-10% longer on the Mooncake trace, docs/scoring.md). Optional: a bounded-load guard (``load_bound``: no
   pod above c x mean load) and a price on the decode stall a prefill causes to the requests
   beside it (``interference_weight``); both are off by default, because on the benchmark
   workloads they gave away cache hits (docs/scoring.md).
