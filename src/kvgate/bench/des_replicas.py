@@ -60,9 +60,6 @@ class DesReplicas:
     def __iter__(self) -> Iterator[DesReplica]:
         return iter(self.members)
 
-    def __len__(self) -> int:
-        return len(self.members)
-
     @property
     def cores(self) -> list[RoutingCore]:
         return [replica.core for replica in self.members]
