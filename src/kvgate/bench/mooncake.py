@@ -12,8 +12,10 @@ Replay: each hash id maps to a deterministic block of 512 token ids drawn from a
 (trace seed, hash id), so the same id is the same tokens in every request and every run. The
 prompt is the concatenation of its blocks cut to ``input_length`` (padded with request-unique
 tokens if the ids cover fewer tokens). Arrival = ``timestamp / 1000 / speedup`` plus uniform
-jitter in ``[-jitter_s, +jitter_s]`` (clamped at 0). ``max_requests`` and ``max_duration_s`` cut
-the replay short; ``max_input_len`` caps prompt length (keeping the leading blocks).
+jitter in ``[-jitter_s, +jitter_s]`` (clamped at 0). ``skip_requests`` starts the replay further
+into the file (its clock starts at the first row replayed), so that a policy tuned on one window
+of a trace can be checked on others; ``max_requests`` and ``max_duration_s`` cut the replay
+short; ``max_input_len`` caps prompt length (keeping the leading blocks).
 """
 
 from __future__ import annotations
@@ -48,6 +50,9 @@ class TraceParams(BaseModel):
 
     speedup: float = Field(default=1.0, gt=0, description="divide every timestamp by this")
     jitter_s: float = Field(default=0.0, ge=0, description="uniform jitter added to each arrival")
+    skip_requests: int = Field(
+        default=0, ge=0, description="start at this row (0-based); earlier rows are not sent"
+    )
     max_requests: int | None = Field(
         default=None, ge=1, description="replay at most this many rows"
     )
@@ -118,11 +123,14 @@ def build_trace_workload(
 ) -> Workload:
     if not rows:
         raise TraceError("the trace is empty")
+    if params.skip_requests >= len(rows):
+        raise TraceError(f"skip_requests={params.skip_requests} skips all {len(rows)} rows")
     blocks = BlockTokens(params.seed, params.vocab_size)
     jitter = random.Random(f"mooncake-jitter:{params.seed}")
-    start_ms = min(row.timestamp for row in rows)
+    replayed = rows[params.skip_requests :]
+    start_ms = min(row.timestamp for row in replayed)
     requests: list[BenchRequest] = []
-    for index, row in enumerate(rows):
+    for index, row in enumerate(replayed, start=params.skip_requests):
         if params.max_requests is not None and len(requests) >= params.max_requests:
             break
         arrival = (row.timestamp - start_ms) / 1000.0 / params.speedup

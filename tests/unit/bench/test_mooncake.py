@@ -85,3 +85,18 @@ def test_speedup_jitter_and_limits():
 def test_build_trace_from_a_file_with_overrides():
     w = build_trace(SAMPLE, {"speedup": "2", "max_requests": "none"})
     assert w.name == "mooncake_sample" and w.size == 24
+
+
+def test_a_later_window_replays_the_same_requests_on_its_own_clock():
+    rows = read_trace_file(SAMPLE)
+    whole = build_trace_workload(rows, TraceParams())
+    window = build_trace_workload(rows, TraceParams(skip_requests=10, max_requests=5))
+    assert [r.request_id for r in window.requests] == [f"t{i}" for i in range(10, 15)]
+    assert window.requests[0].arrival_s == 0.0
+    same = {r.request_id: r for r in whole.requests}
+    start = (rows[10].timestamp - min(r.timestamp for r in rows)) / 1000
+    for r in window.requests:
+        assert r.prefix_units == same[r.request_id].prefix_units
+        assert r.arrival_s == pytest.approx(same[r.request_id].arrival_s - start)
+    with pytest.raises(TraceError, match="skips all 24 rows"):
+        build_trace_workload(rows, TraceParams(skip_requests=24))
