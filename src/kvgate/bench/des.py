@@ -21,7 +21,7 @@ from kvgate.bench.targets import kvgate_policies
 from kvgate.bench.workload import Workload
 from kvgate.scoring.registry import default_registry
 from kvgate.sim.des import DESFleet
-from kvgate.sim.engine import EngineConfig, kv_cache_blocks
+from kvgate.sim.engine import EngineConfig, SimEngine, kv_cache_blocks
 from kvgate.sim.profile import DEFAULT_PROFILE, load_profile
 
 
@@ -34,6 +34,25 @@ class DesResult:
     health: GeneratorHealth = field(default_factory=GeneratorHealth)
     peak_kv_usage: float = 0.0  # the largest KV-cache usage of any pod at a scrape tick
     warm_requests: int = 0  # warm requests sent to pods that joined (all replicas)
+    engine: dict[str, float] = field(default_factory=dict)  # engine_steps() of the fleet
+
+
+def engine_steps(engines: Sequence[SimEngine]) -> dict[str, float]:
+    """Where the fleet's decode time went, over every pod: ``preemptions``;
+    ``decodes_per_prefill_step``, the decoding sequences a step that computes prompt tokens
+    holds up on average (each waits out that step's prefill chunk: where prefills land next to
+    many decodes, end-to-end time grows even when TTFT does not); ``prefill_step_share``, the
+    share of busy time spent in such steps."""
+    stats = [e.stats for e in engines]
+    prefill_steps = sum(s.prefill_steps for s in stats)
+    busy = sum(s.busy_seconds for s in stats)
+    return {
+        "preemptions": float(sum(s.preemptions for s in stats)),
+        "decodes_per_prefill_step": (
+            sum(s.decodes_in_prefill_steps for s in stats) / prefill_steps if prefill_steps else 0.0
+        ),
+        "prefill_step_share": sum(s.prefill_step_seconds for s in stats) / busy if busy else 0.0,
+    }
 
 
 def run_des(
@@ -96,6 +115,7 @@ def run_des(
         decisions=driver.decisions,
         peak_kv_usage=driver.peak_kv_usage,
         warm_requests=driver.warmups.sent,
+        engine=engine_steps(fleet.engines),
     )
 
 
@@ -134,7 +154,7 @@ def des_report(
         samples[name] = result.samples
         summary = summarize(name, result.records)
         # in simulated time the client's TTFT is the engine's own
-        summary.engine = {"ttft_mean_s": summary.ttft_mean_s}
+        summary.engine = {"ttft_mean_s": summary.ttft_mean_s, **result.engine}
         summaries[name] = summary
     first = next(iter(records.values()), [])
     order = arrival_order(workload.all_requests(), first)

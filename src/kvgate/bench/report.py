@@ -225,5 +225,15 @@ def markdown_table(report: BenchReport) -> str:
                     f"- {name}: mean TTFT {s.ttft_mean_s / base.ttft_mean_s:.2f}x {names[0]}'s, "
                     f"p99 {s.ttft_p99_s / base.ttft_p99_s:.2f}x"
                 )
+    for name, s in report.targets.items():
+        steps = s.engine.get("decodes_per_prefill_step")
+        if steps is not None:
+            share = _opt(s.engine.get("prefill_step_share"))
+            preemptions = _opt(s.engine.get("preemptions"))
+            lines.append(
+                f"- {name} engines: {steps:.1f} decodes held up per prefill step, "
+                f"{_fmt(share * 100, 0)}% of busy time in prefill steps, "
+                f"{_fmt(preemptions, 0)} preemptions"
+            )
     lines.extend(f"- note: {note}" for note in report.notes)
     return "\n".join(lines)

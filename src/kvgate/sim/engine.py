@@ -65,7 +65,8 @@ def kv_cache_blocks(config: EngineConfig, profile: PerformanceProfile) -> int:
 
 @dataclass
 class EngineStats:
-    """Monotonic counters behind the ``vllm:*_total`` metrics."""
+    """Monotonic counters behind the ``vllm:*_total`` metrics, and the step counters the
+    discrete-event bench reports (where a request's decode time goes)."""
 
     prompt_tokens: int = 0
     generation_tokens: int = 0
@@ -74,6 +75,10 @@ class EngineStats:
     prompt_tokens_cached: int = 0
     preemptions: int = 0
     finished_requests: int = 0
+    busy_seconds: float = 0.0  # time spent in steps
+    prefill_steps: int = 0  # steps that computed prompt tokens
+    prefill_step_seconds: float = 0.0
+    decodes_in_prefill_steps: int = 0  # decoding sequences those steps held up
 
 
 @dataclass
@@ -236,6 +241,11 @@ class SimEngine:
             end += self.lora_slots.use(sorted(adapters)) * self.config.lora.load_seconds
         result = StepResult(start=now, end=end, num_preempted=len(batch.preempted))
         stats = self.stats
+        stats.busy_seconds += end - now
+        if prefill:
+            stats.prefill_steps += 1
+            stats.prefill_step_seconds += end - now
+            stats.decodes_in_prefill_steps += len(decode)
         if batch.preempted:
             stats.preemptions += len(batch.preempted)
         for queried, hit in batch.prefix_lookups:

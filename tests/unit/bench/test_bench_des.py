@@ -7,7 +7,7 @@ import pytest
 
 from kvgate.bench.des import des_report, run_des
 from kvgate.bench.des_driver import RouterDriver
-from kvgate.bench.report import summarize
+from kvgate.bench.report import markdown_table, summarize
 from kvgate.bench.workloads import build_workload
 from kvgate.sim.des import DESFleet
 from kvgate.sim.engine import EngineConfig
@@ -45,6 +45,12 @@ def test_prefix_aware_policies_hit_more_than_round_robin_and_runs_are_determinis
     assert "sglang-cache-aware" in report.notes[0]
     again, _, _ = des_report(w, 4, ["kvgate"])
     assert again.targets["kvgate"].ttft_mean_s == pytest.approx(kv.ttft_mean_s)
+    # where the decode time went, per target, in report.json and report.md
+    for summary in (rr, kv):
+        assert summary.engine["preemptions"] == 0
+        assert summary.engine["decodes_per_prefill_step"] > 0
+        assert 0 < summary.engine["prefill_step_share"] < 1
+    assert "kvgate engines:" in markdown_table(report)
 
 
 def test_sessions_wait_for_their_previous_turn():

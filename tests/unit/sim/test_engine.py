@@ -83,6 +83,25 @@ def test_decoding_batch_respects_max_num_seqs(make_engine: EngineFactory) -> Non
     assert engine.stats.generation_tokens == 28
 
 
+def test_step_counters_say_how_many_decodes_each_prefill_held_up(
+    make_engine: EngineFactory,
+) -> None:
+    engine = make_engine()
+    for i in range(3):
+        engine.add_request(f"d{i}", prompt(20, offset=100 * i), 40, arrival_time=0.0)
+    first = engine.run_until_idle(0.0)
+    stats = engine.stats
+    assert (stats.prefill_steps, stats.decodes_in_prefill_steps) == (1, 0)
+    for i in range(3):  # three decode for a while ...
+        engine.add_request(f"e{i}", prompt(20, offset=1000 + 100 * i), 40, arrival_time=10.0)
+    engine.add_request("long", prompt(3000), 1, arrival_time=10.1)  # ... beside one prefill
+    steps = first + engine.run_until_idle(10.0)
+    assert stats.prefill_steps == 3
+    assert stats.decodes_in_prefill_steps == 3  # the long prompt's one step held up 3 decodes
+    assert stats.busy_seconds == pytest.approx(sum(s.end - s.start for s in steps))
+    assert 0 < stats.prefill_step_seconds < stats.busy_seconds
+
+
 def test_preemption_by_recompute_when_blocks_run_out(make_engine: EngineFactory) -> None:
     # 9 usable blocks of 16 tokens: two requests growing to 8 blocks each cannot both stay.
     engine = make_engine(num_gpu_blocks=10, max_model_len=144, enable_prefix_caching=False)
