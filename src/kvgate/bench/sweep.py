@@ -155,8 +155,8 @@ def sweep_table(results: list[tuple[float, list[BenchReport]]]) -> str:
     followed by their range, and errors are counted over every seed's run."""
     lines = [
         "| load | target | TTFT mean s | TTFT p99 s | e2e mean s | req/s | hit rate "
-        "| ideal | finite | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| ideal | finite | decodes per prefill step | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level, reports in results:
         first = reports[0]
@@ -169,6 +169,7 @@ def sweep_table(results: list[tuple[float, list[BenchReport]]]) -> str:
                 f"| {_cell([s.throughput_rps for s in runs], 2)} "
                 f"| {_cell([s.hit_rate for s in runs], 3)} "
                 f"| {first.ideal_hit_rate:.3f} | {first.finite_hit_rate:.3f} "
+                f"| {_cell([s.engine.get('decodes_per_prefill_step') or 0.0 for s in runs], 1)} "
                 f"| {sum(s.errors for s in runs)} |"
             )
     return "\n".join(lines) + "\n"

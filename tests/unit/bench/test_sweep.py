@@ -45,6 +45,9 @@ def test_every_level_and_target_is_reported() -> None:
     assert [level for level, _ in results] == [0.5, 1.3]
     table = sweep_table(results)
     assert table.count("| kvgate |") == 2 and table.count("| round-robin |") == 2
+    header, rule, *rows = table.splitlines()
+    assert "decodes per prefill step" in header
+    assert all(row.count("|") == rule.count("|") for row in rows)
 
 
 def test_several_seeds_give_their_mean_and_range() -> None:
