@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from tests.unit.router.fakes import make_config, routing_core
 
-from kvgate.discovery.endpoints import LoadSample
-from kvgate.router.core.accounting import Accounting
+from kvgate.discovery.endpoints import EndpointSpec, LoadSample
+from kvgate.router.core.accounting import MAX_INFLIGHT_BLOCKS, Accounting
 from kvgate.router.core.learn import Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 
@@ -65,6 +65,75 @@ def test_batch_requests_are_counted_apart_while_in_flight():
     assert accounts.load("a", 0.0) == (1, 1, 10, 0)
     accounts.done(online)
     assert accounts.loads(["a"], 0.0) == [(0, 0, 0, 0)]
+
+
+def test_in_flight_blocks_are_held_until_the_attempt_ends():
+    accounts = Accounting()
+    keys = [b"k0", b"k1", b"k2"]
+    first = accounts.sent(
+        "a", 0.0, uncached_tokens=48, predicted_ttft_seconds=1.0, streaming=True, block_keys=keys
+    )
+    second = accounts.sent(
+        "a", 0.0, uncached_tokens=32, predicted_ttft_seconds=1.0, streaming=True,
+        block_keys=keys[:2],
+    )  # fmt: skip
+    assert accounts.held([b"k0", b"k1", b"k2", b"k3"], ["a", "b"]) == {"a": 3}
+    assert accounts.held([b"k1", b"k2"], ["a"]) == {"a": 2}  # any position of a chain
+    assert accounts.held([b"x", b"k1"], ["a"]) == {}  # only leading blocks count
+    accounts.prefill_done(first)  # still running: its blocks stay pinned on the pod
+    assert accounts.held(keys, ["a"]) == {"a": 3}
+    accounts.done(first)
+    accounts.done(first)  # idempotent: the second's count is intact
+    assert accounts.held(keys, ["a"]) == {"a": 2}
+    accounts.done(second)
+    assert accounts.held(keys, ["a"]) == {}
+    assert accounts.held([], ["a"]) == {}
+
+
+def test_in_flight_blocks_are_bounded_per_endpoint():
+    accounts = Accounting()
+    many = [i.to_bytes(4, "big") for i in range(MAX_INFLIGHT_BLOCKS)]
+    accounts.sent(
+        "a", 0.0, uncached_tokens=1, predicted_ttft_seconds=1.0, streaming=True, block_keys=many
+    )
+    over = accounts.sent(
+        "a", 0.0, uncached_tokens=1, predicted_ttft_seconds=1.0, streaming=True,
+        block_keys=[b"new"],
+    )  # fmt: skip
+    assert accounts.load("a", 0.0).in_flight == 2  # counted, without its keys
+    assert accounts.held([b"new"], ["a"]) == {}
+    accounts.done(over)
+    assert accounts.held(many[:2], ["a"]) == {"a": 2}
+
+
+async def test_a_burst_with_one_new_prefix_follows_its_first_request_before_any_kv_event():
+    """Pods with KV events get no routing history: the directory hears of a prompt's blocks
+    only once they are computed. The requests in flight tell where they will be, so the second
+    request of a burst goes to the first's pod (predicted hit) instead of recomputing the
+    prefix on an idle one; once the first ends, only the directory counts."""
+    now = [100.0]
+    config = make_config(3)
+    core, endpoints = await routing_core(config, now, 3)
+    pool = config.pools[0].key
+    specs = [
+        EndpointSpec(f"pod{i}:8000", pool, f"http://pod{i}:8000", kv_events=f"tcp://pod{i}:5557")
+        for i in range(3)
+    ]
+    await endpoints.replace_pool(pool, specs)
+    prefix = list(range(1000, 1512))  # 32 blocks of 16 tokens
+    first_request = ClientRequest(
+        {"model": "m", "prompt": [*prefix, 1, 2, 3], "max_tokens": 4}, {}, "completion"
+    )
+    first = await core.plan(first_request)
+    attempt = core.sent(first_request, first, streaming=True)
+    follower = {"model": "m", "prompt": [*prefix, 7, 8, 9], "max_tokens": 4}
+    second = await core.plan(ClientRequest(follower, {}, "completion"))
+    assert second.endpoint.id == first.endpoint.id
+    assert second.decision.reason == "prefix-hit"
+    assert second.decision.predicted_hit_tokens == len(prefix)
+    core.cancelled(first, attempt)
+    third = await core.plan(ClientRequest(follower, {}, "completion"))
+    assert third.decision.predicted_hit_tokens == 0
 
 
 async def _core(n: int = 2) -> tuple[RoutingCore, list[float]]:

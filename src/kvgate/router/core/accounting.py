@@ -4,7 +4,15 @@ Per endpoint the routing core keeps:
 
 - **in flight**: requests sent and not yet finished, failed or cancelled;
 - **pending prefill**: requests sent whose prefill has not happened yet, with the uncached
-  prompt tokens predicted for them. The cost model queues a new request behind this work.
+  prompt tokens predicted for them. The cost model queues a new request behind this work;
+- **in-flight blocks**: the prompt block keys of the requests in flight, counted per key. A pod
+  computes and keeps every full block of a request it runs (running requests pin their blocks),
+  but the directory learns of them only from the KV events of the step that computed them, which
+  under load is seconds after the request was sent. Until then a request with the same prefix
+  would look cold everywhere and be spread, recomputing the prefix once per pod; `held` lets
+  routing see the blocks the pod will hold by the time the new request, queued behind, is
+  prefilled. Bounded per endpoint (`MAX_INFLIGHT_BLOCKS`: past it, requests are counted without
+  their keys).
 
 A request leaves pending prefill at its first byte when it streams (the first token comes right
 after the prefill). A non-streaming answer's first byte is its last, so such a request leaves
@@ -20,9 +28,15 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from kvgate.prefix import BlockKey
+
+# In-flight block keys kept per endpoint (~100 bytes each): 2^20 is the prompts of 128
+# requests of 128k tokens in 16-token blocks, more than one engine runs at once.
+MAX_INFLIGHT_BLOCKS = 1 << 20
 
 
 @dataclass(slots=True)
@@ -33,6 +47,8 @@ class _Account:
     pending_tokens: int = 0
     # non-streaming attempts by expiry time: (release_at, tie-breaker, attempt)
     expiring: list[tuple[float, int, Attempt]] = field(default_factory=list)
+    # prompt block key -> in-flight attempts whose prompt has it
+    blocks: dict[BlockKey, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
@@ -47,6 +63,7 @@ class Attempt:
     streaming: bool
     release_at: float  # when pending prefill expires without a first byte (inf when streaming)
     batch: bool = False  # a batch-class request
+    block_keys: Sequence[BlockKey] = ()  # counted in the account's in-flight blocks
     first_byte_at: float | None = None
     prefill_pending: bool = True
     open: bool = True
@@ -80,10 +97,18 @@ class Accounting:
         predicted_ttft_seconds: float,
         streaming: bool,
         batch: bool = False,
+        block_keys: Sequence[BlockKey] = (),
     ) -> Attempt:
+        """Count an attempt on `endpoint_id`; `block_keys`: its prompt's full blocks, which the
+        endpoint will hold while it runs (see `held`)."""
         account = self._accounts.setdefault(endpoint_id, _Account())
         if account.expiring:
             self._expire(account, now)
+        blocks = account.blocks
+        if len(blocks) + len(block_keys) > MAX_INFLIGHT_BLOCKS:
+            block_keys = ()
+        for key in block_keys:
+            blocks[key] = blocks.get(key, 0) + 1
         attempt = Attempt(
             endpoint_id=endpoint_id,
             account=account,
@@ -93,6 +118,7 @@ class Accounting:
             streaming=streaming,
             release_at=float("inf") if streaming else now + max(0.0, predicted_ttft_seconds),
             batch=batch,
+            block_keys=block_keys,
         )
         account.in_flight += 1
         account.batch_in_flight += batch
@@ -115,8 +141,37 @@ class Accounting:
             return
         self.prefill_done(attempt)
         attempt.open = False
-        attempt.account.in_flight -= 1
-        attempt.account.batch_in_flight -= attempt.batch
+        account = attempt.account
+        account.in_flight -= 1
+        account.batch_in_flight -= attempt.batch
+        blocks = account.blocks
+        for key in attempt.block_keys:
+            left = blocks[key] - 1
+            if left:
+                blocks[key] = left
+            else:
+                del blocks[key]
+        attempt.block_keys = ()
+
+    def held(self, keys: Sequence[BlockKey], endpoint_ids: Collection[str]) -> dict[str, int]:
+        """For each endpoint with a match, how many leading blocks of `keys` the requests in
+        flight on it carry (what it will hold once they are prefilled)."""
+        out: dict[str, int] = {}
+        if not keys:
+            return out
+        first = keys[0]
+        for endpoint_id in endpoint_ids:
+            account = self._accounts.get(endpoint_id)
+            if account is None or first not in account.blocks:
+                continue
+            blocks = account.blocks
+            n = 1
+            for key in keys[1:]:
+                if key not in blocks:
+                    break
+                n += 1
+            out[endpoint_id] = n
+        return out
 
     def load(self, endpoint_id: str, now: float) -> EndpointLoad:
         account = self._accounts.get(endpoint_id)

@@ -328,6 +328,8 @@ class RoutingCore:
             predicted_ttft_seconds=plan.decision.predicted_ttft_seconds,
             streaming=streaming,
             batch=plan.classification.request_class == "batch",
+            # Requests with drops keep other blocks than their path: left to the directory.
+            block_keys=plan.keys.block_keys if plan.keys.lookup is None else (),
         )
         self.metrics.child(self.metrics.inflight, plan.pool.key, endpoint_id).inc()
         if self.flow.enabled:

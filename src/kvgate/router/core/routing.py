@@ -148,6 +148,7 @@ class Router:
                 keyer, lora, pool, cls, body, kind, keys_by_pool, body_bytes
             )
             matched, on_gpu = await self._lookup(keys, members)
+            self._add_inflight(keys, members, matched, on_gpu)
             request = RoutingRequest(
                 model=cls.model,
                 prompt_tokens=keys.prompt_tokens,
@@ -403,6 +404,24 @@ class Router:
         if on_gpu is not None:  # pools without the tier: all on the GPU
             on_gpu.update({pod: n for pod, n in matched.items() if pod not in on_gpu})
         return matched, on_gpu
+
+    def _add_inflight(
+        self,
+        keys: RequestKeys,
+        members: list[Endpoint],
+        matched: dict[str, int],
+        on_gpu: dict[str, int] | None,
+    ) -> None:
+        """Count as held what the requests in flight on each pod carry (`accounting.py`, in-flight
+        blocks): the directory learns of those blocks only once they are computed."""
+        if keys.lookup is not None or not keys.block_keys:
+            return
+        ahead = self.accounting.held(keys.block_keys, [ep.spec.id for ep in members])
+        for pod, n in ahead.items():
+            if n > matched.get(pod, 0):
+                matched[pod] = n
+                if on_gpu is not None:
+                    on_gpu[pod] = n
 
     @staticmethod
     async def _held(
