@@ -155,22 +155,29 @@ class Accounting:
 
     def held(self, keys: Sequence[BlockKey], endpoint_ids: Collection[str]) -> dict[str, int]:
         """For each endpoint with a match, how many leading blocks of `keys` the requests in
-        flight on it carry (what it will hold once they are prefilled)."""
+        flight on it carry (what it will hold once they are prefilled).
+
+        Block keys are chained (each digests its whole prefix), so an account holding `keys[i]`
+        holds `keys[0..i]` too (the request that brought it brought its prefix): the match is
+        found by bisection, O(log n) per endpoint, even when every pod runs a 32k-token prompt."""
         out: dict[str, int] = {}
         if not keys:
             return out
         first = keys[0]
+        accounts = self._accounts
         for endpoint_id in endpoint_ids:
-            account = self._accounts.get(endpoint_id)
+            account = accounts.get(endpoint_id)
             if account is None or first not in account.blocks:
                 continue
             blocks = account.blocks
-            n = 1
-            for key in keys[1:]:
-                if key not in blocks:
-                    break
-                n += 1
-            out[endpoint_id] = n
+            low, high = 1, len(keys)  # keys[low - 1] is held; find the last held one
+            while low < high:
+                mid = (low + high + 1) // 2
+                if keys[mid - 1] in blocks:
+                    low = mid
+                else:
+                    high = mid - 1
+            out[endpoint_id] = low
         return out
 
     def load(self, endpoint_id: str, now: float) -> EndpointLoad:
