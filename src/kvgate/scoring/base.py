@@ -308,6 +308,13 @@ class Policy(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def counts_inflight_blocks(self) -> bool:
+        """Whether the router adds the blocks of its requests in flight on each pod to the
+        directory's matches before deciding (kvgate's policies; the peers' re-implementations
+        and the plain baselines see the directory only, as published)."""
+        ...
+
     def decide(
         self,
         request: RoutingRequest,

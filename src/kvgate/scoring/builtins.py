@@ -22,6 +22,7 @@ from kvgate.scoring.plugins.affinity_cap import AffinityCapFilter, AffinityCapPa
 from kvgate.scoring.plugins.class_isolation import ClassIsolationFilter, ClassIsolationParams
 from kvgate.scoring.plugins.gie_prefix import GiePrefixParams, GiePrefixScorer
 from kvgate.scoring.plugins.healthy import HealthyFilter, HealthyParams
+from kvgate.scoring.plugins.holder_load import HolderLoadFilter, HolderLoadParams
 from kvgate.scoring.plugins.kv_block_cost import KvBlockCostParams, KvBlockCostScorer
 from kvgate.scoring.plugins.kv_cache_usage import KvCacheUsageParams, KvCacheUsageScorer
 from kvgate.scoring.plugins.load_bound import LoadBoundFilter, LoadBoundParams
@@ -56,6 +57,7 @@ def register_builtins(registry: PluginRegistry) -> None:
     r = registry
     r.add_filter("healthy", HealthyParams, HealthyFilter, "drop unhealthy or draining pods")
     r.add_filter("load-bound", LoadBoundParams, LoadBoundFilter, "no pod above c x mean load")
+    r.add_filter("holder-load", HolderLoadParams, HolderLoadFilter, "hot prefix holders spill")
     r.add_filter("affinity-cap", AffinityCapParams, AffinityCapFilter, "cap predicted queue wait")
     r.add_filter(
         "class-isolation", ClassIsolationParams, ClassIsolationFilter, "online off borrowed pods"
@@ -80,6 +82,7 @@ def register_builtins(registry: PluginRegistry) -> None:
             scorers=[WeightedScorer(r.scorer(s.name, s.params), s.weight) for s in params.scorers],
             picker=r.picker(params.picker.name, params.picker.params),
             no_hit_reason=params.no_hit_reason,
+            counts_inflight_blocks=params.inflight_blocks,
         )
 
     r.add_policy("pipeline", PipelineParams, pipeline, "filters, weighted scorers, picker by name")

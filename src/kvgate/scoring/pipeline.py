@@ -58,6 +58,7 @@ class PipelinePolicy:
         picker: Picker,
         fixed_reason: str | None = None,
         no_hit_reason: str = REASON_NO_HIT_SPREAD,
+        counts_inflight_blocks: bool = False,
     ) -> None:
         if any(not w.weight > 0 for w in scorers):
             raise ValueError("scorer weights must be > 0")
@@ -68,6 +69,7 @@ class PipelinePolicy:
         self.picker = picker
         self.fixed_reason = fixed_reason
         self.no_hit_reason = no_hit_reason
+        self.counts_inflight_blocks = counts_inflight_blocks
         self._guard_reasons = {f.name: f.reason for f in self.filters}
         self._weight_sum = sum(w.weight for w in self.scorers)
 

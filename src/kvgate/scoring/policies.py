@@ -42,6 +42,7 @@ from kvgate.scoring.pipeline import PipelinePolicy, WeightedScorer
 from kvgate.scoring.plugins.affinity_cap import AffinityCapFilter, AffinityCapParams
 from kvgate.scoring.plugins.class_isolation import ClassIsolationFilter, ClassIsolationParams
 from kvgate.scoring.plugins.healthy import HealthyFilter
+from kvgate.scoring.plugins.holder_load import HolderLoadFilter, HolderLoadParams
 from kvgate.scoring.plugins.load_bound import LoadBoundFilter, LoadBoundParams
 from kvgate.scoring.plugins.near_equal.plugin import NearEqualParams, NearEqualPicker, TieBreak
 from kvgate.scoring.plugins.predicted_ttft import PredictedTtftParams, PredictedTtftScorer
@@ -70,6 +71,9 @@ class KvgateParams(StrictParams):
     maxAffinityWait)."""
     load_bound: LoadBoundParams | None = None
     """Bounded-load guard (no pod above c x mean load); None = off."""
+    holder_load: HolderLoadParams | None = HolderLoadParams()
+    """A prefix holder far above the least-loaded pod (by ``max_gap_requests`` and
+    ``max_ratio``) takes no more of the prefix, which is then copied elsewhere; None = off."""
     tolerance: float = Field(default=0.1, ge=0, lt=1)
     """Candidates whose predicted-TTFT score is within this share of the best are near-equal."""
     work_weight: float = Field(default=1.0, ge=0)
@@ -88,6 +92,10 @@ class KvgateParams(StrictParams):
     class_isolation: ClassIsolationParams | None = ClassIsolationParams()
     """Online requests leave pods that batch work borrowed while one without answers within
     ``max_extra_seconds`` of the best; None = off."""
+    inflight_blocks: bool = True
+    """Count the prompt blocks of the router's requests in flight on a pod as held there: the
+    directory hears of them only once computed, and meanwhile a burst with one new prefix would
+    look cold everywhere and recompute it once per pod (docs/router.md, *Cache state*)."""
 
 
 class PluginRef(StrictParams):
@@ -107,6 +115,8 @@ class PipelineParams(StrictParams):
     scorers: list[WeightedPluginRef] = []
     picker: PluginRef = PluginRef(name="near-equal")
     no_hit_reason: str = REASON_NO_HIT_SPREAD
+    inflight_blocks: bool = True
+    """Count the blocks of the router's requests in flight as held (see ``KvgateParams``)."""
 
 
 def round_robin_policy(params: BaselineParams) -> PipelinePolicy:
@@ -158,6 +168,7 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
                 if params.class_isolation is not None
                 else []
             ),
+            *([HolderLoadFilter(params.holder_load)] if params.holder_load is not None else []),
             PrefixAffinityFilter(params.affinity),
         ],
         scorers=[
@@ -179,4 +190,5 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
                 no_hit_tie_break=params.no_hit_tie_break,
             )
         ),
+        counts_inflight_blocks=params.inflight_blocks,
     )

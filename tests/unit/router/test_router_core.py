@@ -106,13 +106,9 @@ def test_in_flight_blocks_are_bounded_per_endpoint():
     assert accounts.held(many[:2], ["a"]) == {"a": 2}
 
 
-async def test_a_burst_with_one_new_prefix_follows_its_first_request_before_any_kv_event():
-    """Pods with KV events get no routing history: the directory hears of a prompt's blocks
-    only once they are computed. The requests in flight tell where they will be, so the second
-    request of a burst goes to the first's pod (predicted hit) instead of recomputing the
-    prefix on an idle one; once the first ends, only the directory counts."""
+async def _core_with_kv_events(policy: str) -> RoutingCore:
     now = [100.0]
-    config = make_config(3)
+    config = make_config(3, policy={"name": policy, "seed": 1})
     core, endpoints = await routing_core(config, now, 3)
     pool = config.pools[0].key
     specs = [
@@ -120,20 +116,42 @@ async def test_a_burst_with_one_new_prefix_follows_its_first_request_before_any_
         for i in range(3)
     ]
     await endpoints.replace_pool(pool, specs)
-    prefix = list(range(1000, 1512))  # 32 blocks of 16 tokens
+    return core
+
+
+PREFIX = list(range(1000, 1512))  # 32 blocks of 16 tokens
+FOLLOWER = {"model": "m", "prompt": [*PREFIX, 7, 8, 9], "max_tokens": 4}
+
+
+async def test_a_burst_with_one_new_prefix_follows_its_first_request_before_any_kv_event():
+    """Pods with KV events get no routing history: the directory hears of a prompt's blocks
+    only once they are computed. The requests in flight tell where they will be, so the second
+    request of a burst goes to the first's pod (predicted hit) instead of recomputing the
+    prefix on an idle one; once the first ends, only the directory counts."""
+    core = await _core_with_kv_events("kvgate")
     first_request = ClientRequest(
-        {"model": "m", "prompt": [*prefix, 1, 2, 3], "max_tokens": 4}, {}, "completion"
+        {"model": "m", "prompt": [*PREFIX, 1, 2, 3], "max_tokens": 4}, {}, "completion"
     )
     first = await core.plan(first_request)
     attempt = core.sent(first_request, first, streaming=True)
-    follower = {"model": "m", "prompt": [*prefix, 7, 8, 9], "max_tokens": 4}
-    second = await core.plan(ClientRequest(follower, {}, "completion"))
+    second = await core.plan(ClientRequest(FOLLOWER, {}, "completion"))
     assert second.endpoint.id == first.endpoint.id
     assert second.decision.reason == "prefix-hit"
-    assert second.decision.predicted_hit_tokens == len(prefix)
+    assert second.decision.predicted_hit_tokens == len(PREFIX)
     core.cancelled(first, attempt)
-    third = await core.plan(ClientRequest(follower, {}, "completion"))
+    third = await core.plan(ClientRequest(FOLLOWER, {}, "completion"))
     assert third.decision.predicted_hit_tokens == 0
+
+
+async def test_the_peers_re_implementations_see_the_directory_only():
+    """In-flight blocks are kvgate's own: the peers' published routers match on their index."""
+    core = await _core_with_kv_events("llm-d-sticky")
+    first_request = ClientRequest(
+        {"model": "m", "prompt": [*PREFIX, 1, 2, 3], "max_tokens": 4}, {}, "completion"
+    )
+    core.sent(first_request, await core.plan(first_request), streaming=True)
+    second = await core.plan(ClientRequest(FOLLOWER, {}, "completion"))
+    assert second.decision.predicted_hit_tokens == 0
 
 
 async def _core(n: int = 2) -> tuple[RoutingCore, list[float]]:

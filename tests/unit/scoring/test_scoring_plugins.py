@@ -13,6 +13,7 @@ from kvgate.scoring.base import ChoiceHistory, EngineLoad
 from kvgate.scoring.plugins.affinity_cap import AffinityCapFilter, AffinityCapParams
 from kvgate.scoring.plugins.class_isolation import ClassIsolationFilter, ClassIsolationParams
 from kvgate.scoring.plugins.healthy import HealthyFilter
+from kvgate.scoring.plugins.holder_load import HolderLoadFilter, HolderLoadParams
 from kvgate.scoring.plugins.kv_cache_usage import KvCacheUsageParams, KvCacheUsageScorer
 from kvgate.scoring.plugins.load_bound import LoadBoundFilter, LoadBoundParams
 from kvgate.scoring.plugins.near_equal import NearEqualParams, NearEqualPicker
@@ -95,6 +96,34 @@ def test_load_bound_uses_engine_reported_load() -> None:
     eps = [endpoint(0, engine=eng), endpoint(1), endpoint(2)]
     state = cycle_state(request(), eps, {})
     assert [e.id for e in LoadBoundFilter().filter(state, eps)] == ["pod-1", "pod-2"]
+
+
+def test_holder_load_moves_a_hot_prefix_off_an_overloaded_holder_only() -> None:
+    """The holder of the whole prompt runs 60 requests, the others 10: over both bounds (10 + 32
+    and 1.5 x 10), so it takes no more; pods without the prefix are never dropped."""
+    eps = [endpoint(0, in_flight=60), endpoint(1, in_flight=10), endpoint(2, in_flight=50)]
+    state = cycle_state(request(), eps, {"pod-0": 256})
+    flt = HolderLoadFilter()
+    assert [e.id for e in flt.filter(state, eps)] == ["pod-1", "pod-2"]
+    # a second holder within the bounds keeps the prefix's requests
+    state = cycle_state(request(), eps, {"pod-0": 256, "pod-1": 256})
+    assert [e.id for e in flt.filter(state, eps)] == ["pod-1", "pod-2"]
+
+
+def test_holder_load_keeps_holders_within_either_bound() -> None:
+    flt = HolderLoadFilter()
+    gap_only = [endpoint(0, in_flight=140), endpoint(1, in_flight=100)]  # +40 but 1.4x
+    state = cycle_state(request(), gap_only, {"pod-0": 256})
+    assert len(flt.filter(state, gap_only)) == 2
+    ratio_only = [endpoint(0, in_flight=30), endpoint(1, in_flight=2)]  # 15x but +28
+    state = cycle_state(request(), ratio_only, {"pod-0": 256})
+    assert len(flt.filter(state, ratio_only)) == 2
+    # a pod holding less than affinity_threshold of the blocks is not a holder
+    over = [endpoint(0, in_flight=60), endpoint(1, in_flight=10)]
+    state = cycle_state(request(), over, {"pod-0": 100})
+    assert len(flt.filter(state, over)) == 2
+    state = cycle_state(request(), over, {"pod-0": 100})
+    assert len(HolderLoadFilter(HolderLoadParams(affinity_threshold=0.3)).filter(state, over)) == 1
 
 
 def test_affinity_cap_drops_long_queues_only_when_another_pod_is_within() -> None:

@@ -227,6 +227,21 @@ def test_near_equal_holders_go_to_the_pod_with_the_fewest_requests() -> None:
     assert drawn == {"pod-0", "pod-1", "pod-2"}
 
 
+def test_a_hot_prefix_is_copied_when_its_only_holder_runs_far_more_requests() -> None:
+    """A 2k-token system prompt with a short question: the holder queues no prefill, so the
+    TTFT model prefers it however many requests it decodes; past the holder-load bounds the
+    request copies the prefix to the least-loaded pod (`llm-d-sticky` keeps piling on)."""
+    eps = [endpoint(0, in_flight=60), endpoint(1, in_flight=10), endpoint(2, in_flight=12)]
+    req = request(2176)
+    matched = {"pod-0": 128}
+    d = decide("kvgate", req, eps, matched)
+    assert d.endpoint_id == "pod-1" and d.reason == "load-bound"
+    assert decide("llm-d-sticky", req, eps, matched).endpoint_id == "pod-0"
+    assert decide("kvgate", req, eps, matched, params={"holder_load": None}).endpoint_id == "pod-0"
+    calm = [endpoint(0, in_flight=30), endpoint(1, in_flight=10), endpoint(2, in_flight=12)]
+    assert decide("kvgate", req, calm, matched).endpoint_id == "pod-0"
+
+
 def test_router_replicas_seeing_the_same_state_do_not_herd() -> None:
     """A burst of cold requests from 4 replicas with the same (stale) view spreads out."""
     eps = fleet(8)

@@ -21,6 +21,7 @@ def test_builtins_are_registered_by_kebab_name() -> None:
         "affinity-cap",
         "class-isolation",
         "healthy",
+        "holder-load",
         "load-bound",
         "load-imbalance",
         "load-stddev",

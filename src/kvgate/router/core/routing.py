@@ -148,7 +148,8 @@ class Router:
                 keyer, lora, pool, cls, body, kind, keys_by_pool, body_bytes
             )
             matched, on_gpu = await self._lookup(keys, members)
-            self._add_inflight(keys, members, matched, on_gpu)
+            if state.policy.counts_inflight_blocks:
+                self._add_inflight(keys, members, matched, on_gpu)
             request = RoutingRequest(
                 model=cls.model,
                 prompt_tokens=keys.prompt_tokens,
