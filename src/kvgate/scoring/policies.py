@@ -4,10 +4,13 @@
 - ``least-load``: healthy -> ``queue-depth`` -> fewest requests (ties random). Baseline.
 - ``prefix``: healthy -> ``prefix-cache`` -> longest match; ties by load, then random. What the
   simplest cache-aware routers do; it piles a hot prefix onto one pod.
-- ``kvgate`` (default): healthy -> ``affinity-cap`` -> ``class-isolation`` ->
-  ``prefix-cache-affinity`` -> ``predicted-ttft`` -> ``near-equal``. A request never waits in a
+- ``kvgate`` (default): healthy -> ``affinity-cap`` -> ``class-isolation`` -> ``holder-load``
+  -> ``prefix-cache-affinity`` -> ``predicted-ttft`` -> ``near-equal``, over matches that include
+  the blocks of the router's requests in flight (``inflight_blocks``). A request never waits in a
   queue longer than ``max_affinity_wait_seconds`` while a pod within it would answer sooner, an
-  online request leaves the pods batch work borrowed when that costs it little, a request stays
+  online request leaves the pods batch work borrowed when that costs it little, a holder of its
+  prefix running far more requests than the least-loaded pod takes no more of it (a hot prefix
+  with short suffixes queues no prefill there, so nothing else sees the load), a request stays
   on the pods holding most of its prompt (``affinity.affinity_threshold`` of its blocks) until
   they are saturated (llm-d's "sticky until saturated" rule, with its defaults), and among what is left
   goes where the predicted TTFT (queue delay + prefill of the tokens the pod lacks) plus
