@@ -110,6 +110,20 @@ def test_holder_load_moves_a_hot_prefix_off_an_overloaded_holder_only() -> None:
     assert [e.id for e in flt.filter(state, eps)] == ["pod-1", "pod-2"]
 
 
+def test_holder_load_does_not_spread_online_traffic_onto_pods_batch_work_borrowed() -> None:
+    """Online traffic gathered on one pod while batch borrows the others is class isolation's
+    aim: the lighter pods host batch requests, so the online holder keeps its prefix."""
+    eps = [
+        endpoint(0, in_flight=60),
+        endpoint(1, in_flight=10, batch_in_flight=10),
+        endpoint(2, in_flight=12, batch_in_flight=12),
+    ]
+    state = cycle_state(request(), eps, {"pod-0": 256})
+    assert len(HolderLoadFilter().filter(state, eps)) == 3
+    state = cycle_state(request(request_class="batch"), eps, {"pod-0": 256})
+    assert [e.id for e in HolderLoadFilter().filter(state, eps)] == ["pod-1", "pod-2"]
+
+
 def test_holder_load_keeps_holders_within_either_bound() -> None:
     flt = HolderLoadFilter()
     gap_only = [endpoint(0, in_flight=140), endpoint(1, in_flight=100)]  # +40 but 1.4x

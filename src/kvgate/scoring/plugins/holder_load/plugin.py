@@ -15,6 +15,9 @@ the prefix on a pod that then holds it too, until the loads are within the bound
 Load is max(router in-flight, engine running + waiting), as in ``load-bound``. Unlike that
 guard, pods without the prefix are never dropped and both bounds must be exceeded, so loads
 that differ by a few requests (the usual spread of sessions and prefix groups) keep their hits.
+For an online request the least-loaded pod is sought among the pods that host no batch
+request: online traffic gathered on a few pods while batch work borrows the others is what
+``class-isolation`` wants, not a pile to spread onto the batch pods.
 """
 
 from __future__ import annotations
@@ -51,7 +54,12 @@ class HolderLoadFilter:
             return candidates
         p = self.params
         est = state.estimates
-        least = min(est[e.id].load for e in candidates)
+        targets = candidates
+        if state.request.request_class == "online":
+            targets = [e for e in candidates if e.batch_in_flight == 0]
+            if not targets:
+                return candidates
+        least = min(est[e.id].load for e in targets)
         bound = max(least + p.max_gap_requests, p.max_ratio * least)
         if all(est[e.id].load <= bound for e in candidates):  # the usual case
             return candidates
