@@ -16,7 +16,9 @@ cancellation, load scrape, membership change): online queues before batch; in ea
 fair-queue order (`fair_queue.py`: tenant priority, then start-time fair queueing over prompt
 tokens by tenant weight), each granted a slot on:
 
-1. its prefix holder (the candidate with the most cached tokens when it arrived) if that has room;
+1. its prefix holder (the candidate with the most cached tokens when it arrived) if that has room
+   (the waiters of the head's tenant and priority whose holder has room are served first, so a
+   slot that opens on a holder goes to a request that hits there);
 2. else nothing yet, while it has waited less than twice the prefill its hit saves (hit tokens
    / the holder's prefill rate, x 2, capped at `policy.max_affinity_wait_seconds`): a miss
    costs the request that prefill, and costs it again to the requests queued behind the
@@ -350,27 +352,46 @@ class FlowControl:
         if not free:
             return
         ids = [ep.id for ep in candidates]
+        window = [node for _, node in zip(range(_MAX_SCAN), queue.fair, strict=False)]
         granted: list[Waiter] = []
         granted_pods: dict[str, set[str]] = {}  # tenant -> pods granted in this pump
-        for scanned, node in enumerate(queue.fair):
-            if not free or scanned >= _MAX_SCAN:
-                break
-            waiter = node.item
-            tenant = node.flow
-            mine = granted_pods.setdefault(tenant, set())
-            allowed = self.shares.allowed(tenant, ids, now, extra=mine)
-            usable = free if allowed is None else {ep: n for ep, n in free.items() if ep in allowed}
-            target = self._target(waiter, usable, now) if usable else None
-            if target is None:
-                continue
-            mine.add(target)
-            left = free[target] - 1
-            if left:
-                free[target] = left
-            else:
-                del free[target]
-            waiter.granted_to = target
-            granted.append(waiter)
+        # Two passes over the window: first the waiters of the head's tenant and priority whose
+        # prefix holder has room (rule 1), then every waiter in order (rules 2-3). A slot that
+        # opens on a holder goes to a request that will hit there rather than to the head, which
+        # would recompute elsewhere what another pod holds: past capacity a hit is capacity for
+        # everyone. Other tenants and priorities keep their fair-queue order.
+        head = window[0]
+        for holders_only in (True, False):
+            for node in window:
+                if not free:
+                    break
+                waiter = node.item
+                if waiter.granted_to is not None:
+                    continue
+                if holders_only and (
+                    node.band != head.band
+                    or node.flow != head.flow
+                    or waiter.holder is None
+                    or waiter.holder not in free
+                ):
+                    continue
+                tenant = node.flow
+                mine = granted_pods.setdefault(tenant, set())
+                allowed = self.shares.allowed(tenant, ids, now, extra=mine)
+                usable = (
+                    free if allowed is None else {ep: n for ep, n in free.items() if ep in allowed}
+                )
+                target = self._target(waiter, usable, now) if usable else None
+                if target is None:
+                    continue
+                mine.add(target)
+                left = free[target] - 1
+                if left:
+                    free[target] = left
+                else:
+                    del free[target]
+                waiter.granted_to = target
+                granted.append(waiter)
         for waiter in granted:
             target = waiter.granted_to
             assert target is not None
