@@ -321,6 +321,32 @@ async def test_a_queued_request_goes_to_its_prefix_holder_when_that_frees_up_fir
     assert granted.endpoint.id == "pod1:8000" and granted.decision.predicted_hit_tokens > 0
 
 
+async def test_a_slot_on_a_prefix_holder_goes_to_the_waiter_that_hits_there_before_the_head():
+    """Past capacity every request waits; the head of the queue holds nothing anywhere. When
+    the holder of a later waiter's prefix frees up, the later waiter gets it (the head would
+    recompute there what it could compute anywhere), and the head takes the next slot."""
+    core, _now = await _core(2, flow={"max_pending_prefill_tokens": 10**6})
+    index = next(iter(core.router.indexes.values()))
+    prompt = _request(8192)
+    prompt.request_id = "hits-on-pod1"
+    keys = (await core.explain(prompt)).keys.block_keys
+    await index.add_approximate("pod1:8000", keys, 300.0)
+    grants = Grants()
+    busy = {}
+    for first in (50_000, 60_000):
+        plan, attempt = await _send(core, _request(16, first=first), grants)
+        busy[plan.endpoint.id] = (plan, attempt)
+    head = _request(512, first=90_000)
+    head.request_id = "cold-head"
+    assert isinstance(await core.admit(head, grants), Waiter)
+    assert isinstance(await core.admit(prompt, grants), Waiter)
+    core.first_byte(*busy["pod1:8000"], streamed=True)
+    assert grants.names() == ["hits-on-pod1"]
+    assert grants.done[0].granted_to == "pod1:8000"
+    core.first_byte(*busy["pod0:8000"], streamed=True)
+    assert grants.names() == ["hits-on-pod1", "cold-head"]
+
+
 async def test_a_client_that_leaves_while_queued_is_removed_and_leaks_nothing():
     core, _now = await _core()
     plan, attempt = await _send(core, _request(), Grants())
