@@ -34,9 +34,10 @@ from typing import NamedTuple
 
 from kvgate.prefix import BlockKey
 
-# In-flight block keys kept per endpoint (~100 bytes each): 2^20 is the prompts of 128
-# requests of 128k tokens in 16-token blocks, more than one engine runs at once.
-MAX_INFLIGHT_BLOCKS = 1 << 20
+# In-flight block keys counted per endpoint (~70 bytes of dict entry each; the keys themselves
+# are the requests' own): 2^18 blocks of 16 tokens are 4M tokens, ten times the KV cache of an
+# 8B model on one H100 (24,625 blocks), so a pod cannot hold more of them at once anyway.
+MAX_INFLIGHT_BLOCKS = 1 << 18
 
 
 @dataclass(slots=True)
