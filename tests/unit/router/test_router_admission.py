@@ -303,7 +303,11 @@ async def test_a_queued_request_waits_for_its_prefix_holder_while_that_is_cheape
     assert (await core.dispatch(waiter)).endpoint.id == "pod0:8000"
 
 
-async def test_a_queued_request_goes_to_its_prefix_holder_when_that_frees_up_first():
+async def _both_pods_busy_and_a_prompt_held_on_pod1() -> tuple[
+    RoutingCore, ClientRequest, Grants, dict[str, Any]
+]:
+    """Two pods, each saturated by one request in its prefill; an 8192-token prompt whose
+    blocks pod1 holds (routing history). Returns (core, prompt, grants, plan+attempt by pod)."""
     core, _now = await _core(2, flow={"max_pending_prefill_tokens": 10**6})
     index = next(iter(core.router.indexes.values()))
     prompt = _request(8192)
@@ -314,6 +318,12 @@ async def test_a_queued_request_goes_to_its_prefix_holder_when_that_frees_up_fir
     for first in (50_000, 60_000):
         plan, attempt = await _send(core, _request(16, first=first), grants)
         busy[plan.endpoint.id] = (plan, attempt)
+    assert set(busy) == {"pod0:8000", "pod1:8000"}
+    return core, prompt, grants, busy
+
+
+async def test_a_queued_request_goes_to_its_prefix_holder_when_that_frees_up_first():
+    core, prompt, grants, busy = await _both_pods_busy_and_a_prompt_held_on_pod1()
     waiter = await core.admit(prompt, grants)
     core.first_byte(*busy["pod1:8000"], streamed=True)
     assert grants.done == [waiter] and waiter.granted_to == "pod1:8000"
@@ -325,17 +335,8 @@ async def test_a_slot_on_a_prefix_holder_goes_to_the_waiter_that_hits_there_befo
     """Past capacity every request waits; the head of the queue holds nothing anywhere. When
     the holder of a later waiter's prefix frees up, the later waiter gets it (the head would
     recompute there what it could compute anywhere), and the head takes the next slot."""
-    core, _now = await _core(2, flow={"max_pending_prefill_tokens": 10**6})
-    index = next(iter(core.router.indexes.values()))
-    prompt = _request(8192)
+    core, prompt, grants, busy = await _both_pods_busy_and_a_prompt_held_on_pod1()
     prompt.request_id = "hits-on-pod1"
-    keys = (await core.explain(prompt)).keys.block_keys
-    await index.add_approximate("pod1:8000", keys, 300.0)
-    grants = Grants()
-    busy = {}
-    for first in (50_000, 60_000):
-        plan, attempt = await _send(core, _request(16, first=first), grants)
-        busy[plan.endpoint.id] = (plan, attempt)
     head = _request(512, first=90_000)
     head.request_id = "cold-head"
     assert isinstance(await core.admit(head, grants), Waiter)
