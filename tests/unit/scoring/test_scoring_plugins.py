@@ -163,12 +163,21 @@ def test_class_isolation_moves_online_requests_off_borrowed_pods_only_when_nearl
     # A short prompt costs as much anywhere: the pods without batch work are kept.
     short = cycle_state(request(256), eps, {"pod-0": 15})
     assert [e.id for e in flt.filter(short, eps)] == ["pod-1", "pod-2"]
-    # Batch requests, and fleets where every pod (or none) hosts batch work, keep every pod.
+    # Batch requests, and fleets where every pod hosts as many batch requests, keep every pod.
     as_batch = cycle_state(request(256, request_class="batch"), eps, {"pod-0": 15})
     assert len(flt.filter(as_batch, eps)) == 3
     all_batch = [endpoint(i, in_flight=1, batch_in_flight=1) for i in range(3)]
     state = cycle_state(request(256), all_batch, {})
     assert len(flt.filter(state, all_batch)) == 3
+
+
+def test_class_isolation_gathers_online_requests_where_batch_borrowed_least() -> None:
+    # At start-up batch work borrows every pod: the online request goes to the pod with the
+    # fewest batch requests, not to the one its prefix started on.
+    flt = ClassIsolationFilter()
+    eps = [endpoint(i, in_flight=3, batch_in_flight=n) for i, n in enumerate((3, 1, 2))]
+    held_on_pod0 = cycle_state(request(1088), eps, {"pod-0": 64})
+    assert [e.id for e in flt.filter(held_on_pod0, eps)] == ["pod-1"]
 
 
 def test_prefix_cache_scores_share_of_prompt_held() -> None:

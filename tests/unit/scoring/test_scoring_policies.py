@@ -98,18 +98,19 @@ def test_session_moves_when_another_pod_is_faster() -> None:
 
 
 def test_kvgate_moves_online_requests_off_a_holder_that_batch_work_borrowed() -> None:
-    # pod-0 holds the prompt's first 1,024 tokens and also decodes a borrowed batch document.
-    # A 1,088-token chat turn stays: recomputing it on pod-1 would cost ~0.1 s more, over the
-    # 0.05 s a move may cost. A 256-token prompt, about as cheap anywhere, moves.
+    # pod-0 holds the prompt's first 4,096 tokens and also decodes a borrowed batch document.
+    # A 4,160-token turn stays: recomputing it on pod-1 would cost ~0.4 s more, over the
+    # 0.25 s a move may cost. A 1,088-token chat turn (~0.1 s to recompute) moves: its prefix's
+    # later requests then hit on pod-1, which batch work did not borrow.
     eps = [endpoint(0, in_flight=3, batch_in_flight=1), endpoint(1, in_flight=2)]
-    stay = decide("kvgate", request(1088), eps, {"pod-0": 64})
+    stay = decide("kvgate", request(4160), eps, {"pod-0": 256})
     assert (stay.endpoint_id, stay.reason) == ("pod-0", "prefix-hit")
-    move = decide("kvgate", request(256), eps, {"pod-0": 15})
+    move = decide("kvgate", request(1088), eps, {"pod-0": 64})
     assert (move.endpoint_id, move.reason) == ("pod-1", "class-isolation")
     # Batch requests are not moved, and the filter can be turned off.
-    batch = decide("kvgate", request(256, request_class="batch"), eps, {"pod-0": 15})
+    batch = decide("kvgate", request(1088, request_class="batch"), eps, {"pod-0": 64})
     assert batch.endpoint_id == "pod-0"
-    off = decide("kvgate", request(256), eps, {"pod-0": 15}, params={"class_isolation": None})
+    off = decide("kvgate", request(1088), eps, {"pod-0": 64}, params={"class_isolation": None})
     assert off.endpoint_id == "pod-0"
 
 
