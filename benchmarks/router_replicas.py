@@ -1,17 +1,21 @@
-"""Three router replicas vs one at the same offered load, with and without sharing load (issue 14).
+"""Router replicas vs one router at the same offered load, with and without sharing load (issue 14).
 
     .venv/bin/python -m benchmarks.router_replicas [--pods 8] [--requests 2048] [--burst 64]
         [--burst-seconds 0.5] [--every 2.0] [--groups 32] [--system-tokens 2000]
+        [--replicas 3] [--workload NAME | --trace FILE [--param KEY=VALUE]] [--level 1]
 
 The discrete-event bench (`kvgate.bench.des`: the router's own `RoutingCore`, `kvgate` policy,
 over simulated engines in virtual time) replays one bursty shared-prefix workload (`--groups`
 system prompts, 200-token questions, 100 tokens out; `--burst` requests spread over
-`--burst-seconds` every `--every` seconds) through one router, three replicas that each count
-only their own requests, and three that exchange their loads (`load_sharing`, every
-`--interval` seconds; 20 ms is the default). Replicas share the one directory (Redis in
+`--burst-seconds` every `--every` seconds) through one router, `--replicas` replicas that each
+count only their own requests, and as many that share them (`load_sharing`, every
+`--interval` seconds; 20 ms is the default): their loads, and the blocks of their requests in
+flight, which they record in the directory. Replicas share the one directory (Redis in
 production) and every request goes to one of them at random, as a Service spreads connections.
-Printed: mean and p99 TTFT, prefix hit rate, and each run's mean TTFT and hit rate over one
-router's.
+`--workload` (a `kvgate bench sweep` workload) or `--trace` (a Mooncake trace) replaces the
+bursty workload with that one at `--level` x round robin's capacity, as the sweep builds it.
+Printed: mean and p99 TTFT, mean end-to-end time, prefix hit rate, and each run's mean TTFT and
+hit rate over one router's.
 """
 
 from __future__ import annotations
@@ -19,12 +23,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import random
+from pathlib import Path
 
 from kvgate.api.fleet import LoadSharingConfig
 from kvgate.bench.des import run_des
 from kvgate.bench.report import summarize
 from kvgate.bench.shared_prefix import SharedPrefixParams, build_shared_prefix
+from kvgate.bench.sweep import SWEEPABLE, workload_at
 from kvgate.bench.workload import Workload
+from kvgate.bench.workloads import parse_overrides
 
 
 def _bursty(args: argparse.Namespace) -> Workload:
@@ -60,13 +67,24 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=32)
     parser.add_argument("--system-tokens", type=int, default=2000)
     parser.add_argument("--interval", type=float, default=LoadSharingConfig().interval_seconds)
+    parser.add_argument("--replicas", type=int, default=3)
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--workload", choices=SWEEPABLE)
+    source.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace")
+    parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--level", type=float, default=1.0)
     args = parser.parse_args()
-    workload = _bursty(args)
+    if args.workload or args.trace:
+        params = dict(parse_overrides(args.param))
+        workload, _ = workload_at(args.workload, args.trace, params, args.level, args.pods)
+    else:
+        workload = _bursty(args)
     sharing = LoadSharingConfig(interval_seconds=args.interval)
+    n = args.replicas
     runs = {
         "1 router": (1, None),
-        "3 replicas, own counts": (3, None),
-        f"3 replicas, sharing every {args.interval * 1000:.0f} ms": (3, sharing),
+        f"{n} replicas, own counts": (n, None),
+        f"{n} replicas, sharing every {args.interval * 1000:.0f} ms": (n, sharing),
     }
     print(f"{workload.size} requests on {args.pods} pods (TTFT ms)")  # noqa: T201
     base: tuple[float, float, float] | None = None
@@ -78,7 +96,8 @@ def main() -> None:
         mean, p99, hit = summary.ttft_mean_s, summary.ttft_p99_s, summary.hit_rate
         base = base or (mean, p99, hit)
         print(  # noqa: T201
-            f"{name:34} mean {mean * 1000:7.2f} p99 {p99 * 1000:7.1f} hit {hit:.4f} | "
+            f"{name:34} mean {mean * 1000:7.2f} p99 {p99 * 1000:7.1f} "
+            f"e2e {summary.e2e_mean_s:7.3f} s hit {hit:.4f} | "
             f"mean x{mean / base[0]:.3f} hit x{hit / base[2]:.4f}",
             flush=True,
         )

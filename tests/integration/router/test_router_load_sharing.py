@@ -141,3 +141,62 @@ async def test_replicas_keep_routing_while_redis_is_down(sim_pods, redis_server_
             router.stop()
     for router in routers:
         assert "Traceback" not in router.log()
+
+
+async def test_the_other_replica_follows_a_new_prefix_before_the_pods_kv_events(
+    sim_fleet, redis_url, tmp_path
+):
+    """Pods with KV events: the directory hears of a prompt's blocks when the pod has computed
+    them. One replica's request in flight is recorded in the shared directory before it is sent,
+    so the other replica predicts the hit on its pod while that pod is still computing it (the
+    simulator runs 20x slower than a GPU here: a 4,096-token prefill takes seconds)."""
+    fleet, events, _ = sim_fleet(3, "--sim-time-scale", "20")
+    endpoints = [
+        {"url": url, "kv_events": f"tcp://127.0.0.1:{events + i}"}
+        for i, url in enumerate(fleet.urls())
+    ]
+    config = {
+        "pools": [
+            {"name": "p", "model": "m", "engine": {"hash_seed": "0"},
+             "endpoints": {"static": endpoints}}
+        ],
+        "directory": {"backend": "redis", "redis": {"url": redis_url}},
+        "load_sharing": {"interval_seconds": 0.02, "ttl_seconds": 0.5},
+    }  # fmt: skip
+    routers = [RouterProcess(config, tmp_path) for _ in range(2)]
+    prompt = list(range(1000, 1000 + 4096))  # 256 blocks of 16, no pod holds any
+    follower = {"model": "m", "prompt": [*prompt, 1, 2, 3], "max_tokens": 4}
+    first_chunk_at: list[float] = []
+    try:
+        for router in routers:
+            await router.wait_ready()
+            await _wait_gauge(router.url, "kvgate_router_load_sharing_peers", 1.0)
+        async with httpx.AsyncClient(timeout=60) as client:
+
+            async def send_first() -> str:
+                body = {"model": "m", "prompt": prompt, "max_tokens": 4, "stream": True}
+                async with client.stream(
+                    "POST", routers[0].url + "/v1/completions", json=body
+                ) as answer:
+                    assert answer.status_code == 200
+                    async for _ in answer.aiter_bytes():
+                        first_chunk_at.append(time.monotonic())
+                    return answer.headers["x-kvgate-endpoint"]
+
+            sent_at = time.monotonic()
+            first = asyncio.create_task(send_first())
+            while True:
+                explained = await client.post(routers[1].url + "/debug/route", json=follower)
+                decision = explained.json()["decision"]
+                if decision["predicted_hit_tokens"] >= 4000:
+                    seen_at = time.monotonic()
+                    break
+                assert time.monotonic() - sent_at < 10, decision
+                await asyncio.sleep(0.02)
+            assert not first_chunk_at, "seen only once the prefill was done"
+            assert seen_at - sent_at < 2.0
+            holder = await first
+    finally:
+        for router in routers:
+            router.stop()
+    assert decision["endpoint"] == holder

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from tests.unit.router.fakes import make_config, routing_core
 
 from kvgate.discovery.endpoints import EndpointSpec, LoadSample
@@ -141,6 +142,29 @@ async def test_a_burst_with_one_new_prefix_follows_its_first_request_before_any_
     core.cancelled(first, attempt)
     third = await core.plan(ClientRequest(FOLLOWER, {}, "completion"))
     assert third.decision.predicted_hit_tokens == 0
+
+
+@pytest.mark.parametrize(
+    ("policy", "other_replicas", "shared"),
+    [("kvgate", 1, True), ("kvgate", 0, False), ("llm-d-sticky", 1, False)],
+    ids=["kvgate-with-peers", "kvgate-alone", "peer-policy-with-peers"],
+)
+async def test_blocks_in_flight_reach_the_other_replicas_through_the_directory(
+    policy, other_replicas, shared
+):
+    """Each replica counts only its own requests in flight. While other replicas share the
+    pool's directory (a fresh load-sharing view), kvgate records a request's blocks there as
+    approximate entries before sending it, so theirs follow it to its pod before the KV events;
+    alone, or under a peer's re-implementation, the directory stays the pods' own word."""
+    core = await _core_with_kv_events(policy)
+    core.peers.update({f"replica-{i}": {} for i in range(other_replicas)}, core.clock())
+    request = ClientRequest(
+        {"model": "m", "prompt": [*PREFIX, 1, 2, 3], "max_tokens": 4}, {}, "completion"
+    )
+    plan = await core.plan(request)
+    index = core.learner.indexes[plan.pool.key]
+    held = await index.lookup(plan.keys.block_keys)
+    assert held == ({plan.endpoint.id: len(PREFIX) // 16} if shared else {})
 
 
 async def test_the_peers_re_implementations_see_the_directory_only():

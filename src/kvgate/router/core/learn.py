@@ -3,6 +3,12 @@
 - Routing history: for pods without KV events, the request's block keys are added to the pod's
   directory entries as approximate entries (TTL), right after the decision and before the request
   is sent (so that a burst of requests with one prefix already sees where the first went).
+  Pods with KV events get the same entries while other router replicas share the directory and
+  the policy counts blocks in flight: each replica counts only its own requests' blocks in
+  flight (`accounting.py`), and the others would otherwise see a new prefix only once the pod
+  has computed it. The pod's `BlockStored` turns each entry into an exact one and its
+  `BlockRemoved` drops it, so only the blocks of a request that never reached its prefill stay
+  claimed until the TTL.
 - Prefill rate: a streaming request's TTFT on a pod that had nothing queued ahead of it from
   this router is an observation of (uncached tokens → seconds) for the estimator; uncached
   tokens come from the engine's `cached_tokens` when it reported them. (The engine's counters,
@@ -74,13 +80,14 @@ class Learner:
         self.access_log = access_log
         self.prior = prior_tokens_per_second
 
-    async def routed(self, plan: RoutePlan) -> None:
-        """Right after the decision: routing history for pods without KV events. Awaited on the
+    async def routed(self, plan: RoutePlan, *, share_in_flight: bool = False) -> None:
+        """Right after the decision: routing history for pods without KV events, and for pods
+        with them when `share_in_flight` (other replicas share the directory). Awaited on the
         request path (memory: microseconds; Redis: one round trip) so that the next request of
         a burst already sees it; a failing directory is counted, never fails the request."""
         ep = plan.endpoint
         exact_events = plan.pool.engine.kv_events and ep.spec.kv_events is not None
-        if exact_events and plan.keys.exact:
+        if exact_events and plan.keys.exact and not share_in_flight:
             return
         index = self.indexes.get(plan.pool.key)
         if index is None or not plan.keys.lookup_keys:

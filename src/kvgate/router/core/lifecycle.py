@@ -295,12 +295,21 @@ class RoutingCore:
         request.classification = plan.classification
         if not first_try:
             self.metrics.child(self.metrics.retries, plan.pool.key).inc()
-        await self.learner.routed(plan)
+        await self.learner.routed(plan, share_in_flight=self._shares_in_flight_blocks())
         if first_try:
             self.warmup.hot.observe(plan, self.clock())
             if plan.classification.session_id is not None:
                 self.sessions.observe(plan, request.body)
         return plan
+
+    def _shares_in_flight_blocks(self) -> bool:
+        """Other replicas route to the same pods and the policy counts blocks in flight: they
+        learn this replica's from the directory (`Learner.routed`)."""
+        return (
+            self.state.policy.counts_inflight_blocks
+            and self.peers.replicas > 0
+            and self.peers.fresh(self.clock())
+        )
 
     async def explain(self, request: ClientRequest) -> RoutePlan:
         """The decision `plan` would make now, recorded nowhere."""
