@@ -247,6 +247,34 @@ async def test_a_deadline_the_queue_rate_cannot_meet_is_refused_at_once():
     assert len(core.flow) == 10
 
 
+async def test_the_queue_rate_is_measured_per_backlog_not_across_an_idle_gap():
+    core, now = await _core(flow={"max_pending_prefill_tokens": 10**6})
+    grants = Grants()
+    plan, attempt = await _send(core, _request(), grants)
+
+    async def grant_one() -> None:
+        nonlocal plan, attempt
+        now[0] += 0.5
+        core.first_byte(plan, attempt, streamed=True)
+        waiter = grants.done.pop(0)
+        plan = await core.dispatch(waiter)
+        attempt = core.sent(waiter.request, plan, streaming=True)
+
+    for _ in range(10):
+        await core.admit(_request(), grants)
+    for _ in range(10):  # a backlog drained at 2/s
+        await grant_one()
+    assert len(core.flow) == 0
+    now[0] += 60.0  # a minute with nothing queued; the pod is still busy with the last one
+    for _ in range(3):
+        await core.admit(_request(), grants)
+    await grant_one()
+    # 2 wait. Measured across the idle minute (10 grants over 65 s) the rate would put a new
+    # request 19 s out and refuse its 5 s deadline; this backlog has no rate yet.
+    await core.admit(_request(**{"x-kvgate-deadline-ms": "5000"}), grants)
+    assert len(core.flow) == 3
+
+
 async def test_bad_deadline_headers_are_400_and_long_ones_are_capped():
     core, _now = await _core(flow={"max_deadline_seconds": 60.0, "batch_max_wait_seconds": 60.0})
     await _send(core, _request(), Grants())

@@ -100,7 +100,10 @@ class _Queue:
     grants: deque[float] = field(default_factory=lambda: deque(maxlen=_RATE_WINDOW))
 
     def dispatch_rate(self) -> float | None:
-        """Grants per second over the recent window; None until enough were seen."""
+        """Grants per second over the recent window of this backlog; None until enough were
+        seen. The window starts again whenever the queue fills from empty: a rate measured
+        across the idle gaps between two backlogs would read too slow, and refuse the first
+        requests of the next burst for a deadline the queue would meet."""
         grants = self.grants
         if len(grants) < _RATE_MIN_GRANTS or grants[-1] <= grants[0]:
             return None
@@ -239,6 +242,8 @@ class FlowControl:
             hold_seconds=min(max(hold_seconds, 0.0), self._affinity_cap),
             on_done=on_done,
         )
+        if not queue.fair:  # a new backlog: the last one's rate spans an idle gap
+            queue.grants.clear()
         waiter.node = waiter.place = queue.fair.push(
             waiter, flow, band=priority, cost=prompt_tokens, weight=weight
         )
