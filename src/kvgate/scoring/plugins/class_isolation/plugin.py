@@ -14,7 +14,7 @@ among all candidates (then every candidate is kept). Batch requests, and decisio
 candidate hosts as many batch requests, keep every candidate.
 
 Two choices, both measured on the mixed workload at 130% load (docs/scoring.md, *Online and
-batch on one pool*):
+batch once blocks in flight count*):
 
 - *Fewest*, not *none*: at start-up batch borrows every pod, and an online prefix group then
   stays wherever its first request went (its later requests hit there), so the online traffic
