@@ -111,13 +111,21 @@ def router_argv(
             "--log-level",
             "warn",
             "--disable-retries",
+            # its metrics listener defaults to 0.0.0.0:29000: one left running fails the next
+            "--prometheus-host",
+            HOST,
+            "--prometheus-port",
+            str(free_port(HOST)),
             *(extra_args or []),
         ]
     raise UnknownTargetError(name)
 
 
 def health_url(name: str, base_url: str) -> str:
-    return base_url + ("/liveness" if name in SGLANG_POLICIES else "/health")
+    """Where a target says it can serve. The SGLang router registers its workers in the
+    background after it starts listening: `/liveness` answers at once, and a request sent then
+    gets 503 `no_available_workers`; `/readiness` answers 200 only once a worker is healthy."""
+    return base_url + ("/readiness" if name in SGLANG_POLICIES else "/health")
 
 
 async def start_target(

@@ -37,6 +37,10 @@ def test_sglang_targets_use_the_sglang_policies(monkeypatch):
     assert argv[argv.index("--worker-urls") + 1 : argv.index("--worker-urls") + 3] == PODS
     rr = router_argv("sglang-round-robin", PODS, "m", 8124)
     assert rr[rr.index("--policy") + 1] == "round_robin"
+    assert argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--prometheus-port") + 1] != "29000"  # a free port, not the default
+    # ready once a worker is healthy, not once the process listens (its first requests got 503)
+    assert health_url("sglang-cache-aware", "http://h:1") == "http://h:1/readiness"
 
 
 def test_missing_sglang_router_is_an_explained_error(monkeypatch):
