@@ -137,7 +137,8 @@ class FlowControlConfig(ConfigModel):
     router's requests on it not yet past their prefill reach `max_waiting_requests` or
     `max_pending_prefill_tokens` (what the router sent since the last scrape). Queued requests
     leave online before batch, then by their tenant's priority, then by start-time fair queueing
-    over prompt tokens (a tenant's share is its weight). A request that cannot start within its
+    over prompt tokens (a tenant's share is its weight), and within a tenant by arrival time
+    plus `prefill_time_weight` times their predicted prefill time. A request that cannot start within its
     deadline is answered 429 with `retry-after`."""
 
     model_config = ConfigDict(
@@ -188,6 +189,15 @@ class FlowControlConfig(ConfigModel):
         "more than its weighted share of the prompt tokens in flight keeps to its share of the "
         "pods, so its long prompts cannot occupy every pod (engines finish what they started "
         "first); 0 disables.",
+    )
+    prefill_time_weight: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=100.0,
+        description="Within a tenant, queued requests leave in order of arrival time plus this "
+        "many times their predicted prefill time (uncached tokens on their best pod): a short "
+        "or cached prompt passes a long one that arrived less than that much earlier, and a "
+        "long one is passed for at most that long; 0 keeps arrival order.",
     )
     max_queued_requests: int = Field(
         default=1024,

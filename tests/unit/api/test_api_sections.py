@@ -63,6 +63,7 @@ FULL_POLICY: dict[str, Any] = {
         "maxKvCacheUsage": 0.5,
         "maxPendingPrefillTokens": 1000,
         "fairShareWindowSeconds": 0.0,
+        "prefillTimeWeight": 0.5,
         "maxQueuedRequests": 10,
         "maxQueuedBytes": 4096,
         "onlineMaxWaitSeconds": 1.0,

@@ -71,6 +71,26 @@ def test_an_idle_flow_comes_back_at_the_current_virtual_time():
     assert len(queue) == 2
 
 
+def test_within_a_flow_the_most_urgent_leaves_first_and_the_flows_keep_their_shares():
+    queue: FairQueue[str] = FairQueue()
+    a = [queue.push(f"a{i}", "a", band=0, cost=100, weight=1.0, urgency=10.0 - i) for i in range(3)]
+    for i in range(3):
+        queue.push(f"b{i}", "b", band=0, cost=100, weight=1.0, urgency=float(i))
+    assert [q.item for q in queue] == ["a2", "b0", "a1", "b1", "a0", "b2"]
+    # A late urgent item takes its flow's first slot; the flow's others move one slot later,
+    # and the other flow's items keep theirs.
+    late = queue.push("a-late", "a", band=0, cost=100, weight=1.0, urgency=0.0)
+    order = ["a-late", "b0", "a2", "b1", "a1", "b2", "a0"]
+    assert [q.item for q in queue] == order
+    assert queue.position(late) == 0 and queue.position(a[0]) == 6
+    # One served out of turn gives up its own slot; put back, it takes it again.
+    assert queue.take(a[1])
+    assert [q.item for q in queue] == ["a-late", "b0", "a2", "b1", "b2", "a0"]
+    queue.restore(a[1])
+    assert [q.item for q in queue] == order
+    assert queue.newest_of_largest_flow() is a[0] and queue.count(0, "a") == 4
+
+
 # -- the routing core's queue ------------------------------------------------------------------
 
 
@@ -206,6 +226,36 @@ async def test_short_prompts_of_one_tenant_pass_a_flood_of_long_ones():
     assert order[0] == "flood0"
     assert order[1:5] == ["short0", "short1", "short2", "short3"]
     assert order[5:] == ["flood1", "flood2", "flood3"]
+
+
+async def _queue_order(flow: dict[str, Any], arrivals: list[tuple[str, float, int]]) -> list[str]:
+    """Saturate the one pod, queue (name, arrival time, prompt tokens) of one tenant, then free
+    the pod one request at a time: the order in which the waiters left."""
+    core, now = await _core(flow={"max_pending_prefill_tokens": 10**6, **flow})
+    grants = Grants()
+    plan, attempt = await _send(core, _request(), grants)
+    for i, (name, at, tokens) in enumerate(arrivals):
+        now[0] = at
+        request = _request(tokens, first=(i + 1) * 100_000)  # no prefix shared
+        request.request_id = name
+        assert isinstance(await core.admit(request, grants), Waiter)
+    order = []
+    core.first_byte(plan, attempt, streamed=True)
+    while grants.done:
+        waiter = grants.done.pop(0)
+        order.append(waiter.request.request_id)
+        granted = await core.dispatch(waiter)
+        core.first_byte(granted, core.sent(waiter.request, granted, streaming=True), streamed=True)
+    return order
+
+
+async def test_a_short_prompt_passes_a_long_one_of_its_tenant_that_arrived_just_before_it():
+    # The unmeasured pod prefills at the cost model's prior, 10k tokens/s: the long prompt's
+    # prefill is predicted at 0.8 s, so a short one arriving within 0.8 s of it leaves first,
+    # one arriving later does not.
+    arrivals = [("long", 100.0, 8_000), ("soon", 100.5, 64), ("later", 101.0, 64)]
+    assert await _queue_order({}, arrivals) == ["soon", "long", "later"]
+    assert await _queue_order({"prefill_time_weight": 0}, arrivals) == ["long", "soon", "later"]
 
 
 async def test_a_request_that_cannot_start_by_its_deadline_gets_429_with_retry_after():

@@ -14,7 +14,9 @@ queue's recent dispatch rate predicts: those get 429 with `retry-after` at once.
 **Dispatch** (`pump`, called by every hook that can free room: first byte, end, failure,
 cancellation, load scrape, membership change): online queues before batch; in each, waiters in
 fair-queue order (`fair_queue.py`: tenant priority, then start-time fair queueing over prompt
-tokens by tenant weight), each granted a slot on:
+tokens by tenant weight, and within a tenant by arrival time plus `prefill_time_weight` x the
+request's predicted prefill time, so that a short prompt does not wait behind a long one that
+arrived just before it), each granted a slot on:
 
 1. its prefix holder (the candidate with the most cached tokens when it arrived) if that has room
    (the waiters of the head's tenant and priority whose holder has room are served first, so a
@@ -199,10 +201,12 @@ class FlowControl:
         prompt_tokens: int,
         hits: Mapping[str, int],
         hold_seconds: float,
+        prefill_seconds: float,
         on_done: Callable[[Waiter], None],
     ) -> Waiter:
         """Queue `request`, or raise RouterError (429 with retry-after, 400 for a bad deadline
-        header). `hits`: cached tokens per candidate when it arrived."""
+        header). `hits`: cached tokens per candidate when it arrived; `prefill_seconds`: its
+        predicted prefill time on its best candidate (its place among its tenant's waiters)."""
         now = self._clock()
         deadline = self.deadline_seconds(cls, request.headers)
         key = _queue_key(cls)
@@ -245,7 +249,12 @@ class FlowControl:
         if not queue.fair:  # a new backlog: the last one's rate spans an idle gap
             queue.grants.clear()
         waiter.node = waiter.place = queue.fair.push(
-            waiter, flow, band=priority, cost=prompt_tokens, weight=weight
+            waiter,
+            flow,
+            band=priority,
+            cost=prompt_tokens,
+            weight=weight,
+            urgency=now + self.config.prefill_time_weight * max(prefill_seconds, 0.0),
         )
         expected = self._expected_wait(queue, queue.fair.position(waiter.node))
         if expected is not None and expected > deadline:

@@ -217,6 +217,7 @@ class RoutingCore:
         # Every pod it may use is saturated: what it would hit where decides where it waits.
         hits: dict[str, int] = {}
         hold_seconds = 0.0
+        prefill_seconds = 0.0
         if candidates:
             try:
                 explained = await self.router.plan(
@@ -233,6 +234,10 @@ class RoutingCore:
                     raise
             else:
                 prompt_tokens = explained.keys.prompt_tokens
+                prefill_seconds = min(
+                    (line.estimate.prefill_seconds for line in explained.decision.candidates),
+                    default=0.0,
+                )
                 for line in explained.decision.candidates:
                     e = line.estimate
                     hits[e.endpoint_id] = e.hit_tokens
@@ -250,6 +255,7 @@ class RoutingCore:
             prompt_tokens=prompt_tokens,
             hits=hits,
             hold_seconds=hold_seconds,
+            prefill_seconds=prefill_seconds,
             on_done=on_done,
         )
 
