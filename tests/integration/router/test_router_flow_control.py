@@ -1,7 +1,8 @@
 """Flow control with a real `kvgate router` process in front of real `kvgate sim serve` pods:
-saturated pods make requests wait instead of 503, a deadline that cannot be met is a 429 with
-`retry-after`, a client that leaves while queued is taken out of the queue, and shutdown answers
-what is still queued at the end of its grace."""
+saturated pods make requests wait instead of 503, a short prompt leaves the queue before a long
+one sent just before it, a deadline that cannot be met is a 429 with `retry-after`, a client
+that leaves while queued is taken out of the queue, and shutdown answers what is still queued
+at the end of its grace."""
 
 from __future__ import annotations
 
@@ -155,19 +156,12 @@ async def test_a_client_that_leaves_while_queued_is_removed(sim_pods, start_rout
         await _until(lambda: _engine_waiting(client, pod.url), within=15)
         async with httpx.AsyncClient(base_url=router.url, timeout=60) as leaving:
             gone = asyncio.create_task(_stream(leaving, _body("leaves", 4), {}))
-
-            async def queued() -> bool:
-                return await _metric(client, "kvgate_router_queued_requests") == 1
-
-            await _until(queued)
+            await _until(lambda: _queued(client, 1))
             gone.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await gone
 
-        async def removed() -> bool:
-            return await _metric(client, "kvgate_router_queued_requests") == 0
-
-        await _until(removed)
+        await _until(lambda: _queued(client, 0))
         cancelled = await _metric(
             client, "kvgate_router_queue_wait_seconds_count", outcome="cancelled"
         )
@@ -179,6 +173,50 @@ async def test_a_client_that_leaves_while_queued_is_removed(sim_pods, start_rout
         async with httpx.AsyncClient(base_url=pod.url, timeout=10) as pod_client:
             done = await _metric(pod_client, "vllm:request_success_total")
         assert done == 2
+
+
+async def test_a_short_prompt_leaves_the_queue_before_a_long_one_sent_just_before_it(
+    sim_pods, start_router
+):
+    (pod,) = sim_pods(1, *POD_FLAGS)
+    for weight, first in ((1.0, "short"), (0.0, "long")):
+        router = await start_router(_config([pod.url], prefill_time_weight=weight))
+        async with httpx.AsyncClient(base_url=router.url, timeout=60) as client:
+            busy = [
+                asyncio.create_task(_stream(client, _body(f"busy {weight} {i}"), {}))
+                for i in range(2)
+            ]
+            await _until(lambda: _engine_waiting(client, pod.url), within=15)
+            first_byte: dict[str, float] = {}
+            # ~30k prompt tokens (over a second of predicted prefill), then a short prompt
+            # while the long one still waits.
+            long = asyncio.create_task(
+                _first_byte(client, f"{weight} " + "long words " * 15_000, "long", first_byte)
+            )
+            await _until(lambda: _queued(client, 1))
+            short = asyncio.create_task(
+                _first_byte(client, f"{weight} a short question", "short", first_byte)
+            )
+            await _until(lambda: _queued(client, 2))
+            assert await asyncio.gather(long, short) == [200, 200]
+            for task in busy:
+                assert (await task)[0] == 200
+            assert min(first_byte, key=lambda name: first_byte[name]) == first
+        router.stop()
+
+
+async def _first_byte(
+    client: httpx.AsyncClient, text: str, name: str, first_byte: dict[str, float]
+) -> int:
+    """Stream a 4-token answer; `first_byte[name]` is when its first byte came."""
+    async with client.stream("POST", "/v1/chat/completions", json=_body(text, 4)) as r:
+        async for _chunk in r.aiter_bytes():
+            first_byte.setdefault(name, asyncio.get_running_loop().time())
+    return r.status_code
+
+
+async def _queued(client: httpx.AsyncClient, n: int) -> bool:
+    return await _metric(client, "kvgate_router_queued_requests") == n
 
 
 async def _engine_waiting(client: httpx.AsyncClient, pod_url: str) -> bool:
@@ -201,11 +239,7 @@ async def test_shutdown_answers_requests_still_queued_at_the_end_of_the_grace(
             ]
             await _until(lambda: _engine_waiting(client, pod.url), within=15)
             queued = asyncio.create_task(_stream(client, _body("queued", 4), {}))
-
-            async def waiting() -> bool:
-                return await _metric(client, "kvgate_router_queued_requests") == 1
-
-            await _until(waiting)
+            await _until(lambda: _queued(client, 1))
             proc.terminate()
             status, headers, payload = await asyncio.wait_for(queued, grace + 10)
             await asyncio.wait_for(asyncio.gather(*busy, return_exceptions=True), grace + 10)
