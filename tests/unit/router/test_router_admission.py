@@ -4,6 +4,7 @@ fairness, deadlines, affinity, disconnects), driven with an injected clock."""
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import pytest
@@ -256,6 +257,31 @@ async def test_a_short_prompt_passes_a_long_one_of_its_tenant_that_arrived_just_
     arrivals = [("long", 100.0, 8_000), ("soon", 100.5, 64), ("later", 101.0, 64)]
     assert await _queue_order({}, arrivals) == ["soon", "long", "later"]
     assert await _queue_order({"prefill_time_weight": 0}, arrivals) == ["long", "soon", "later"]
+
+
+async def test_an_unknown_or_endless_prefill_prediction_cannot_disorder_the_queue():
+    core, now = await _core()
+    grants = Grants()
+    await _send(core, _request(), grants)
+    for i, prefill in enumerate((math.nan, math.inf, -1.0, 0.5, 1000.0)):
+        request = _request(first=(i + 1) * 1000)
+        request.request_id = str(prefill)
+        cls = core.state.classifier.classify(request.body, request.headers)
+        core.flow.enqueue(
+            request,
+            cls,
+            prompt_tokens=64,
+            hits={},
+            hold_seconds=0.0,
+            prefill_seconds=prefill,
+            on_done=grants,
+        )
+        now[0] += 0.1
+    (queue,) = core.flow._queues.values()
+    order = [node.item.request.request_id for node in queue.fair]
+    assert order == ["nan", "inf", "-1.0", "0.5", "1000.0"]
+    # 1,000 s of prefill counts as the online deadline (30 s), no more.
+    assert [node.urgency for node in queue.fair] == pytest.approx([100, 100.1, 100.2, 100.8, 130.4])
 
 
 async def test_a_request_that_cannot_start_by_its_deadline_gets_429_with_retry_after():

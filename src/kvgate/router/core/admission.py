@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -254,7 +255,7 @@ class FlowControl:
             band=priority,
             cost=prompt_tokens,
             weight=weight,
-            urgency=now + self.config.prefill_time_weight * max(prefill_seconds, 0.0),
+            urgency=now + self._passed_for(prefill_seconds, deadline),
         )
         expected = self._expected_wait(queue, queue.fair.position(waiter.node))
         if expected is not None and expected > deadline:
@@ -274,6 +275,13 @@ class FlowControl:
         return (queue is not None and len(queue.fair) >= limits.max_queued_requests) or (
             self._bytes + body_bytes > limits.max_queued_bytes
         )
+
+    def _passed_for(self, prefill_seconds: float, deadline: float) -> float:
+        """How long later than its arrival a waiter counts among its tenant's: its predicted
+        prefill time x `prefill_time_weight`, at most its deadline (0 when unknown)."""
+        if not math.isfinite(prefill_seconds) or prefill_seconds <= 0:
+            return 0.0
+        return min(self.config.prefill_time_weight * prefill_seconds, deadline)
 
     def _push_out(self, waiter: Waiter) -> None:
         """`waiter` leaves to make room for a tenant holding less of the queue: 429."""
