@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import random
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, LoadSample
 from kvgate.router.core.admission import Waiter
 from kvgate.router.core.errors import RouterError
-from kvgate.router.core.fair_queue import FairQueue
+from kvgate.router.core.fair_queue import FairQueue, Queued
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.metrics import RouterMetrics
@@ -90,6 +91,46 @@ def test_within_a_flow_the_most_urgent_leaves_first_and_the_flows_keep_their_sha
     queue.restore(a[1])
     assert [q.item for q in queue] == order
     assert queue.newest_of_largest_flow() is a[0] and queue.count(0, "a") == 4
+
+
+def test_the_fair_queue_keeps_its_order_through_random_pushes_takes_and_restores():
+    for seed in range(50):
+        rng = random.Random(seed)
+        queue: FairQueue[int] = FairQueue()
+        queued: list[Queued[int]] = []
+        served: list[Queued[int]] = []
+        for step in range(150):
+            op = rng.random()
+            if op < 0.5 or not queued:
+                queued.append(
+                    queue.push(
+                        step,
+                        rng.choice("abc"),
+                        band=rng.choice((0, 0, 1)),
+                        cost=rng.choice((1, 100, 5000)),
+                        weight=rng.choice((1.0, 2.0)),
+                        urgency=rng.uniform(0, 10),
+                    )
+                )
+            elif op < 0.8:
+                node = queued.pop(rng.randrange(len(queued)))
+                assert queue.take(node) and not queue.take(node)
+                served.append(node)
+            elif op < 0.9:
+                assert queue.remove(queued.pop(rng.randrange(len(queued))))
+            elif served:
+                node = served.pop(rng.randrange(len(served)))
+                queue.restore(node)
+                queued.append(node)
+            order = list(queue)
+            assert sorted(q.item for q in order) == sorted(q.item for q in queued)
+            assert all(queue.position(q) == i for i, q in enumerate(order))
+            # Higher bands first; within a band and flow, by urgency.
+            assert [-q.band for q in order] == sorted(-q.band for q in order)
+            for flow in "abc":
+                for band in (0, 1):
+                    mine = [q.rank_key for q in order if q.flow == flow and q.band == band]
+                    assert mine == sorted(mine) and len(mine) == queue.count(band, flow)
 
 
 # -- the routing core's queue ------------------------------------------------------------------
