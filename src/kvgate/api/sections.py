@@ -138,8 +138,8 @@ class FlowControlConfig(ConfigModel):
     `max_pending_prefill_tokens` (what the router sent since the last scrape). Queued requests
     leave online before batch, then by their tenant's priority, then by start-time fair queueing
     over prompt tokens (a tenant's share is its weight), and within a tenant by arrival time
-    plus `prefill_time_weight` times their predicted prefill time. A request that cannot start within its
-    deadline is answered 429 with `retry-after`."""
+    plus `prefill_time_weight` times their predicted prefill time. A request that cannot start
+    within its deadline is answered 429 with `retry-after`."""
 
     model_config = ConfigDict(
         json_schema_extra={
