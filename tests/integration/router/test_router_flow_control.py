@@ -90,12 +90,7 @@ async def test_batch_requests_wait_for_a_busy_pod_instead_of_503(sim_pods, start
     for flow in (False, True):
         router = await start_router(_config([pod.url], enabled=flow))
         async with httpx.AsyncClient(base_url=router.url, timeout=60) as client:
-            # Two long online answers: one runs, one waits on the pod.
-            busy = [
-                asyncio.create_task(_stream(client, _body(f"busy {flow} {i}"), {}))
-                for i in range(2)
-            ]
-            await _until(lambda: _engine_waiting(client, pod.url), within=15)
+            busy = await _occupy(client, pod.url, f"busy {flow}")
             await asyncio.sleep(0.3)  # the router's scrapes (every 100 ms) see it too
             answers = await asyncio.gather(
                 *(_stream(client, _body(f"batch {flow} {i}", 8), BATCH) for i in range(3))
@@ -124,9 +119,7 @@ async def test_a_deadline_that_cannot_be_met_is_a_429_with_retry_after(sim_pods,
     (pod,) = sim_pods(1, *POD_FLAGS)
     router = await start_router(_config([pod.url]))
     async with httpx.AsyncClient(base_url=router.url, timeout=60) as client:
-        # Two long answers: one runs, one waits on the pod; the pod is saturated.
-        busy = [asyncio.create_task(_stream(client, _body(f"busy {i}"), {})) for i in range(2)]
-        await _until(lambda: _engine_waiting(client, pod.url), within=15)
+        busy = await _occupy(client, pod.url, "busy")
         status, headers, payload = await _stream(
             client, _body("in a hurry", 4), {"x-kvgate-deadline-ms": "300"}
         )
@@ -152,8 +145,7 @@ async def test_a_client_that_leaves_while_queued_is_removed(sim_pods, start_rout
     (pod,) = sim_pods(1, *POD_FLAGS)
     router = await start_router(_config([pod.url]))
     async with httpx.AsyncClient(base_url=router.url, timeout=60) as client:
-        busy = [asyncio.create_task(_stream(client, _body(f"busy {i}"), {})) for i in range(2)]
-        await _until(lambda: _engine_waiting(client, pod.url), within=15)
+        busy = await _occupy(client, pod.url, "busy")
         async with httpx.AsyncClient(base_url=router.url, timeout=60) as leaving:
             gone = asyncio.create_task(_stream(leaving, _body("leaves", 4), {}))
             await _until(lambda: _queued(client, 1))
@@ -182,11 +174,7 @@ async def test_a_short_prompt_leaves_the_queue_before_a_long_one_sent_just_befor
     for weight, first in ((1.0, "short"), (0.0, "long")):
         router = await start_router(_config([pod.url], prefill_time_weight=weight))
         async with httpx.AsyncClient(base_url=router.url, timeout=60) as client:
-            busy = [
-                asyncio.create_task(_stream(client, _body(f"busy {weight} {i}"), {}))
-                for i in range(2)
-            ]
-            await _until(lambda: _engine_waiting(client, pod.url), within=15)
+            busy = await _occupy(client, pod.url, f"busy {weight}")
             first_byte: dict[str, float] = {}
             # ~30k prompt tokens (over a second of predicted prefill), then a short prompt
             # while the long one still waits.
@@ -219,6 +207,18 @@ async def _queued(client: httpx.AsyncClient, n: int) -> bool:
     return await _metric(client, "kvgate_router_queued_requests") == n
 
 
+async def _occupy(
+    client: httpx.AsyncClient, pod_url: str, text: str, max_tokens: int = 200
+) -> list[asyncio.Task[Any]]:
+    """Two long answers through the router: one runs on the pod, one waits there (the pod is
+    saturated). Returns their tasks."""
+    busy = [
+        asyncio.create_task(_stream(client, _body(f"{text} {i}", max_tokens), {})) for i in range(2)
+    ]
+    await _until(lambda: _engine_waiting(client, pod_url), within=15)
+    return busy
+
+
 async def _engine_waiting(client: httpx.AsyncClient, pod_url: str) -> bool:
     async with httpx.AsyncClient(base_url=pod_url, timeout=5) as pod_client:
         return await _metric(pod_client, "vllm:num_requests_waiting") >= 1
@@ -234,10 +234,7 @@ async def test_shutdown_answers_requests_still_queued_at_the_end_of_the_grace(
     proc.wait_ready()
     try:
         async with httpx.AsyncClient(base_url=proc.url, timeout=60) as client:
-            busy = [
-                asyncio.create_task(_stream(client, _body(f"busy {i}", 400), {})) for i in range(2)
-            ]
-            await _until(lambda: _engine_waiting(client, pod.url), within=15)
+            busy = await _occupy(client, pod.url, "busy", max_tokens=400)
             queued = asyncio.create_task(_stream(client, _body("queued", 4), {}))
             await _until(lambda: _queued(client, 1))
             proc.terminate()

@@ -257,14 +257,7 @@ async def test_short_prompts_of_one_tenant_pass_a_flood_of_long_ones():
         request = _request(64, tenant="short")
         request.request_id = f"short{i}"
         await core.admit(request, grants)
-    order = []
-    core.first_byte(plan, attempt, streamed=True)
-    while grants.done:
-        waiter = grants.done.pop(0)
-        order.append(waiter.request.request_id)
-        granted = await core.dispatch(waiter)
-        sent = core.sent(waiter.request, granted, streaming=True)
-        core.first_byte(granted, sent, streamed=True)
+    order = await _drain(core, plan, attempt, grants)
     assert order[0] == "flood0"
     assert order[1:5] == ["short0", "short1", "short2", "short3"]
     assert order[5:] == ["flood1", "flood2", "flood3"]
@@ -281,6 +274,12 @@ async def _queue_order(flow: dict[str, Any], arrivals: list[tuple[str, float, in
         request = _request(tokens, first=(i + 1) * 100_000)  # no prefix shared
         request.request_id = name
         assert isinstance(await core.admit(request, grants), Waiter)
+    return await _drain(core, plan, attempt, grants)
+
+
+async def _drain(core: RoutingCore, plan: RoutePlan, attempt: Any, grants: Grants) -> list[str]:
+    """End the prefill of the request holding the pod, then send each granted waiter and end its
+    prefill in turn: the order in which the waiters left."""
     order = []
     core.first_byte(plan, attempt, streamed=True)
     while grants.done:
