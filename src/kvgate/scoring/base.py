@@ -113,6 +113,9 @@ class RoutingRequest:
     # (priced by the cost model's `cpu_load_tokens_per_second`). None: every match is on the GPU.
     gpu_matched_blocks: Mapping[str, int] | None = None
     lora_adapter: str | None = None  # the LoRA adapter the request names, if any
+    # Per pod with a match: the requests in flight there that carry the whole matched prefix
+    # (None: the router does not count blocks in flight).
+    prefix_sharers: Mapping[str, int] | None = None
 
 
 class CostEstimate(NamedTuple):

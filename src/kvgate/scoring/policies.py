@@ -76,7 +76,8 @@ class KvgateParams(StrictParams):
     """Bounded-load guard (no pod above c x mean load); None = off."""
     holder_load: HolderLoadParams | None = HolderLoadParams()
     """A prefix holder far above the least-loaded pod (by ``max_gap_requests`` and
-    ``max_ratio``) takes no more of the prefix, which is then copied elsewhere; None = off."""
+    ``max_ratio``, or by the narrower ``hot_*`` bounds while its requests in flight share the
+    prefix) takes no more of the prefix, which is then copied elsewhere; None = off."""
     tolerance: float = Field(default=0.1, ge=0, lt=1)
     """Candidates whose predicted-TTFT score is within this share of the best are near-equal."""
     work_weight: float = Field(default=1.0, ge=0)

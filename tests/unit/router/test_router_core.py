@@ -81,6 +81,8 @@ def test_in_flight_blocks_are_held_until_the_attempt_ends():
     assert accounts.held([b"k0", b"k1", b"k2", b"k3"], ["a", "b"]) == {"a": 3}
     assert accounts.held([b"k1", b"k2"], ["a"]) == {"a": 2}  # any position of a chain
     assert accounts.held([b"x", b"k1"], ["a"]) == {}  # only leading blocks count
+    assert [accounts.carrying("a", k) for k in keys] == [2, 2, 1]
+    assert accounts.carrying("b", b"k0") == 0
     accounts.prefill_done(first)  # still running: its blocks stay pinned on the pod
     assert accounts.held(keys, ["a"]) == {"a": 3}
     accounts.done(first)
@@ -142,6 +144,25 @@ async def test_a_burst_with_one_new_prefix_follows_its_first_request_before_any_
     core.cancelled(first, attempt)
     third = await core.plan(ClientRequest(FOLLOWER, {}, "completion"))
     assert third.decision.predicted_hit_tokens == 0
+
+
+async def test_a_prefix_hot_on_its_pod_is_copied_once_that_pod_runs_five_more_requests():
+    """A stream of short questions behind one new system prompt follows its first request
+    (blocks in flight) until that pod carries the prefix in 5 requests and the others none:
+    the router counts the holder's requests sharing the prefix, and `holder-load` then copies it
+    to an idle pod instead of waiting for the 32-request gap a session's history gets."""
+    core = await _core_with_kv_events("kvgate")
+    chosen = []
+    for i in range(6):
+        request = ClientRequest(
+            {"model": "m", "prompt": [*PREFIX, 1, 2, i], "max_tokens": 4}, {}, "completion"
+        )
+        plan = await core.plan(request)
+        core.sent(request, plan, streaming=True)
+        chosen.append(plan.endpoint.id)
+    assert chosen[:5] == [chosen[0]] * 5
+    assert chosen[5] != chosen[0]
+    assert plan.decision.reason == "load-bound"
 
 
 @pytest.mark.parametrize(

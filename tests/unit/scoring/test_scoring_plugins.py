@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from scoring_helpers import cycle_state, endpoint, fleet, random_case, request
 
-from kvgate.scoring.base import ChoiceHistory, EngineLoad
+from kvgate.scoring.base import ChoiceHistory, EndpointSnapshot, EngineLoad
 from kvgate.scoring.plugins.affinity_cap import AffinityCapFilter, AffinityCapParams
 from kvgate.scoring.plugins.class_isolation import ClassIsolationFilter, ClassIsolationParams
 from kvgate.scoring.plugins.healthy import HealthyFilter
@@ -138,6 +138,30 @@ def test_holder_load_keeps_holders_within_either_bound() -> None:
     assert len(flt.filter(state, over)) == 2
     state = cycle_state(request(), over, {"pod-0": 100})
     assert len(HolderLoadFilter(HolderLoadParams(affinity_threshold=0.3)).filter(state, over)) == 1
+
+
+def test_holder_load_copies_a_prefix_hot_on_its_holder_sooner() -> None:
+    """Four of the holder's requests in flight carry the request's whole matched prefix (a
+    shared system prompt): the holder is dropped once it runs more than 4 requests above and 2x
+    the least-loaded pod, far inside the wide bounds (32 requests and 1.5x). With fewer sharers
+    (a session's own history), or none counted (a router without blocks in flight), it stays."""
+    eps = [endpoint(0, in_flight=9), endpoint(1, in_flight=4), endpoint(2, in_flight=3)]
+    flt = HolderLoadFilter()
+
+    def kept(sharers: dict[str, int] | None, eps: list[EndpointSnapshot] = eps) -> list[str]:
+        state = cycle_state(request(prefix_sharers=sharers), eps, {"pod-0": 256})
+        return [e.id for e in flt.filter(state, eps)]
+
+    assert kept({"pod-0": 4}) == ["pod-1", "pod-2"]  # 9 > max(3 + 4, 2 x 3)
+    assert kept({"pod-0": 3}) == ["pod-0", "pod-1", "pod-2"]
+    assert kept(None) == ["pod-0", "pod-1", "pod-2"]
+    within = [endpoint(0, in_flight=7), endpoint(1, in_flight=3)]  # +4: not above the gap
+    assert kept({"pod-0": 7}, within) == ["pod-0", "pod-1"]
+    gap_only = [endpoint(0, in_flight=25), endpoint(1, in_flight=13)]  # +12 but 1.9x
+    assert kept({"pod-0": 25}, gap_only) == ["pod-0", "pod-1"]
+    # the sharers must be on the holder: a loaded non-holder is never dropped
+    state = cycle_state(request(prefix_sharers={"pod-0": 9}), eps, {"pod-1": 256})
+    assert len(flt.filter(state, eps)) == 3
 
 
 def test_affinity_cap_drops_long_queues_only_when_another_pod_is_within() -> None:

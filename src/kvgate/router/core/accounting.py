@@ -181,6 +181,12 @@ class Accounting:
             out[endpoint_id] = low
         return out
 
+    def carrying(self, endpoint_id: str, key: BlockKey) -> int:
+        """How many requests in flight on the endpoint carry block `key` in their prompt (with
+        chained keys: share the whole prefix it ends)."""
+        account = self._accounts.get(endpoint_id)
+        return 0 if account is None else account.blocks.get(key, 0)
+
     def load(self, endpoint_id: str, now: float) -> EndpointLoad:
         account = self._accounts.get(endpoint_id)
         if account is None:

@@ -148,8 +148,10 @@ class Router:
                 keyer, lora, pool, cls, body, kind, keys_by_pool, body_bytes
             )
             matched, on_gpu = await self._lookup(keys, members)
+            sharers: dict[str, int] | None = None
             if state.policy.counts_inflight_blocks:
                 self._add_inflight(keys, members, matched, on_gpu)
+                sharers = self._sharers(keys, matched)
             request = RoutingRequest(
                 model=cls.model,
                 prompt_tokens=keys.prompt_tokens,
@@ -161,6 +163,7 @@ class Router:
                 session_id=cls.session_id,
                 gpu_matched_blocks=on_gpu,
                 lora_adapter=lora.name if lora is not None else None,
+                prefix_sharers=sharers,
             )
             snapshots = self.snapshots(members, now)
             try:
@@ -423,6 +426,18 @@ class Router:
                 matched[pod] = n
                 if on_gpu is not None:
                     on_gpu[pod] = n
+
+    def _sharers(self, keys: RequestKeys, matched: dict[str, int]) -> dict[str, int]:
+        """Per pod with a match: its requests in flight that carry the whole matched prefix."""
+        if keys.lookup is not None:
+            return {}
+        block_keys = keys.block_keys
+        carrying = self.accounting.carrying
+        return {
+            pod: carrying(pod, block_keys[n - 1])
+            for pod, n in matched.items()
+            if 0 < n <= len(block_keys)
+        }
 
     @staticmethod
     async def _held(

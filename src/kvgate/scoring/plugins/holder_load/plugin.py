@@ -12,6 +12,16 @@ holding at least ``affinity_threshold`` of the request's blocks) whose load is b
 dropped, as long as a candidate is left. The request then goes to another holder, or recomputes
 the prefix on a pod that then holds it too, until the loads are within the bounds again.
 
+A prefix that is *hot on its holder* (at least ``hot_gap_requests`` of the holder's requests in
+flight carry the request's whole matched prefix: a shared system prompt in a stream of short
+questions) is copied sooner: its holder is dropped once its load is more than
+``hot_gap_requests`` above and ``hot_ratio`` times the least-loaded candidate's. The copy
+splits a stream whose next requests follow it to the new pod, so it pays for its prefill at
+once; a session's history or a document (one or two requests in flight carry it) keeps the wide
+bounds, where moving it would recompute the prefix to relieve its holder of one request. The
+router counts the sharers from its own requests in flight (``RoutingRequest.prefix_sharers``);
+without them only the wide bounds apply.
+
 Load is max(router in-flight, engine running + waiting), as in ``load-bound``. Unlike that
 guard, pods without the prefix are never dropped and both bounds must be exceeded, so loads
 that differ by a few requests (the usual spread of sessions and prefix groups) keep their hits.
@@ -38,6 +48,11 @@ class HolderLoadParams(StrictParams):
     """A holder more than this many requests above the least-loaded candidate..."""
     max_ratio: float = Field(default=1.5, ge=1.0)
     """...and above this multiple of its load takes no more of the prefix's requests."""
+    hot_gap_requests: int = Field(default=4, ge=1)
+    """A holder with at least this many requests in flight carrying the request's matched prefix,
+    more than this many requests above the least-loaded candidate..."""
+    hot_ratio: float = Field(default=2.0, ge=1.0)
+    """...and above this multiple of its load takes no more of the prefix's requests."""
 
 
 class HolderLoadFilter:
@@ -61,10 +76,18 @@ class HolderLoadFilter:
                 return candidates
         least = min(est[e.id].load for e in targets)
         bound = max(least + p.max_gap_requests, p.max_ratio * least)
-        if all(est[e.id].load <= bound for e in candidates):  # the usual case
+        hot_bound = max(least + p.hot_gap_requests, p.hot_ratio * least)
+        lowest = min(bound, hot_bound)
+        if all(est[e.id].load <= lowest for e in candidates):  # the usual case
             return candidates
+        sharers = state.request.prefix_sharers or {}
         holders, _others = split_holders(state, candidates, p.affinity_threshold)
-        overloaded = {e.id for e in holders if est[e.id].load > bound}
+        overloaded = {
+            e.id
+            for e in holders
+            if est[e.id].load > bound
+            or (est[e.id].load > hot_bound and sharers.get(e.id, 0) >= p.hot_gap_requests)
+        }
         if not overloaded:
             return candidates
         return [e for e in candidates if e.id not in overloaded]
