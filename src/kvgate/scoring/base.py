@@ -232,6 +232,7 @@ class CandidateExplanation(NamedTuple):
     scores: Mapping[str, float]  # scorer name -> score in [0, 1]; empty if filtered out
     total_score: float | None  # None if filtered out
     dropped_by: str | None  # filter name, or None if it reached the picker
+    prefix_sharers: int = 0  # the router's requests in flight there carrying the matched prefix
 
     def to_dict(self) -> dict[str, Any]:
         e = self.estimate
@@ -248,6 +249,7 @@ class CandidateExplanation(NamedTuple):
             "scores": {k: round(v, 6) for k, v in self.scores.items()},
             "total_score": None if self.total_score is None else round(self.total_score, 6),
             "dropped_by": self.dropped_by,
+            "prefix_sharers": self.prefix_sharers,
         }
 
 
@@ -261,17 +263,20 @@ class Explanation:
     survivors: Sequence[str]  # ids of the filters' survivors; the lists below follow this order
     scores: Mapping[str, Sequence[float]]  # scorer name -> score of each survivor
     totals: Sequence[float]  # weighted total of each survivor
+    prefix_sharers: Mapping[str, int] | None = None  # RoutingRequest.prefix_sharers
 
     def candidates(self) -> tuple[CandidateExplanation, ...]:
         out: list[CandidateExplanation] = []
         index = {eid: i for i, eid in enumerate(self.survivors)}
+        sharers = self.prefix_sharers or {}
         for eid, est in self.estimates.items():
             i = index.get(eid)
+            n = sharers.get(eid, 0)
             if i is None:
-                out.append(CandidateExplanation(est, {}, None, self.dropped.get(eid)))
+                out.append(CandidateExplanation(est, {}, None, self.dropped.get(eid), n))
             else:
                 scores = {name: values[i] for name, values in self.scores.items()}
-                out.append(CandidateExplanation(est, scores, self.totals[i], None))
+                out.append(CandidateExplanation(est, scores, self.totals[i], None, n))
         return tuple(out)
 
 

@@ -133,6 +133,7 @@ class PipelinePolicy:
                 survivors=tuple(e.id for e in candidates),
                 scores={w.scorer.name: s for w, s in per_scorer},
                 totals=totals,
+                prefix_sharers=request.prefix_sharers,
             ),
         )
 

@@ -163,6 +163,10 @@ async def test_a_prefix_hot_on_its_pod_is_copied_once_that_pod_runs_five_more_re
     assert chosen[:5] == [chosen[0]] * 5
     assert chosen[5] != chosen[0]
     assert plan.decision.reason == "load-bound"
+    explained = {c["endpoint"]: c for c in plan.decision.to_dict()["candidates"]}
+    assert explained[chosen[0]]["dropped_by"] == "holder-load"
+    assert explained[chosen[0]]["prefix_sharers"] == 5
+    assert explained[chosen[5]]["prefix_sharers"] == 0
 
 
 @pytest.mark.parametrize(

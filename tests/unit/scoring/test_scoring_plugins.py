@@ -144,7 +144,8 @@ def test_holder_load_copies_a_prefix_hot_on_its_holder_sooner() -> None:
     """Four of the holder's requests in flight carry the request's whole matched prefix (a
     shared system prompt): the holder is dropped once it runs more than 4 requests above and 2x
     the least-loaded pod, far inside the wide bounds (32 requests and 1.5x). With fewer sharers
-    (a session's own history), or none counted (a router without blocks in flight), it stays."""
+    (a session's own history), none counted (a router without blocks in flight), or a prefix
+    that takes seconds to compute elsewhere, it stays."""
     eps = [endpoint(0, in_flight=9), endpoint(1, in_flight=4), endpoint(2, in_flight=3)]
     flt = HolderLoadFilter()
 
@@ -162,6 +163,11 @@ def test_holder_load_copies_a_prefix_hot_on_its_holder_sooner() -> None:
     # the sharers must be on the holder: a loaded non-holder is never dropped
     state = cycle_state(request(prefix_sharers={"pod-0": 9}), eps, {"pod-1": 256})
     assert len(flt.filter(state, eps)) == 3
+    # a shared document (32k tokens: ~3 s to compute at the prior rate) is not copied early
+    document = request(32_768, prefix_sharers={"pod-0": 9})
+    assert len(flt.filter(cycle_state(document, eps, {"pod-0": 2048}), eps)) == 3
+    cheap = HolderLoadFilter(HolderLoadParams(hot_max_copy_seconds=5.0))
+    assert len(cheap.filter(cycle_state(document, eps, {"pod-0": 2048}), eps)) == 2
 
 
 def test_affinity_cap_drops_long_queues_only_when_another_pod_is_within() -> None:

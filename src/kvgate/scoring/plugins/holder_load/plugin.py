@@ -15,7 +15,9 @@ the prefix on a pod that then holds it too, until the loads are within the bound
 A prefix that is *hot on its holder* (at least ``hot_gap_requests`` of the holder's requests in
 flight carry the request's whole matched prefix: a shared system prompt in a stream of short
 questions) is copied sooner: its holder is dropped once its load is more than
-``hot_gap_requests`` above and ``hot_ratio`` times the least-loaded candidate's. The copy
+``hot_gap_requests`` above and ``hot_ratio`` times the least-loaded candidate's, as long as a
+pod without the prefix would compute the request within ``hot_max_copy_seconds`` (a shared
+document that takes seconds to recompute is copied at the wide bounds only). The copy
 splits a stream whose next requests follow it to the new pod, so it pays for its prefill at
 once; a session's history or a document (one or two requests in flight carry it) keeps the wide
 bounds, where moving it would recompute the prefix to relieve its holder of one request. The
@@ -52,7 +54,10 @@ class HolderLoadParams(StrictParams):
     """A holder with at least this many requests in flight carrying the request's matched prefix,
     more than this many requests above the least-loaded candidate..."""
     hot_ratio: float = Field(default=2.0, ge=1.0)
-    """...and above this multiple of its load takes no more of the prefix's requests."""
+    """...and above this multiple of its load takes no more of the prefix's requests..."""
+    hot_max_copy_seconds: float = Field(default=0.5, ge=0)
+    """...while a pod without the prefix would compute the request in at most this long (a
+    longer prefix, such as a shared document, is copied at the wide bounds only)."""
 
 
 class HolderLoadFilter:
@@ -80,8 +85,10 @@ class HolderLoadFilter:
         lowest = min(bound, hot_bound)
         if all(est[e.id].load <= lowest for e in candidates):  # the usual case
             return candidates
+        holders, others = split_holders(state, candidates, p.affinity_threshold)
         sharers = state.request.prefix_sharers or {}
-        holders, _others = split_holders(state, candidates, p.affinity_threshold)
+        if others and min(est[e.id].prefill_seconds for e in others) > p.hot_max_copy_seconds:
+            sharers = {}  # too dear to copy early
         overloaded = {
             e.id
             for e in holders
