@@ -19,8 +19,8 @@ questions) is copied sooner: its holder is dropped once its load is more than
 pod without the prefix would compute the request within ``hot_max_copy_seconds`` (a shared
 document that takes seconds to recompute is copied at the wide bounds only). The copy
 splits a stream whose next requests follow it to the new pod, so it pays for its prefill at
-once; a session's history or a document (one or two requests in flight carry it) keeps the wide
-bounds, where moving it would recompute the prefix to relieve its holder of one request. The
+once; a session's history (one or two requests in flight carry it) keeps the wide bounds, where
+moving it would recompute the prefix to relieve its holder of one request. The
 router counts the sharers from its own requests in flight (``RoutingRequest.prefix_sharers``);
 without them only the wide bounds apply.
 
@@ -86,15 +86,19 @@ class HolderLoadFilter:
         if all(est[e.id].load <= lowest for e in candidates):  # the usual case
             return candidates
         holders, others = split_holders(state, candidates, p.affinity_threshold)
-        sharers = state.request.prefix_sharers or {}
-        if others and min(est[e.id].prefill_seconds for e in others) > p.hot_max_copy_seconds:
-            sharers = {}  # too dear to copy early
-        overloaded = {
-            e.id
-            for e in holders
-            if est[e.id].load > bound
-            or (est[e.id].load > hot_bound and sharers.get(e.id, 0) >= p.hot_gap_requests)
-        }
+        overloaded = {e.id for e in holders if est[e.id].load > bound}
+        sharers = state.request.prefix_sharers
+        if sharers:
+            hot = {
+                e.id
+                for e in holders
+                if est[e.id].load > hot_bound and sharers.get(e.id, 0) >= p.hot_gap_requests
+            }
+            if hot - overloaded and (
+                not others
+                or min(est[e.id].prefill_seconds for e in others) <= p.hot_max_copy_seconds
+            ):
+                overloaded |= hot
         if not overloaded:
             return candidates
         return [e for e in candidates if e.id not in overloaded]
