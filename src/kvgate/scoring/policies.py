@@ -16,9 +16,11 @@
   goes where the predicted TTFT (queue delay + prefill of the tokens the pod lacks) plus
   ``work_weight`` x the prefill work itself (which others queue behind) is lowest; near-equal
   costs (within ``tolerance``) go to the pod with the fewest requests, ties at random: with a
-  hit, so new sessions whose first turn every pod holds spread by load instead of piling up at
-  random; without one, because a cold prefill stalls the decodes of every request beside it (by
-  recency instead, end-to-end time was 8-10% longer on the Mooncake trace, docs/scoring.md). Optional: a bounded-load guard (``load_bound``: no
+  hit, so requests that every pod holds spread by load instead of piling up at random; without
+  one, because a cold prefill stalls the decodes of every request beside it (by recency instead,
+  end-to-end time was 8-10% longer on the Mooncake trace, docs/scoring.md). A request every pod
+  holds only the head of (a new session on a shared system prompt) with a short rest goes to
+  the pod chosen least recently: its later turns will follow it there. Optional: a bounded-load guard (``load_bound``: no
   pod above c x mean load) and a price on the decode stall a prefill causes to the requests
   beside it (``interference_weight``); both are off by default, because on the benchmark
   workloads they gave away cache hits (docs/scoring.md).
@@ -93,6 +95,14 @@ class KvgateParams(StrictParams):
     """Among near-equal candidates with a hit: the pod with the fewest requests (a random draw
     piles new sessions, whose first turn every pod holds, onto a few pods; docs/scoring.md)."""
     no_hit_tie_break: TieBreak = "least-load"
+    partial_hit_tie_break: TieBreak = "least-recent"
+    """Among near-equal candidates that each hold less than ``affinity.affinity_threshold`` of
+    the prompt (a new conversation on a system prompt every pod holds): the pod chosen least
+    recently, so that new contexts, and the later turns that follow them, spread evenly; the
+    fewest requests now says little about the load those turns will bring (docs/scoring.md)."""
+    partial_hit_max_prefill_seconds: float = Field(default=0.25, ge=0)
+    """...when the rest of the prompt is predicted to prefill within this; a longer rest stalls
+    the decodes beside it like a cold prefill, and is placed like one."""
     class_isolation: ClassIsolationParams | None = ClassIsolationParams()
     """Online requests leave pods that batch work borrowed while one without answers within
     ``max_extra_seconds`` of the best; None = off."""
@@ -192,6 +202,9 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
                 tolerance=params.tolerance,
                 tie_break=params.tie_break,
                 no_hit_tie_break=params.no_hit_tie_break,
+                partial_hit_tie_break=params.partial_hit_tie_break,
+                partial_hit_share=params.affinity.affinity_threshold,
+                partial_hit_max_prefill_seconds=params.partial_hit_max_prefill_seconds,
             )
         ),
         counts_inflight_blocks=params.inflight_blocks,

@@ -284,6 +284,35 @@ def test_near_equal_no_hit_tie_break_applies_only_without_hits() -> None:
     assert warm_ids == {"pod-0", "pod-1", "pod-2"}
 
 
+def test_near_equal_partial_hit_tie_break_applies_below_the_share() -> None:
+    """A request every pod holds only the head of (a new conversation on a shared system prompt)
+    goes to the pod chosen least recently; one they hold most of, or whose rest is a long
+    prefill, to the fewest requests."""
+    eps = [endpoint(0, in_flight=3), endpoint(1, in_flight=1), endpoint(2, in_flight=2)]
+    history = ChoiceHistory()
+    for eid in ["pod-2", "pod-1", "pod-0"]:
+        history.record(eid)
+    picker = NearEqualPicker(
+        NearEqualParams(tie_break="least-load", partial_hit_tie_break="least-recent")
+    )
+    ties = [1.0] * 3
+
+    def pick(matched_blocks: int, prompt_tokens: int = 4096) -> str:
+        matched = {e.id: matched_blocks for e in eps}
+        state = cycle_state(request(prompt_tokens), eps, matched, history=history)
+        return picker.pick(state, eps, ties).id
+
+    # At the prior 10k tokens/s: 4,096 - 1,600 tokens computed in 0.25 s.
+    assert pick(100) == "pod-2"  # 100 of 256 blocks: partial, least recent
+    assert pick(204) == "pod-2"  # 79.7%: still below the 80% share
+    assert pick(205) == "pod-1"  # 80.1%: most of the prompt, fewest requests
+    assert pick(0) == "pod-1"  # no hit: no_hit_tie_break, unset, falls back to tie_break
+    assert pick(100, prompt_tokens=4112) == "pod-1"  # the rest takes just over 0.25 s
+    without = NearEqualPicker(NearEqualParams(tie_break="least-load"))
+    state = cycle_state(request(4096), eps, {e.id: 100 for e in eps}, history=history)
+    assert without.pick(state, eps, ties).id == "pod-1"
+
+
 def test_round_robin_cycles_and_takes_newcomers_first() -> None:
     eps = fleet(3)
     history = ChoiceHistory()

@@ -212,11 +212,11 @@ def test_near_equal_costs_are_broken_at_random() -> None:
 
 
 def test_near_equal_holders_go_to_the_pod_with_the_fewest_requests() -> None:
-    # A new session's first turn: every pod holds its system prompt and none queues prefill, so
-    # every pod is near-equal. A random draw let sessions pile onto a few pods (live: 42 vs 259
-    # turns per pod); the fewest requests keeps them apart.
+    # A prefix every pod holds most of (a group copied to every pod), none queueing prefill: every
+    # pod is near-equal. A random draw let requests pile onto a few pods; the fewest requests
+    # keeps them apart.
     eps = [endpoint(0, in_flight=6), endpoint(1, in_flight=2), endpoint(2, in_flight=4)]
-    matched = {e.id: 200 for e in eps}
+    matched = {e.id: 220 for e in eps}  # 220 of 256 blocks: above the 0.8 affinity threshold
     for seed in range(20):
         assert decide("kvgate", request(4096), eps, matched, seed=seed).endpoint_id == "pod-1"
     drawn = {
@@ -226,6 +226,23 @@ def test_near_equal_holders_go_to_the_pod_with_the_fewest_requests() -> None:
         for s in range(50)
     }
     assert drawn == {"pod-0", "pod-1", "pod-2"}
+
+
+def test_a_new_session_on_a_shared_system_prompt_goes_to_the_least_recently_chosen_pod() -> None:
+    # A new session's first turn: every pod holds its system prompt (half the prompt) and none
+    # queues prefill. Its later turns will follow it, and the requests in flight now do not show
+    # the sessions thinking between turns: the pods take new sessions in turn.
+    eps = [endpoint(0, in_flight=6), endpoint(1, in_flight=2), endpoint(2, in_flight=4)]
+    matched = {e.id: 128 for e in eps}
+    history = ChoiceHistory()
+    for eid in ["pod-2", "pod-1", "pod-0"]:
+        history.record(eid)
+    for seed in range(20):
+        d = decide("kvgate", request(4096), eps, matched, seed=seed, history=history)
+        assert d.endpoint_id == "pod-2"
+    by_load = {"partial_hit_tie_break": "least-load"}
+    d = decide("kvgate", request(4096), eps, matched, history=history, params=by_load)
+    assert d.endpoint_id == "pod-1"
 
 
 def test_a_hot_prefix_is_copied_when_its_only_holder_runs_far_more_requests() -> None:

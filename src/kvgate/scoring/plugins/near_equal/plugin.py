@@ -11,6 +11,13 @@ best. One of them is chosen by ``tie_break``:
 When no candidate in the near-equal set holds any of the prompt (no prefix hit), ``no_hit_tie_break``
 applies instead (default: same as ``tie_break``): spreading cold requests by recency keeps one
 pod from collecting every new session while the others idle.
+
+When every candidate in the near-equal set holds some of the prompt but less than
+``partial_hit_share`` of it, and computes the rest within ``partial_hit_max_prefill_seconds``,
+``partial_hit_tie_break`` applies (default: same as ``tie_break``). Such a request starts a new
+context on a shared head (a new conversation on a system prompt every pod holds): where it
+lands is where its later turns will go, so the pick places future load, not only this
+request's. A long rest is a cold prefill in all but name, and is picked as one.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from kvgate.scoring.base import CycleState, EndpointSnapshot
+from kvgate.scoring.base import CostEstimate, CycleState, EndpointSnapshot
 from kvgate.scoring.params import StrictParams
 
 TieBreak = Literal["random", "least-recent", "least-load"]
@@ -31,6 +38,11 @@ class NearEqualParams(StrictParams):
     """Relative: candidates scoring >= (1 - tolerance) x best are near-equal."""
     tie_break: TieBreak = "random"
     no_hit_tie_break: TieBreak | None = None
+    partial_hit_tie_break: TieBreak | None = None
+    partial_hit_share: float = Field(default=0.8, ge=0, le=1)
+    """A hit below this share of the prompt is partial (``partial_hit_tie_break`` applies)."""
+    partial_hit_max_prefill_seconds: float = Field(default=0.25, ge=0)
+    """...as long as the prefill of the rest is predicted to take at most this long."""
 
 
 class NearEqualPicker:
@@ -48,11 +60,7 @@ class NearEqualPicker:
         if len(near) == 1:
             return near[0]
         est = state.estimates
-        mode = self.params.tie_break
-        if self.params.no_hit_tie_break is not None and all(
-            est[e.id].hit_tokens == 0 for e in near
-        ):
-            mode = self.params.no_hit_tie_break
+        mode = self._mode([est[e.id] for e in near])
         if mode == "least-recent":
             last = state.history.last_chosen
             oldest = min(last(e.id) for e in near)
@@ -63,3 +71,16 @@ class NearEqualPicker:
         if len(near) == 1:
             return near[0]
         return near[state.rng.randrange(len(near))]
+
+    def _mode(self, near: Sequence[CostEstimate]) -> TieBreak:
+        p = self.params
+        most = max(e.hit_tokens for e in near)
+        if most == 0:
+            return p.no_hit_tie_break or p.tie_break
+        if p.partial_hit_tie_break is not None and all(
+            e.hit_tokens < p.partial_hit_share * (e.hit_tokens + e.uncached_tokens)
+            and e.prefill_seconds <= p.partial_hit_max_prefill_seconds
+            for e in near
+        ):
+            return p.partial_hit_tie_break
+        return p.tie_break
