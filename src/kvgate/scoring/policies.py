@@ -93,7 +93,7 @@ class KvgateParams(StrictParams):
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
     tie_break: TieBreak = "least-load"
     """Among near-equal candidates with a hit: the pod with the fewest requests (a random draw
-    piles new sessions, whose first turn every pod holds, onto a few pods; docs/scoring.md)."""
+    piles requests that every pod holds onto a few pods; docs/scoring.md)."""
     no_hit_tie_break: TieBreak = "least-load"
     partial_hit_tie_break: TieBreak = "least-recent"
     """Among near-equal candidates that each hold less than ``affinity.affinity_threshold`` of
