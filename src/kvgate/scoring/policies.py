@@ -101,8 +101,9 @@ class KvgateParams(StrictParams):
     recently, so that new contexts, and the later turns that follow them, spread evenly; the
     fewest requests now says little about the load those turns will bring (docs/scoring.md)."""
     partial_hit_max_prefill_seconds: float = Field(default=0.25, ge=0)
-    """...when the rest of the prompt is predicted to prefill within this; a longer rest stalls
-    the decodes beside it like a cold prefill, and is placed like one."""
+    """``partial_hit_tie_break`` applies only when the rest of the prompt is predicted to prefill
+    within this; a longer rest stalls the decodes beside it like a cold prefill, and is placed
+    like one."""
     class_isolation: ClassIsolationParams | None = ClassIsolationParams()
     """Online requests leave pods that batch work borrowed while one without answers within
     ``max_extra_seconds`` of the best; None = off."""

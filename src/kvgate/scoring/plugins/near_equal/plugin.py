@@ -42,7 +42,7 @@ class NearEqualParams(StrictParams):
     partial_hit_share: float = Field(default=0.8, ge=0, le=1)
     """A hit below this share of the prompt is partial (``partial_hit_tie_break`` applies)."""
     partial_hit_max_prefill_seconds: float = Field(default=0.25, ge=0)
-    """...as long as the prefill of the rest is predicted to take at most this long."""
+    """A partial hit whose rest is predicted to prefill for longer is picked like a cold one."""
 
 
 class NearEqualPicker:
@@ -74,8 +74,7 @@ class NearEqualPicker:
 
     def _mode(self, near: Sequence[CostEstimate]) -> TieBreak:
         p = self.params
-        most = max(e.hit_tokens for e in near)
-        if most == 0:
+        if not any(e.hit_tokens for e in near):
             return p.no_hit_tie_break or p.tie_break
         if p.partial_hit_tie_break is not None and all(
             e.hit_tokens < p.partial_hit_share * (e.hit_tokens + e.uncached_tokens)
