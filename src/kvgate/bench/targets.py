@@ -8,20 +8,25 @@
 | sglang-round-robin   | ``sglang-router launch --policy round_robin``                       |
 
 Every target is a child process on a free loopback port in front of the same simulated fleet's
-pods; the harness waits for its health endpoint, runs the workload, and stops it. The SGLang router
-is looked for next to the running Python (``.venv/bin/sglang-router``) and then on ``PATH``; if
-it is not installed the target fails with an explanation (``pip install sglang-router``, the
-``peers`` extra) rather than being silently skipped.
+pods; the harness waits for its health endpoint (the SGLang router's: until ``/workers`` lists
+every pod healthy), runs the workload, and stops it. The SGLang router is looked for next to the
+running Python (``.venv/bin/sglang-router``) and then on ``PATH``; if it is not installed the
+target fails with an explanation (``pip install sglang-router``, the ``peers`` extra) rather than
+being silently skipped.
 """
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from kvgate.bench.processes import ManagedProcess, StartError, free_port
+import httpx
+
+from kvgate.bench.processes import ManagedProcess, StartError, free_port, log_tail
 from kvgate.scoring.registry import default_registry
 
 SGLANG_POLICIES = {
@@ -139,7 +144,49 @@ async def start_target(
 ) -> RunningTarget:
     port = free_port(HOST)
     argv = router_argv(name, pod_urls, model, port, extra_args)
-    return await _start(name, argv, port, health_url(name, ""), log_dir, startup_timeout_s)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + startup_timeout_s
+    target = await _start(name, argv, port, health_url(name, ""), log_dir, startup_timeout_s)
+    if name in SGLANG_POLICIES:
+        try:
+            await _wait_sglang_workers(target, pod_urls, deadline - loop.time())
+        except BaseException:
+            await target.process.stop()
+            raise
+    return target
+
+
+def sglang_workers_ready(workers: Any, pod_urls: list[str]) -> bool:
+    """Whether the SGLang router's ``GET /workers`` answer lists every pod as healthy. Its
+    ``/readiness`` turns 200 once one worker is; the rest register in the background, and a
+    benchmark started then would route everything to the first."""
+    listed = workers.get("workers") if isinstance(workers, dict) else None
+    if not isinstance(listed, list):
+        return False
+    healthy = {w.get("url") for w in listed if isinstance(w, dict) and w.get("is_healthy") is True}
+    return all(url in healthy for url in pod_urls)
+
+
+async def _wait_sglang_workers(
+    target: RunningTarget, pod_urls: list[str], timeout_s: float
+) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with httpx.AsyncClient(timeout=2.0) as client:
+        while True:
+            try:
+                response = await client.get(target.base_url + "/workers")
+                if response.status_code == 200 and sglang_workers_ready(response.json(), pod_urls):
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            if not target.process.running or loop.time() > deadline:
+                raise StartError(
+                    f"{target.name}: not every pod is a healthy worker after "
+                    f"{timeout_s:g}s; log {target.process.log_path}:\n"
+                    + log_tail(target.process.log_path)
+                )
+            await asyncio.sleep(0.2)
 
 
 async def start_config_router(

@@ -55,6 +55,17 @@ def _bench(out: Path, targets: str, *extra: str) -> dict:
     return json.loads((out / "report.json").read_text())
 
 
+def _failures(out: Path, name: str) -> str:
+    """What went wrong for target ``name``: its first failed records and its router's log tail."""
+    records = [
+        json.loads(line) for line in (out / f"records-{name}.jsonl").read_text().splitlines()
+    ]
+    failed = [r for r in records if r["error"] is not None or r["status"] != 200][:3]
+    log = out / "logs" / f"{name}.log"
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+    return f"{name}: {failed}\n{tail}"
+
+
 def test_bench_run_replays_a_trace_through_two_routers(tmp_path: Path):
     report = _bench(tmp_path, "round-robin,kvgate")
     assert report["workload"] == "mooncake_sample" and report["pods"] == 2
@@ -66,7 +77,7 @@ def test_bench_run_replays_a_trace_through_two_routers(tmp_path: Path):
     for name, target in report["targets"].items():
         for field in FIELDS:
             assert field in target, (name, field)
-        assert target["errors"] == 0 and target["completed"] == 24
+        assert target["errors"] == 0 and target["completed"] == 24, _failures(tmp_path, name)
         assert 0 < target["ttft_p50_s"] <= target["ttft_p99_s"]
         assert target["ttft_mean_s"] <= target["e2e_mean_s"]
         assert target["throughput_rps"] > 0 and target["output_tps"] > 0
@@ -89,7 +100,7 @@ def test_bench_run_serves_the_peer_policies_through_real_routers(tmp_path: Path)
     report = _bench(tmp_path, PEERS)
     assert set(report["targets"]) == set(PEERS.split(","))
     for name, target in report["targets"].items():
-        assert target["errors"] == 0 and target["completed"] == 24, name
+        assert target["errors"] == 0 and target["completed"] == 24, _failures(tmp_path, name)
         assert len(target["pods_used"]) == 2, name  # the router answered with its choice
         assert 0 < target["hit_rate"] <= report["ideal_hit_rate"] + 1e-9, name
 
@@ -100,5 +111,7 @@ def test_bench_run_serves_the_peer_policies_through_real_routers(tmp_path: Path)
 def test_bench_run_drives_the_sglang_router(tmp_path: Path):
     report = _bench(tmp_path, "sglang-cache-aware")
     target = report["targets"]["sglang-cache-aware"]
-    assert target["errors"] == 0 and target["completed"] == 24
+    assert target["errors"] == 0 and target["completed"] == 24, _failures(
+        tmp_path, "sglang-cache-aware"
+    )
     assert target["hit_rate"] > 0

@@ -12,6 +12,7 @@ from kvgate.bench.targets import (
     UnknownTargetError,
     health_url,
     router_argv,
+    sglang_workers_ready,
     target_names,
     validate_targets,
 )
@@ -41,6 +42,19 @@ def test_sglang_targets_use_the_sglang_policies(monkeypatch):
     assert argv[argv.index("--prometheus-port") + 1] != "29000"  # a free port, not the default
     # ready once a worker is healthy, not once the process listens (its first requests got 503)
     assert health_url("sglang-cache-aware", "http://h:1") == "http://h:1/readiness"
+
+
+def test_sglang_is_ready_once_every_pod_is_a_healthy_worker():
+    def workers(*healthy: bool) -> dict:
+        return {
+            "workers": [{"url": u, "is_healthy": h} for u, h in zip(PODS, healthy, strict=False)]
+        }
+
+    assert sglang_workers_ready(workers(True, True), PODS)
+    assert not sglang_workers_ready(workers(True, False), PODS)
+    assert not sglang_workers_ready(workers(True), PODS)  # the second not registered yet
+    assert not sglang_workers_ready({"workers": "?"}, PODS)
+    assert not sglang_workers_ready([], PODS)
 
 
 def test_missing_sglang_router_is_an_explained_error(monkeypatch):
