@@ -165,6 +165,22 @@ class Cluster:
         path = self.state_dir / "logs" / f"{name}.log"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def diagnose(self, namespace: str) -> str:
+        """What a failed test should print: the namespace's workloads, pods and events, each
+        pod's container logs, and the pod runner's log tail."""
+        parts = []
+        for what in ("statefulsets,deployments,pods,pvc", "events"):
+            result = self.kubectl("get", what, "-n", namespace, "-o", "wide", check=False)
+            parts.append(f"$ kubectl get {what}\n{result.stdout}{result.stderr}")
+        pods = self.kubectl("get", "pods", "-n", namespace, "-o", "name", check=False).stdout
+        for name in pods.split():
+            parts.append(
+                f"--- logs of {name}\n{self.pod_logs(namespace, name.partition('/')[2])[-1500:]}"
+            )
+        if not self.external:
+            parts.append(f"--- podrunner log tail\n{self.component_log('podrunner')[-3000:]}")
+        return "\n".join(parts)
+
 
 def wait_until(
     condition: Callable[[], T | None], timeout: float = 60, interval: float = 0.3, what: str = ""

@@ -45,7 +45,11 @@ def helm(cluster: Cluster, *args: str, timeout: float = 300, check: bool = True)
         timeout=timeout,
         check=False,
     )
-    assert result.returncode == 0 or not check, f"helm {' '.join(args)} failed:\n{result.stderr}"
+    if result.returncode != 0 and check:
+        namespace = args[args.index("--namespace") + 1] if "--namespace" in args else "default"
+        pytest.fail(
+            f"helm {' '.join(args)} failed:\n{result.stderr}\n{cluster.diagnose(namespace)}"
+        )
     return result.stdout if result.returncode == 0 else ""
 
 
