@@ -170,6 +170,23 @@ def test_holder_load_copies_a_prefix_hot_on_its_holder_sooner() -> None:
     assert len(cheap.filter(cycle_state(document, eps, {"pod-0": 2048}), eps)) == 2
 
 
+def test_holder_load_hot_bounds_need_a_pod_to_copy_the_prefix_to() -> None:
+    """When every candidate holds the prefix (one system prompt at the head of every request),
+    every pod is hot and there is nothing to copy: the hot bounds would only narrow the choice
+    to the pods with the fewest requests, whatever their queues. The wide bounds still apply."""
+    eps = [endpoint(0, in_flight=9), endpoint(1, in_flight=4), endpoint(2, in_flight=9)]
+    everywhere = {"pod-0": 256, "pod-1": 256, "pod-2": 256}
+    sharers = {"pod-0": 9, "pod-1": 4, "pod-2": 9}
+    state = cycle_state(request(prefix_sharers=sharers), eps, everywhere)
+    assert len(HolderLoadFilter().filter(state, eps)) == 3
+    # the same loads with pod-1 lacking the prefix: pod-0 and pod-2 copy it there
+    state = cycle_state(request(prefix_sharers=sharers), eps, {"pod-0": 256, "pod-2": 256})
+    assert [e.id for e in HolderLoadFilter().filter(state, eps)] == ["pod-1"]
+    wide = [endpoint(0, in_flight=60), endpoint(1, in_flight=10), endpoint(2, in_flight=12)]
+    state = cycle_state(request(prefix_sharers={"pod-0": 60}), wide, everywhere)
+    assert [e.id for e in HolderLoadFilter().filter(state, wide)] == ["pod-1", "pod-2"]
+
+
 def test_affinity_cap_drops_long_queues_only_when_another_pod_is_within() -> None:
     eps = [endpoint(0, pending_prefill_tokens=50_000), endpoint(1, pending_prefill_tokens=1000)]
     state = cycle_state(request(), eps, {"pod-0": 200})

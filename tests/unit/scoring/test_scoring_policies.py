@@ -260,6 +260,22 @@ def test_a_hot_prefix_is_copied_when_its_only_holder_runs_far_more_requests() ->
     assert decide("kvgate", req, calm, matched).endpoint_id == "pod-0"
 
 
+def test_a_short_request_on_a_head_every_pod_holds_goes_to_a_short_queue() -> None:
+    """A one-line follow-up on the system prompt that starts every request: every pod holds
+    the head and runs requests sharing it. The pod with the fewest requests has 4 s of prefill
+    queued; two busier pods have none. The request goes to one of those, not behind the queue
+    (before, the hot-prefix bounds dropped every pod but the least loaded)."""
+    eps = [
+        endpoint(0, in_flight=9),
+        endpoint(1, in_flight=4, pending_prefill_tokens=40_000, pending_prefill_requests=1),
+        endpoint(2, in_flight=9),
+    ]
+    req = request(537, prefix_sharers={"pod-0": 9, "pod-1": 4, "pod-2": 9})
+    matched = {"pod-0": 32, "pod-1": 32, "pod-2": 32}
+    for seed in range(10):
+        assert decide("kvgate", req, eps, matched, seed=seed).endpoint_id in ("pod-0", "pod-2")
+
+
 def test_router_replicas_seeing_the_same_state_do_not_herd() -> None:
     """A burst of cold requests from 4 replicas with the same (stale) view spreads out."""
     eps = fleet(8)

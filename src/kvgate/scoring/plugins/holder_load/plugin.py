@@ -20,9 +20,12 @@ pod without the prefix would compute the request within ``hot_max_copy_seconds``
 document that takes seconds to recompute is copied at the wide bounds only). The copy
 splits a stream whose next requests follow it to the new pod, so it pays for its prefill at
 once; a session's history (one or two requests in flight carry it) keeps the wide bounds, where
-moving it would recompute the prefix to relieve its holder of one request. The
-router counts the sharers from its own requests in flight (``RoutingRequest.prefix_sharers``);
-without them only the wide bounds apply.
+moving it would recompute the prefix to relieve its holder of one request. When every
+candidate already holds the prefix there is nothing to copy, and only the wide bounds apply: a
+head that every request starts with (one system prompt for a whole conversation trace) makes
+every pod hot, and the hot bounds would send a short request to the pods with the fewest
+requests whatever their queues. The router counts the sharers from its own requests in flight
+(``RoutingRequest.prefix_sharers``); without them only the wide bounds apply.
 
 Load is max(router in-flight, engine running + waiting), as in ``load-bound``. Unlike that
 guard, pods without the prefix are never dropped and both bounds must be exceeded, so loads
@@ -94,9 +97,10 @@ class HolderLoadFilter:
                 for e in holders
                 if est[e.id].load > hot_bound and sharers.get(e.id, 0) >= p.hot_gap_requests
             }
-            if hot - overloaded and (
-                not others
-                or min(est[e.id].prefill_seconds for e in others) <= p.hot_max_copy_seconds
+            if (
+                hot - overloaded
+                and others
+                and min(est[e.id].prefill_seconds for e in others) <= p.hot_max_copy_seconds
             ):
                 overloaded |= hot
         if not overloaded:
