@@ -41,7 +41,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
 
 PoolClass = Literal["online", "batch"]
 RequestClass = Literal["online", "batch"]
@@ -225,6 +225,16 @@ class Picker(Protocol):
     ) -> EndpointSnapshot: ...
 
 
+@runtime_checkable
+class ExplainsTies(Protocol):
+    """A picker that can say, after the fact, which rule chose among near-equal candidates."""
+
+    def tie_break(self, estimates: Sequence[CostEstimate], totals: Sequence[float]) -> str | None:
+        """The rule for candidates with these estimates and totals (same order), or None when
+        one candidate led alone."""
+        ...
+
+
 class CandidateExplanation(NamedTuple):
     """One endpoint's line in a decision explanation (``/debug/route``)."""
 
@@ -264,6 +274,14 @@ class Explanation:
     scores: Mapping[str, Sequence[float]]  # scorer name -> score of each survivor
     totals: Sequence[float]  # weighted total of each survivor
     prefix_sharers: Mapping[str, int] | None = None  # RoutingRequest.prefix_sharers
+    picker: Picker | None = None  # asked for the tie-break only when the explanation is read
+
+    def tie_break(self) -> str | None:
+        """Which rule chose among near-equal survivors (None: one led alone, or the picker does
+        not say)."""
+        if not isinstance(self.picker, ExplainsTies):
+            return None
+        return self.picker.tie_break([self.estimates[i] for i in self.survivors], self.totals)
 
     def candidates(self) -> tuple[CandidateExplanation, ...]:
         out: list[CandidateExplanation] = []
@@ -306,6 +324,7 @@ class Decision:
             "policy": self.policy,
             "predicted_hit_tokens": self.predicted_hit_tokens,
             "predicted_ttft_seconds": round(self.predicted_ttft_seconds, 6),
+            "tie_break": None if self.explanation is None else self.explanation.tie_break(),
             "candidates": [c.to_dict() for c in self.candidates],
         }
 

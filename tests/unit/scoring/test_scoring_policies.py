@@ -240,9 +240,11 @@ def test_a_new_session_on_a_shared_system_prompt_goes_to_the_least_recently_chos
     for seed in range(20):
         d = decide("kvgate", request(4096), eps, matched, seed=seed, history=history)
         assert d.endpoint_id == "pod-2"
+    assert d.to_dict()["tie_break"] == "least-recent"  # /debug/route names the rule
     by_load = {"partial_hit_tie_break": "least-load"}
     d = decide("kvgate", request(4096), eps, matched, history=history, params=by_load)
     assert d.endpoint_id == "pod-1"
+    assert d.to_dict()["tie_break"] == "least-load"
 
 
 def test_a_hot_prefix_is_copied_when_its_only_holder_runs_far_more_requests() -> None:
@@ -368,6 +370,10 @@ def test_decision_explains_every_candidate() -> None:
     body = d.to_dict()
     assert body["endpoint"] == "pod-0" and body["reason"] == "prefix-hit"
     assert body["predicted_hit_tokens"] == 1600
+    assert body["tie_break"] is None  # the holder led alone
+    cold = decide("kvgate", request(4096), eps, {}).to_dict()
+    assert cold["tie_break"] == "least-load" and cold["reason"] == "no-hit-spread"
+    assert decide("round-robin", request(4096), eps, {}).to_dict()["tie_break"] is None
     by_id = {c["endpoint"]: c for c in body["candidates"]}
     assert by_id["pod-1"]["dropped_by"] == "healthy"
     assert by_id["pod-0"]["scores"]["predicted-ttft"] == 1.0

@@ -54,8 +54,7 @@ class NearEqualPicker:
     def pick(
         self, state: CycleState, candidates: Sequence[EndpointSnapshot], totals: Sequence[float]
     ) -> EndpointSnapshot:
-        best = max(totals)
-        threshold = best * (1.0 - self.params.tolerance) - 1e-12
+        threshold = self._threshold(totals)
         near = [e for e, t in zip(candidates, totals, strict=True) if t >= threshold]
         if len(near) == 1:
             return near[0]
@@ -71,6 +70,15 @@ class NearEqualPicker:
         if len(near) == 1:
             return near[0]
         return near[state.rng.randrange(len(near))]
+
+    def tie_break(self, estimates: Sequence[CostEstimate], totals: Sequence[float]) -> str | None:
+        """The rule :meth:`pick` applies to candidates with these estimates and totals."""
+        threshold = self._threshold(totals)
+        near = [e for e, t in zip(estimates, totals, strict=True) if t >= threshold]
+        return self._mode(near) if len(near) > 1 else None
+
+    def _threshold(self, totals: Sequence[float]) -> float:
+        return max(totals) * (1.0 - self.params.tolerance) - 1e-12
 
     def _mode(self, near: Sequence[CostEstimate]) -> TieBreak:
         p = self.params
