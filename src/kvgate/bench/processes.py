@@ -12,7 +12,7 @@ import contextlib
 import os
 import signal
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
@@ -76,8 +76,14 @@ class ManagedProcess:
     def running(self) -> bool:
         return self._process is not None and self._process.returncode is None
 
-    async def wait_ready(self, urls: Sequence[str], timeout_s: float) -> None:
-        """Wait until every URL answers 200 (or raise with the log's tail)."""
+    async def wait_ready(
+        self,
+        urls: Sequence[str],
+        timeout_s: float,
+        ready: Callable[[httpx.Response], bool] | None = None,
+    ) -> None:
+        """Wait until every URL answers 200 and ``ready`` (if given) accepts the answer (or raise
+        with the log's tail); an answer ``ready`` cannot parse (ValueError) is not ready."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         pending = list(urls)
@@ -95,10 +101,10 @@ class ManagedProcess:
                     )
                 try:
                     response = await client.get(pending[0])
-                    if response.status_code == 200:
+                    if response.status_code == 200 and (ready is None or ready(response)):
                         pending.pop(0)
                         continue
-                except httpx.HTTPError:
+                except (httpx.HTTPError, ValueError):
                     pass
                 await asyncio.sleep(0.2)
 

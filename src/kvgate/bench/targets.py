@@ -17,16 +17,13 @@ being silently skipped.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from kvgate.bench.processes import ManagedProcess, StartError, free_port, log_tail
+from kvgate.bench.processes import ManagedProcess, StartError, free_port
 from kvgate.scoring.registry import default_registry
 
 SGLANG_POLICIES = {
@@ -144,12 +141,14 @@ async def start_target(
 ) -> RunningTarget:
     port = free_port(HOST)
     argv = router_argv(name, pod_urls, model, port, extra_args)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + startup_timeout_s
     target = await _start(name, argv, port, health_url(name, ""), log_dir, startup_timeout_s)
     if name in SGLANG_POLICIES:
         try:
-            await _wait_sglang_workers(target, pod_urls, deadline - loop.time())
+            await target.process.wait_ready(
+                [target.base_url + "/workers"],
+                startup_timeout_s,
+                lambda response: sglang_workers_ready(response.json(), pod_urls),
+            )
         except BaseException:
             await target.process.stop()
             raise
@@ -165,28 +164,6 @@ def sglang_workers_ready(workers: Any, pod_urls: list[str]) -> bool:
         return False
     healthy = {w.get("url") for w in listed if isinstance(w, dict) and w.get("is_healthy") is True}
     return all(url in healthy for url in pod_urls)
-
-
-async def _wait_sglang_workers(
-    target: RunningTarget, pod_urls: list[str], timeout_s: float
-) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    async with httpx.AsyncClient(timeout=2.0) as client:
-        while True:
-            try:
-                response = await client.get(target.base_url + "/workers")
-                if response.status_code == 200 and sglang_workers_ready(response.json(), pod_urls):
-                    return
-            except (httpx.HTTPError, ValueError):
-                pass
-            if not target.process.running or loop.time() > deadline:
-                raise StartError(
-                    f"{target.name}: not every pod is a healthy worker after "
-                    f"{timeout_s:g}s; log {target.process.log_path}:\n"
-                    + log_tail(target.process.log_path)
-                )
-            await asyncio.sleep(0.2)
 
 
 async def start_config_router(

@@ -23,7 +23,7 @@ request's. A long rest is a cold prefill in all but name, and is picked as one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import Field
 
@@ -31,6 +31,7 @@ from kvgate.scoring.base import CostEstimate, CycleState, EndpointSnapshot
 from kvgate.scoring.params import StrictParams
 
 TieBreak = Literal["random", "least-recent", "least-load"]
+T = TypeVar("T")
 
 
 class NearEqualParams(StrictParams):
@@ -54,8 +55,7 @@ class NearEqualPicker:
     def pick(
         self, state: CycleState, candidates: Sequence[EndpointSnapshot], totals: Sequence[float]
     ) -> EndpointSnapshot:
-        threshold = self._threshold(totals)
-        near = [e for e, t in zip(candidates, totals, strict=True) if t >= threshold]
+        near = self._near(candidates, totals)
         if len(near) == 1:
             return near[0]
         est = state.estimates
@@ -73,12 +73,13 @@ class NearEqualPicker:
 
     def tie_break(self, estimates: Sequence[CostEstimate], totals: Sequence[float]) -> str | None:
         """The rule :meth:`pick` applies to candidates with these estimates and totals."""
-        threshold = self._threshold(totals)
-        near = [e for e, t in zip(estimates, totals, strict=True) if t >= threshold]
+        near = self._near(estimates, totals)
         return self._mode(near) if len(near) > 1 else None
 
-    def _threshold(self, totals: Sequence[float]) -> float:
-        return max(totals) * (1.0 - self.params.tolerance) - 1e-12
+    def _near(self, items: Sequence[T], totals: Sequence[float]) -> list[T]:
+        """The items whose total is within ``tolerance`` of the best (same order as totals)."""
+        threshold = max(totals) * (1.0 - self.params.tolerance) - 1e-12
+        return [item for item, t in zip(items, totals, strict=True) if t >= threshold]
 
     def _mode(self, near: Sequence[CostEstimate]) -> TieBreak:
         p = self.params
