@@ -492,6 +492,38 @@ async def test_a_slot_on_a_prefix_holder_goes_to_the_waiter_that_hits_there_befo
     assert grants.names() == ["hits-on-pod1", "cold-head"]
 
 
+async def test_queued_requests_on_one_new_prefix_wait_for_the_pod_the_first_is_granted():
+    """Past capacity a burst on a new prefix queues before any pod holds it. Once the first of
+    it is granted a pod, the others wait for that pod (it computes the prefix there) instead of
+    recomputing it wherever a slot opens next."""
+    core, now = await _core(2, flow={"max_pending_prefill_tokens": 10**6})
+    grants = Grants()
+    busy = {}
+    for first in (50_000, 60_000):
+        plan, attempt = await _send(core, _request(16, first=first), grants)
+        busy[plan.endpoint.id] = (plan, attempt)
+    lead, follower = _request(8192), _request(8192 + 512)  # the follower extends the lead
+    lead.request_id, follower.request_id = "lead", "follower"
+    for request in (lead, follower):
+        waiter = await core.admit(request, grants)
+        assert isinstance(waiter, Waiter) and waiter.holder is None
+    now[0] += 1.0
+    core.first_byte(*busy["pod0:8000"], streamed=True)
+    assert grants.names() == ["lead"] and grants.done[0].granted_to == "pod0:8000"
+    (queued,) = (node.item for queue in core.flow._queues.values() for node in queue.fair)
+    assert queued.holder == "pod0:8000" and queued.hits["pod0:8000"] == 8192
+    lead_plan = await core.dispatch(grants.done[0])
+    assert lead_plan.endpoint.id == "pod0:8000"
+    lead_attempt = core.sent(lead, lead_plan, streaming=True)
+    now[0] += 1.0  # it may wait for pod0 1.64 s from the grant (8192 tokens at 10k/s, x 2)
+    core.first_byte(*busy["pod1:8000"], streamed=True)
+    assert grants.names() == ["lead"]  # pod1 has room, but would recompute the lead's prefix
+    core.first_byte(lead_plan, lead_attempt, streamed=True)
+    assert grants.names() == ["lead", "follower"] and grants.done[1].granted_to == "pod0:8000"
+    planned = await core.dispatch(grants.done[1])
+    assert planned.endpoint.id == "pod0:8000" and planned.decision.predicted_hit_tokens >= 8192
+
+
 async def test_a_client_that_leaves_while_queued_is_removed_and_leaks_nothing():
     core, _now = await _core()
     plan, attempt = await _send(core, _request(), Grants())

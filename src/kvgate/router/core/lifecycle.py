@@ -51,7 +51,7 @@ from prometheus_client import Counter
 from kvgate.directory.base import BlockIndex
 from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
 from kvgate.router.core.accounting import Accounting, Attempt
-from kvgate.router.core.admission import FlowControl, Waiter
+from kvgate.router.core.admission import MISS_COST_FACTOR, FlowControl, Waiter
 from kvgate.router.core.classify import Classification
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keys import RequestKeys
@@ -64,11 +64,6 @@ from kvgate.router.metrics import RouterMetrics
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)
-
-#: A queued request waits for its prefix holder up to this many times the prefill its hit saves
-#: (admission.py, dispatch step 2): the miss costs the request that prefill, and as much again
-#: to the requests queued behind the recompute on a saturated pod.
-MISS_COST_FACTOR = 2.0
 
 
 @dataclass(slots=True)
@@ -218,6 +213,8 @@ class RoutingCore:
         hits: dict[str, int] = {}
         hold_seconds = 0.0
         prefill_seconds = 0.0
+        rate = 0.0
+        keys: RequestKeys | None = None
         if candidates:
             try:
                 explained = await self.router.plan(
@@ -233,30 +230,34 @@ class RoutingCore:
                 if err.status != 503:
                     raise
             else:
-                prompt_tokens = explained.keys.prompt_tokens
-                prefill_seconds = min(
-                    (line.estimate.prefill_seconds for line in explained.decision.candidates),
-                    default=0.0,
+                keys = explained.keys
+                best = min(
+                    (line.estimate for line in explained.decision.candidates),
+                    key=lambda e: e.prefill_seconds,
+                    default=None,
                 )
+                if best is not None:
+                    prefill_seconds, rate = best.prefill_seconds, best.prefill_tokens_per_second
                 for line in explained.decision.candidates:
                     e = line.estimate
                     hits[e.endpoint_id] = e.hit_tokens
                     if e.hit_tokens > 0 and e.prefill_tokens_per_second > 0:
                         saved = e.hit_tokens / e.prefill_tokens_per_second
                         hold_seconds = max(hold_seconds, MISS_COST_FACTOR * saved)
-        if not hits:
+        if keys is None:
             keys = await self.router.prompt_keys(
                 cls, request.body, request.kind, request.keys_by_pool, request.body_bytes
             )
-            prompt_tokens = keys.prompt_tokens
         return flow.enqueue(
             request,
             cls,
-            prompt_tokens=prompt_tokens,
+            prompt_tokens=keys.prompt_tokens,
             hits=hits,
             hold_seconds=hold_seconds,
             prefill_seconds=prefill_seconds,
             on_done=on_done,
+            keys=keys,
+            prefill_tokens_per_second=rate,
         )
 
     async def dispatch(self, waiter: Waiter) -> RoutePlan | None:
