@@ -95,7 +95,7 @@ class Waiter:
     enqueued_at: float
     deadline_at: float
     body_bytes: int
-    hits: Mapping[str, int]  # cached tokens per candidate endpoint on arrival
+    hits: Mapping[str, int]  # cached tokens per candidate on arrival (+ what waiters ahead bring)
     holder: str | None  # the candidate holding most of its prefix (on arrival, or as it waited)
     hold_seconds: float  # how long it may wait for `holder` while another pod has room
     on_done: Callable[[Waiter], None]
