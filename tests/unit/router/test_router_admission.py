@@ -4,6 +4,7 @@ fairness, deadlines, affinity, disconnects), driven with an injected clock."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import random
 from typing import Any
@@ -15,7 +16,7 @@ from tests.unit.router.fakes import make_config
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, LoadSample
-from kvgate.router.core.admission import Waiter
+from kvgate.router.core.admission import Waiter, _shared_blocks
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.fair_queue import FairQueue, Queued
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
@@ -522,6 +523,21 @@ async def test_queued_requests_on_one_new_prefix_wait_for_the_pod_the_first_is_g
     assert grants.names() == ["lead", "follower"] and grants.done[1].granted_to == "pod0:8000"
     planned = await core.dispatch(grants.done[1])
     assert planned.endpoint.id == "pod0:8000" and planned.decision.predicted_hit_tokens >= 8192
+
+
+def test_shared_blocks_are_found_by_bisection_over_chained_keys():
+    def chain(tokens: list[int]) -> list[bytes]:
+        keys, parent = [], b""
+        for token in tokens:
+            parent = hashlib.blake2b(parent + bytes([token]), digest_size=8).digest()
+            keys.append(parent)
+        return keys
+
+    base = list(range(200))
+    for cut in (0, 1, 57, 199):
+        assert _shared_blocks(chain(base), chain([*base[:cut], 255, *base[cut + 1 :]])) == cut
+    assert _shared_blocks(chain(base), chain(base[:120])) == 120
+    assert _shared_blocks(chain(base), []) == 0
 
 
 async def test_a_client_that_leaves_while_queued_is_removed_and_leaks_nothing():
