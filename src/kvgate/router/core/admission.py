@@ -98,8 +98,7 @@ class Waiter:
     holder: str | None  # the candidate holding most of its prefix (on arrival, or as it waited)
     hold_seconds: float  # how long it may wait for `holder` while another pod has room
     on_done: Callable[[Waiter], None]
-    block_keys: Sequence[bytes] = ()  # its prompt's chained block keys (prefixes shared in queue)
-    block_tokens: int = 0
+    keys: RequestKeys | None = None  # its prompt's block keys (prefixes shared in the queue)
     prefill_tokens_per_second: float = 0.0  # its best candidate's on arrival; 0: unknown
     holder_since: float = 0.0  # when `holder` became its holder
     node: Queued[Waiter] | None = None  # its place while queued
@@ -266,8 +265,7 @@ class FlowControl:
             holder=holder,
             hold_seconds=min(max(hold_seconds, 0.0), self._affinity_cap),
             on_done=on_done,
-            block_keys=keys.block_keys if keys is not None else (),
-            block_tokens=keys.block_tokens if keys is not None else 0,
+            keys=keys,
             prefill_tokens_per_second=prefill_tokens_per_second,
             holder_since=now,
         )
@@ -463,16 +461,18 @@ class FlowControl:
         """The waiters in `window` sharing more leading blocks with `granted` than any pod held
         when they arrived wait for `target` now: it holds them once `granted` is prefilled. One
         that another pod will hold as much of waits for none (a head granted to every pod)."""
-        keys = granted.block_keys
-        if not keys:
+        if granted.keys is None or not granted.keys.block_keys:
             return
+        keys = granted.keys.block_keys
         first = keys[0]
         for node in window:
             other = node.item
-            theirs = other.block_keys
-            if other.granted_to is not None or not other.hits or not theirs or theirs[0] != first:
-                continue  # granted, or what the pods held on arrival is unknown, or no match
-            shared = _shared_blocks(keys, theirs) * other.block_tokens
+            if other.granted_to is not None or not other.hits or other.keys is None:
+                continue  # granted, or what the pods held on arrival is unknown
+            theirs = other.keys.block_keys
+            if not theirs or theirs[0] != first:
+                continue
+            shared = _shared_blocks(keys, theirs) * other.keys.block_tokens
             best = max(other.hits.values(), default=0)
             if shared < best or (shared == best and other.hits.get(target, 0) == best):
                 continue
