@@ -17,7 +17,7 @@ from kvgate.scoring.plugins.holder_load import HolderLoadFilter, HolderLoadParam
 from kvgate.scoring.plugins.kv_cache_usage import KvCacheUsageParams, KvCacheUsageScorer
 from kvgate.scoring.plugins.load_bound import LoadBoundFilter, LoadBoundParams
 from kvgate.scoring.plugins.near_equal import NearEqualParams, NearEqualPicker
-from kvgate.scoring.plugins.predicted_ttft import PredictedTtftScorer
+from kvgate.scoring.plugins.predicted_ttft import PredictedTtftParams, PredictedTtftScorer
 from kvgate.scoring.plugins.prefix_cache import PrefixCacheScorer
 from kvgate.scoring.plugins.queue_depth import QueueDepthScorer
 from kvgate.scoring.plugins.round_robin import RoundRobinPicker
@@ -252,6 +252,19 @@ def test_predicted_ttft_best_is_one_and_order_follows_cost() -> None:
     scores = PredictedTtftScorer().score(state, eps)
     assert scores[1] == 1.0
     assert scores[0] < scores[2] < scores[1]
+
+
+def test_predicted_ttft_prices_the_first_tokens_a_prefill_delays() -> None:
+    # Equal predicted TTFT everywhere; pod-0 has two requests waiting for their first token
+    # (their prefill done, so nothing of theirs is queued ahead of this one).
+    eps = [endpoint(0, pending_prefill_requests=2), endpoint(1)]
+    state = cycle_state(request(12_000), eps, {})
+    assert PredictedTtftScorer().score(state, eps) == [1.0, 1.0]
+    scorer = PredictedTtftScorer(PredictedTtftParams(pending_weight=1.0, chunk_tokens=8192))
+    low, high = scorer.score(state, eps)
+    assert high == 1.0
+    # cost on pod-0: 1.2 s TTFT + 2 requests x 8192 tokens / 10k tokens/s
+    assert low == pytest.approx((1.2 + 0.02) / (1.2 + 2 * 0.8192 + 0.02))
 
 
 def test_near_equal_randomises_among_near_equal_only() -> None:

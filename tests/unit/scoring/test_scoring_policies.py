@@ -97,6 +97,18 @@ def test_session_moves_when_another_pod_is_faster() -> None:
     assert holder.estimate.ttft_seconds > greedy.predicted_ttft_seconds
 
 
+def test_kvgate_pending_weight_keeps_a_cold_prefill_off_pods_with_first_tokens_due() -> None:
+    # pod-0 runs fewer requests, but three of them await their first token. Off by default:
+    # fewest requests picks pod-0, where the 12k-token prefill would share a step with them.
+    eps = [endpoint(0, in_flight=3, pending_prefill_requests=3), endpoint(1, in_flight=5)]
+    assert decide("kvgate", request(12_000), eps, {}).endpoint_id == "pod-0"
+    priced = decide("kvgate", request(12_000), eps, {}, params={"pending_weight": 1.0})
+    assert priced.endpoint_id == "pod-1"
+    # the first chunk is the cost model's step budget
+    small = {"pending_weight": 1.0, "cost_model": {"max_num_batched_tokens": 256}}
+    assert decide("kvgate", request(12_000), eps, {}, params=small).endpoint_id == "pod-0"
+
+
 def test_kvgate_moves_online_requests_off_a_holder_that_batch_work_borrowed() -> None:
     # pod-0 holds the prompt's first 4,096 tokens and also decodes a borrowed batch document.
     # A 4,160-token turn stays: recomputing it on pod-1 would cost ~0.4 s more, over the

@@ -6,7 +6,9 @@ differences of a few milliseconds (noise) from looking like factors when every p
 near zero. It rewards cache hits (less to prefill) and short queues at once, on one scale:
 seconds. ``work_weight`` > 0 also charges for the prefill work itself, which delays whoever
 queues behind it on that pod: pure per-request TTFT (0) moves sessions off their holders too
-eagerly under load.
+eagerly under load. ``pending_weight`` > 0 charges for the first tokens the prefill delays:
+with chunked prefill, a request still waiting for its first token on the pod shares a step with
+the first chunk of this prefill, and that step lasts as long as the chunk takes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,12 @@ class PredictedTtftParams(StrictParams):
     interference_weight: float = Field(default=0.0, ge=0)
     """Weight of the decode stall the prefill causes: prefill seconds x requests already on the
     pod (they decode in the same steps while it runs); 0 = ignored."""
+    pending_weight: float = Field(default=0.0, ge=0)
+    """Weight of the first-token delay the prefill causes: the requests this router sent to the
+    pod that have no first token yet x the time of this prefill's first chunk (at most
+    ``chunk_tokens`` of its uncached tokens); 0 = ignored."""
+    chunk_tokens: int = Field(default=8192, ge=1)
+    """Prompt tokens an engine step prefills at most (vLLM ``--max-num-batched-tokens``)."""
 
 
 class PredictedTtftScorer:
@@ -36,12 +44,15 @@ class PredictedTtftScorer:
 
     def score(self, state: CycleState, candidates: Sequence[EndpointSnapshot]) -> list[float]:
         est = state.estimates
-        w = self.params.work_weight
-        a = self.params.interference_weight
+        p = self.params
+        w, a, q, chunk = p.work_weight, p.interference_weight, p.pending_weight, p.chunk_tokens
         costs = []
         for e in candidates:
             x = est[e.id]
             cost = x.ttft_seconds + (w + a * x.load) * x.prefill_seconds
+            if q and e.pending_prefill_requests > 0:
+                first_chunk = min(x.uncached_tokens, chunk) / x.prefill_tokens_per_second
+                cost += q * e.pending_prefill_requests * first_chunk
             costs.append(cost if cost > 0.0 else 0.0)
         if not costs:
             return []
