@@ -95,7 +95,7 @@ class KvgateParams(StrictParams):
     """Cost += pending_weight x the router's requests on the pod with no first token yet x the
     time of the prefill's first chunk (at most ``cost_model.max_num_batched_tokens``): with
     chunked prefill they share a step with that chunk. Off by default: it cut the conversation
-    trace shape's TTFT and end-to-end time but cost the Mooncake trace 4-10% end-to-end time at
+    trace shape's TTFT and end-to-end time but cost the Mooncake trace 10% end-to-end time at
     130% load (docs/scoring.md)."""
     ttft_floor_seconds: float = Field(default=0.02, gt=0)
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
