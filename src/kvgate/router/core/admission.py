@@ -540,7 +540,9 @@ def _may_push_out(queue: _Queue | None, victim: Queued[Waiter], band: int, flow:
 def _shared_blocks(a: Sequence[bytes], b: Sequence[bytes]) -> int:
     """How many leading blocks two prompts share, by bisection: block keys are chained (each
     digests its whole prefix), so equal keys at `i` mean equal keys before `i`. O(log n), so a
-    queue of waiters on one 128k-token prompt costs each grant microseconds, not milliseconds."""
+    queue of waiters on one 128k-token prompt costs each grant microseconds, not milliseconds.
+    (`Accounting.held` bisects the same way against a set; a shared helper taking a predicate
+    cost it 9 µs more per request on 8 pods of 2,048-block prompts, so each keeps its loop.)"""
     low, high = 0, min(len(a), len(b))  # a[:low] == b[:low]; the answer is at most high
     while low < high:
         mid = (low + high + 1) // 2
