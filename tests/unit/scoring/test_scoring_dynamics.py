@@ -135,8 +135,8 @@ def test_agent_sessions_stay_on_their_history_and_beat_round_robin() -> None:
 
 @pytest.mark.parametrize("sessions", [24, 32, 40])
 def test_under_load_sessions_are_not_moved_off_their_holders_too_eagerly(sessions: int) -> None:
-    """Greedy per-request TTFT (no stickiness, work_weight 0) recomputes histories elsewhere as
-    soon as that is faster for the one request, which loads the other pods and hurts everyone;
+    """Greedy per-request TTFT (no stickiness, no price but TTFT) recomputes histories elsewhere
+    as soon as that is faster for the one request, which loads the other pods and hurts everyone;
     the default stickiness keeps kvgate at least as good as plain prefix affinity."""
     work = sessions_workload(sessions)
     seeds = range(4)  # routing seeds (random tie-breaks): a claim about the policy, not one seed
@@ -146,7 +146,9 @@ def test_under_load_sessions_are_not_moved_off_their_holders_too_eagerly(session
 
     kv = runs("kvgate")
     px = runs("prefix")
-    greedy = runs("kvgate", {"work_weight": 0, "affinity": {"affinity_threshold": 0}})
+    greedy = runs(
+        "kvgate", {"work_weight": 0, "pending_weight": 0, "affinity": {"affinity_threshold": 0}}
+    )
     assert mean(kv) <= 1.05 * mean(px)
     assert mean(kv) <= mean(greedy)
     if sessions >= 32:

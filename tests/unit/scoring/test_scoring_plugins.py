@@ -267,6 +267,21 @@ def test_predicted_ttft_prices_the_first_tokens_a_prefill_delays() -> None:
     assert low == pytest.approx((1.2 + 0.02) / (1.2 + 2 * 0.8192 + 0.02))
 
 
+def test_predicted_ttft_prices_first_tokens_only_where_the_prompt_is_coldest() -> None:
+    # pod-0 holds 8,000 of the 12,000 tokens and has two first tokens due; pod-1 holds none.
+    # The price never pushes the request off pod-0 (its rest is short); on pod-1, it applies.
+    scorer = PredictedTtftScorer(PredictedTtftParams(pending_weight=1.0, chunk_tokens=8192))
+    holder = [endpoint(0, pending_prefill_requests=2), endpoint(1)]
+    state = cycle_state(request(12_000), holder, {"pod-0": 500})
+    assert scorer.score(state, holder) == PredictedTtftScorer().score(state, holder)
+    cold = [endpoint(0), endpoint(1, pending_prefill_requests=2)]
+    state = cycle_state(request(12_000), cold, {"pod-0": 500})
+    unpriced = PredictedTtftScorer().score(state, cold)
+    priced = scorer.score(state, cold)
+    assert priced[0] == unpriced[0] == 1.0
+    assert priced[1] < unpriced[1]
+
+
 def test_near_equal_randomises_among_near_equal_only() -> None:
     eps = fleet(4)
     picker = NearEqualPicker(NearEqualParams(tolerance=0.1))

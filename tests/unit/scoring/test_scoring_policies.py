@@ -98,14 +98,14 @@ def test_session_moves_when_another_pod_is_faster() -> None:
 
 
 def test_kvgate_pending_weight_keeps_a_cold_prefill_off_pods_with_first_tokens_due() -> None:
-    # pod-0 runs fewer requests, but three of them await their first token. Off by default:
-    # fewest requests picks pod-0, where the 12k-token prefill would share a step with them.
+    # pod-0 runs fewer requests, but three of them await their first token, and the 12k-token
+    # prefill would share a step with them. Unpriced, fewest requests picks pod-0.
     eps = [endpoint(0, in_flight=3, pending_prefill_requests=3), endpoint(1, in_flight=5)]
-    assert decide("kvgate", request(12_000), eps, {}).endpoint_id == "pod-0"
-    priced = decide("kvgate", request(12_000), eps, {}, params={"pending_weight": 1.0})
-    assert priced.endpoint_id == "pod-1"
+    assert decide("kvgate", request(12_000), eps, {}).endpoint_id == "pod-1"
+    unpriced = decide("kvgate", request(12_000), eps, {}, params={"pending_weight": 0})
+    assert unpriced.endpoint_id == "pod-0"
     # the first chunk is the cost model's step budget
-    small = {"pending_weight": 1.0, "cost_model": {"max_num_batched_tokens": 256}}
+    small = {"cost_model": {"max_num_batched_tokens": 256}}
     assert decide("kvgate", request(12_000), eps, {}, params=small).endpoint_id == "pod-0"
 
 

@@ -8,7 +8,10 @@ seconds. ``work_weight`` > 0 also charges for the prefill work itself, which del
 queues behind it on that pod: pure per-request TTFT (0) moves sessions off their holders too
 eagerly under load. ``pending_weight`` > 0 charges for the first tokens the prefill delays:
 with chunked prefill, a request still waiting for its first token on the pod shares a step with
-the first chunk of this prefill, and that step lasts as long as the chunk takes.
+the first chunk of this prefill, and that step lasts as long as the chunk takes. It is charged
+only on the candidates that hold the least of the prompt: it decides where a prefill that has to
+be computed anyway goes, and never pushes a request off a pod holding more of its prompt (a
+holder computes only the short rest; priced there too, agent sessions left their pods).
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ class PredictedTtftParams(StrictParams):
     pending_weight: float = Field(default=0.0, ge=0)
     """Weight of the first-token delay the prefill causes: the requests this router sent to the
     pod that have no first token yet x the time of this prefill's first chunk (at most
-    ``chunk_tokens`` of its uncached tokens); 0 = ignored."""
+    ``chunk_tokens`` of its uncached tokens), on the candidates holding the least of the prompt;
+    0 = ignored."""
     chunk_tokens: int = Field(default=8192, ge=1)
     """Prompt tokens an engine step prefills at most (vLLM ``--max-num-batched-tokens``)."""
 
@@ -46,11 +50,14 @@ class PredictedTtftScorer:
         est = state.estimates
         p = self.params
         w, a, q, chunk = p.work_weight, p.interference_weight, p.pending_weight, p.chunk_tokens
+        # the first-token price applies where the prefill is longest: to the candidates that
+        # hold the least of the prompt
+        coldest = max((est[e.id].uncached_tokens for e in candidates), default=0) if q else 0
         costs = []
         for e in candidates:
             x = est[e.id]
             cost = x.ttft_seconds + (w + a * x.load) * x.prefill_seconds
-            if q and e.pending_prefill_requests > 0:
+            if q and e.pending_prefill_requests > 0 and x.uncached_tokens >= coldest:
                 first_chunk = min(x.uncached_tokens, chunk) / x.prefill_tokens_per_second
                 cost += q * e.pending_prefill_requests * first_chunk
             costs.append(cost if cost > 0.0 else 0.0)
