@@ -243,6 +243,7 @@ class CandidateExplanation(NamedTuple):
     total_score: float | None  # None if filtered out
     dropped_by: str | None  # filter name, or None if it reached the picker
     prefix_sharers: int = 0  # the router's requests in flight there carrying the matched prefix
+    first_tokens_due: int = 0  # the router's requests there with no first token yet
 
     def to_dict(self) -> dict[str, Any]:
         e = self.estimate
@@ -260,6 +261,7 @@ class CandidateExplanation(NamedTuple):
             "total_score": None if self.total_score is None else round(self.total_score, 6),
             "dropped_by": self.dropped_by,
             "prefix_sharers": self.prefix_sharers,
+            "first_tokens_due": self.first_tokens_due,
         }
 
 
@@ -275,6 +277,7 @@ class Explanation:
     totals: Sequence[float]  # weighted total of each survivor
     prefix_sharers: Mapping[str, int] | None = None  # RoutingRequest.prefix_sharers
     picker: Picker | None = None  # asked for the tie-break only when the explanation is read
+    endpoints: Sequence[EndpointSnapshot] = ()  # the snapshots decided on, read on demand
 
     def tie_break(self) -> str | None:
         """Which rule chose among near-equal survivors (None: one led alone, or the picker does
@@ -287,14 +290,15 @@ class Explanation:
         out: list[CandidateExplanation] = []
         index = {eid: i for i, eid in enumerate(self.survivors)}
         sharers = self.prefix_sharers or {}
+        due = {e.id: e.pending_prefill_requests for e in self.endpoints}
         for eid, est in self.estimates.items():
             i = index.get(eid)
-            n = sharers.get(eid, 0)
+            n, d = sharers.get(eid, 0), due.get(eid, 0)
             if i is None:
-                out.append(CandidateExplanation(est, {}, None, self.dropped.get(eid), n))
+                out.append(CandidateExplanation(est, {}, None, self.dropped.get(eid), n, d))
             else:
                 scores = {name: values[i] for name, values in self.scores.items()}
-                out.append(CandidateExplanation(est, scores, self.totals[i], None, n))
+                out.append(CandidateExplanation(est, scores, self.totals[i], None, n, d))
         return tuple(out)
 
 

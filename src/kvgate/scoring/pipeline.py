@@ -135,6 +135,7 @@ class PipelinePolicy:
                 totals=totals,
                 prefix_sharers=request.prefix_sharers,
                 picker=self.picker,
+                endpoints=endpoints,
             ),
         )
 

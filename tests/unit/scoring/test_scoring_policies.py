@@ -101,7 +101,11 @@ def test_kvgate_pending_weight_keeps_a_cold_prefill_off_pods_with_first_tokens_d
     # pod-0 runs fewer requests, but three of them await their first token, and the 12k-token
     # prefill would share a step with them. Unpriced, fewest requests picks pod-0.
     eps = [endpoint(0, in_flight=3, pending_prefill_requests=3), endpoint(1, in_flight=5)]
-    assert decide("kvgate", request(12_000), eps, {}).endpoint_id == "pod-1"
+    priced = decide("kvgate", request(12_000), eps, {})
+    assert priced.endpoint_id == "pod-1"
+    lines = {c["endpoint"]: c for c in priced.to_dict()["candidates"]}  # /debug/route
+    assert (lines["pod-0"]["first_tokens_due"], lines["pod-1"]["first_tokens_due"]) == (3, 0)
+    assert lines["pod-0"]["scores"]["predicted-ttft"] < 1.0 == lines["pod-1"]["total_score"]
     unpriced = decide("kvgate", request(12_000), eps, {}, params={"pending_weight": 0})
     assert unpriced.endpoint_id == "pod-0"
     # the first chunk is the cost model's step budget
