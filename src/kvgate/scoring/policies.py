@@ -93,11 +93,11 @@ class KvgateParams(StrictParams):
     stall a prefill causes to the requests running beside it."""
     pending_weight: float = Field(default=1.0, ge=0)
     """Cost += pending_weight x the router's requests on the pod with no first token yet x the
-    time of the prefill's first chunk (at most ``cost_model.max_num_batched_tokens``): with
-    chunked prefill they share a step with that chunk, and a long cold prefill is kept off the
-    pods where first tokens are due. 0 turns it off (the default before December 2026; over
-    three seeds it gave 2-6% more mean TTFT and end-to-end time on the conversation-trace
-    shape, docs/scoring.md)."""
+    time of the prefill's first chunk (at most ``cost_model.max_num_batched_tokens``), on the
+    candidates that hold the least of the prompt: with chunked prefill they share a step with
+    that chunk, and a long cold prefill is kept off the pods where first tokens are due. 0 turns
+    it off (the default before December 5, 2026; over three seeds it gave 4% more mean TTFT and
+    1-6% more end-to-end time on the conversation-trace shape, docs/scoring.md)."""
     ttft_floor_seconds: float = Field(default=0.02, gt=0)
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
     tie_break: TieBreak = "least-load"
