@@ -57,6 +57,9 @@ class Endpoint:
     spec: EndpointSpec
     load: LoadSample = field(default_factory=LoadSample)
     draining: bool = False  # leaving: no new requests, in-flight ones finish
+    # The router's requests on the pod with no first byte yet when `load` was scraped: the
+    # engine's waiting count then included them, not the ones sent or answered since.
+    pending_at_scrape: int = 0
     consecutive_failures: int = 0
     ejected_until: float = 0.0  # monotonic seconds
     # LoRA adapters the pod used last (sent by this router or seen running), oldest first, at

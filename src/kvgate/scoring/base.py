@@ -76,6 +76,9 @@ class EngineLoad:
     waiting_lora_adapters: frozenset[str] = frozenset()
     max_lora: int = 0  # adapters a batch may use (--max-loras); 0 = no LoRA serving reported
     recent_lora_adapters: frozenset[str] = frozenset()  # likely still in a GPU slot
+    # The router's requests there with no first token yet when this was scraped (the waiting
+    # count includes them); None = unknown: the snapshot's current count stands in.
+    pending_at_scrape: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

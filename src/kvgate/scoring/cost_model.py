@@ -168,7 +168,10 @@ class CostModel:
             waiting = engine.waiting if engine.waiting > 0 else 0
             fraction = 1.0 - running / self._max_batched
             rate *= fraction if fraction > self._min_fraction else self._min_fraction
-            foreign = waiting - endpoint.pending_prefill_requests
+            mine = engine.pending_at_scrape
+            if mine is None:
+                mine = endpoint.pending_prefill_requests
+            foreign = waiting - mine
             if foreign > 0:
                 queued_tokens += foreign * self._foreign
             else:

@@ -251,6 +251,25 @@ async def test_failures_before_the_first_byte_eject_and_the_retry_avoids_the_pod
     assert bad.healthy(now[0])
 
 
+async def test_a_scrape_remembers_which_waiting_requests_were_ours():
+    """The engine's waiting count includes our requests that waited when it was scraped: once
+    they are answered, the pod's snapshot must not take them for someone else's."""
+    core, now = await _core()
+    request = ClientRequest(BODY, {}, "completion")
+    plan = await core.plan(request)
+    attempt = core.sent(request, plan, streaming=True)
+    core.load_scraped(plan.endpoint, LoadSample(waiting=1, running=0, scraped_at=now[0]))
+    now[0] += 0.05
+    core.first_byte(plan, attempt, streamed=True)
+    [snapshot] = core.router.snapshots([plan.endpoint], now[0])
+    assert snapshot.pending_prefill_requests == 0
+    assert snapshot.engine is not None and snapshot.engine.pending_at_scrape == 1
+    # a later scrape sees none of ours waiting
+    core.load_scraped(plan.endpoint, LoadSample(waiting=0, running=1, scraped_at=now[0]))
+    [snapshot] = core.router.snapshots([plan.endpoint], now[0])
+    assert snapshot.engine is not None and snapshot.engine.pending_at_scrape == 0
+
+
 async def test_a_cancelled_attempt_is_released_and_teaches_nothing():
     core, _now = await _core()
     request = ClientRequest(BODY, {}, "completion")

@@ -82,6 +82,20 @@ def test_foreign_waiting_requests_count_beyond_our_own() -> None:
     assert est.load == 5
 
 
+def test_waiting_requests_are_ours_as_counted_when_scraped() -> None:
+    # Scraped while 2 of ours waited; both have had their first token since: the engine's 2
+    # waiting were ours, not 2 foreign ones.
+    eng = EngineLoad(waiting=2, running=0, kv_cache_usage=0.1, observed_at=0.0, pending_at_scrape=2)
+    ep = endpoint(0, engine=eng, pending_prefill_requests=0)
+    est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0, now=0.05)
+    assert est.queue_seconds == 0.0
+    # One of ours waited then, 3 of the engine's waiting were foreign; 2 of ours sent since
+    eng = EngineLoad(waiting=4, running=0, kv_cache_usage=0.1, observed_at=0.0, pending_at_scrape=1)
+    ep = endpoint(0, engine=eng, pending_prefill_requests=2, pending_prefill_tokens=4000)
+    est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0, now=0.05)
+    assert est.queue_seconds == pytest.approx(7000 / RATE)
+
+
 def test_stale_engine_report_is_ignored() -> None:
     eng = EngineLoad(waiting=50, running=100, kv_cache_usage=0.99, observed_at=0.0)
     ep = endpoint(0, engine=eng, in_flight=3)

@@ -420,6 +420,7 @@ class RoutingCore:
         """A fresh /metrics scrape: engine load, and active health (an ejected endpoint that
         answers is back in rotation)."""
         ep.load = sample
+        ep.pending_at_scrape = self.router.pending_prefill_requests(ep.id, self.clock())
         ep.note_lora_adapters(sorted(sample.running_lora_adapters))
         if not ep.healthy(self.clock()):
             log.info("endpoint %s answers again; back in rotation", ep.id)

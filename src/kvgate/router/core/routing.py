@@ -246,6 +246,14 @@ class Router:
         self.keying.configure(self.state.config.keying)
         return await self.keying.keys(keyer, body, kind, salt, lora, session, body_bytes=body_bytes)
 
+    def pending_prefill_requests(self, endpoint_id: str, now: float) -> int:
+        """The requests sent to the endpoint that have no first byte yet (this router's, and
+        the replicas' it shares loads with), as a snapshot would count them now."""
+        loads = self.accounting.loads([endpoint_id], now)
+        if self.peers is not None:
+            loads = self.peers.added([endpoint_id], loads, now)
+        return loads[0].pending_prefill_requests
+
     def snapshots(self, members: list[Endpoint], now: float) -> list[EndpointSnapshot]:
         """Immutable views of `members` for the policy (hot path: lookups hoisted)."""
         pools = self.state.pools
@@ -282,6 +290,7 @@ class Router:
                         load.waiting_lora_adapters,
                         load.max_lora,
                         frozenset(ep.recent_lora_adapters),
+                        ep.pending_at_scrape,
                     )
                     if scraped > 0 and now - scraped <= stale
                     else None,
