@@ -80,6 +80,12 @@ class EngineLoad:
     # count includes them); None = unknown: the snapshot's current count stands in.
     pending_at_scrape: int | None = None
 
+    def foreign_waiting(self, pending_now: int) -> int:
+        """Waiting requests that are not this router's (other replicas', direct clients'), as
+        of the scrape; ``pending_now`` stands in for an unknown ``pending_at_scrape``."""
+        mine = pending_now if self.pending_at_scrape is None else self.pending_at_scrape
+        return self.waiting - mine if self.waiting > mine else 0
+
 
 @dataclass(frozen=True, slots=True)
 class EndpointSnapshot:
@@ -247,6 +253,7 @@ class CandidateExplanation(NamedTuple):
     dropped_by: str | None  # filter name, or None if it reached the picker
     prefix_sharers: int = 0  # the router's requests in flight there carrying the matched prefix
     first_tokens_due: int = 0  # the router's requests there with no first token yet
+    foreign_waiting: int = 0  # requests the engine last reported waiting beyond the router's
 
     def to_dict(self) -> dict[str, Any]:
         e = self.estimate
@@ -265,6 +272,7 @@ class CandidateExplanation(NamedTuple):
             "dropped_by": self.dropped_by,
             "prefix_sharers": self.prefix_sharers,
             "first_tokens_due": self.first_tokens_due,
+            "foreign_waiting": self.foreign_waiting,
         }
 
 
@@ -294,14 +302,19 @@ class Explanation:
         index = {eid: i for i, eid in enumerate(self.survivors)}
         sharers = self.prefix_sharers or {}
         due = {e.id: e.pending_prefill_requests for e in self.endpoints}
+        foreign = {
+            e.id: e.engine.foreign_waiting(e.pending_prefill_requests)
+            for e in self.endpoints
+            if e.engine is not None
+        }
         for eid, est in self.estimates.items():
             i = index.get(eid)
-            n, d = sharers.get(eid, 0), due.get(eid, 0)
+            n, d, f = sharers.get(eid, 0), due.get(eid, 0), foreign.get(eid, 0)
             if i is None:
-                out.append(CandidateExplanation(est, {}, None, self.dropped.get(eid), n, d))
+                out.append(CandidateExplanation(est, {}, None, self.dropped.get(eid), n, d, f))
             else:
                 scores = {name: values[i] for name, values in self.scores.items()}
-                out.append(CandidateExplanation(est, scores, self.totals[i], None, n, d))
+                out.append(CandidateExplanation(est, scores, self.totals[i], None, n, d, f))
         return tuple(out)
 
 

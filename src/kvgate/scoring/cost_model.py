@@ -169,14 +169,9 @@ class CostModel:
             waiting = engine.waiting if engine.waiting > 0 else 0
             fraction = 1.0 - running / self._max_batched
             rate *= fraction if fraction > self._min_fraction else self._min_fraction
-            mine = engine.pending_at_scrape
-            if mine is None:
-                mine = endpoint.pending_prefill_requests
-            foreign = waiting - mine
-            if foreign > 0:
+            foreign = engine.foreign_waiting(endpoint.pending_prefill_requests)
+            if foreign:
                 queued_tokens += foreign * self._foreign
-            else:
-                foreign = 0
             if running + waiting > load:
                 load = running + waiting
             if endpoint.max_num_seqs is not None:

@@ -264,10 +264,16 @@ async def test_a_scrape_remembers_which_waiting_requests_were_ours():
     [snapshot] = core.router.snapshots([plan.endpoint], now[0])
     assert snapshot.pending_prefill_requests == 0
     assert snapshot.engine is not None and snapshot.engine.pending_at_scrape == 1
-    # a later scrape sees none of ours waiting
-    core.load_scraped(plan.endpoint, LoadSample(waiting=0, running=1, scraped_at=now[0]))
+    explained = await core.explain(ClientRequest(BODY, {}, "completion"))
+    lines = {c.estimate.endpoint_id: c.to_dict() for c in explained.decision.candidates}
+    assert lines[plan.endpoint.id]["foreign_waiting"] == 0
+    # a later scrape sees none of ours waiting: its three waiting are someone else's
+    core.load_scraped(plan.endpoint, LoadSample(waiting=3, running=1, scraped_at=now[0]))
     [snapshot] = core.router.snapshots([plan.endpoint], now[0])
     assert snapshot.engine is not None and snapshot.engine.pending_at_scrape == 0
+    explained = await core.explain(ClientRequest(BODY, {}, "completion"))
+    lines = {c.estimate.endpoint_id: c.to_dict() for c in explained.decision.candidates}
+    assert lines[plan.endpoint.id]["foreign_waiting"] == 3
 
 
 async def test_a_cancelled_attempt_is_released_and_teaches_nothing():
