@@ -25,10 +25,10 @@ For endpoint *p* with prefill rate *r_p* (tokens/s):
 for, plus, for requests the engine reports waiting beyond those (other router replicas, direct
 clients), ``foreign_request_tokens`` each; "those" are counted when the engine was scraped
 (``EngineLoad.pending_at_scrape``), since its waiting count is as old as the scrape. Engine
-numbers older than ``stale_after_seconds`` are ignored (the router's own counts remain). ``r_p`` is the pod's learned estimate
-(:mod:`kvgate.scoring.prefill_rate`); for a pod not measured yet, the mean learned rate of the
-candidates of the same pool that are measured, and only when none is, the
-``prior_prefill_tokens_per_second``. (With the prior alone, an unmeasured pod on fast hardware
+numbers older than ``stale_after_seconds`` are ignored (the router's own counts remain).
+``r_p`` is the pod's learned estimate (:mod:`kvgate.scoring.prefill_rate`); for a pod not
+measured yet, the mean learned rate of the candidates of the same pool that are measured, and
+only when none is, the ``prior_prefill_tokens_per_second``. (With the prior alone, an unmeasured pod on fast hardware
 looked several times slower than its measured peers, got no traffic and so was never measured.)
 
 ``load_p`` (used by load bounds and least-load) = max(router in-flight, engine running + waiting).
