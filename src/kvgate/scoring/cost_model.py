@@ -28,8 +28,9 @@ clients), ``foreign_request_tokens`` each; "those" are counted when the engine w
 numbers older than ``stale_after_seconds`` are ignored (the router's own counts remain).
 ``r_p`` is the pod's learned estimate (:mod:`kvgate.scoring.prefill_rate`); for a pod not
 measured yet, the mean learned rate of the candidates of the same pool that are measured, and
-only when none is, the ``prior_prefill_tokens_per_second``. (With the prior alone, an unmeasured pod on fast hardware
-looked several times slower than its measured peers, got no traffic and so was never measured.)
+only when none is, the ``prior_prefill_tokens_per_second``. (With the prior alone, an
+unmeasured pod on fast hardware looked several times slower than its measured peers, got no
+traffic and so was never measured.)
 
 ``load_p`` (used by load bounds and least-load) = max(router in-flight, engine running + waiting).
 
