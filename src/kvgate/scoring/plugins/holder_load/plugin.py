@@ -53,7 +53,7 @@ class HolderLoadParams(StrictParams):
     """A holder more than this many requests above the least-loaded candidate..."""
     max_ratio: float = Field(default=1.5, ge=1.0)
     """...and above this multiple of its load takes no more of the prefix's requests."""
-    hot_gap_requests: int = Field(default=4, ge=1)
+    hot_gap_requests: int = Field(default=3, ge=1)
     """A holder with at least this many requests in flight carrying the request's matched prefix,
     more than this many requests above the least-loaded candidate..."""
     hot_ratio: float = Field(default=2.0, ge=1.0)
