@@ -29,7 +29,7 @@ from kvgate.api.router_config import PoolConfig, RouterConfig
 from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex
 from kvgate.discovery.endpoints import Endpoint, EndpointSet
 from kvgate.prefix import LoraKey
-from kvgate.router.core.accounting import Accounting
+from kvgate.router.core.accounting import Accounting, EndpointLoad
 from kvgate.router.core.cache_policy import added_cache_ops
 from kvgate.router.core.classify import Classification, Classifier
 from kvgate.router.core.errors import RouterError, unavailable
@@ -247,21 +247,23 @@ class Router:
         return await self.keying.keys(keyer, body, kind, salt, lora, session, body_bytes=body_bytes)
 
     def pending_prefill_requests(self, endpoint_id: str, now: float) -> int:
-        """The requests sent to the endpoint that have no first byte yet (this router's, and
-        the replicas' it shares loads with), as a snapshot would count them now."""
-        loads = self.accounting.loads([endpoint_id], now)
+        """The requests sent to the endpoint that have no first byte yet, as a snapshot would
+        count them now."""
+        return self._loads([endpoint_id], now)[0].pending_prefill_requests
+
+    def _loads(self, ids: list[str], now: float) -> list[EndpointLoad]:
+        """This router's load on each endpoint, plus the replicas' it shares loads with."""
+        loads = self.accounting.loads(ids, now)
         if self.peers is not None:
-            loads = self.peers.added([endpoint_id], loads, now)
-        return loads[0].pending_prefill_requests
+            loads = self.peers.added(ids, loads, now)
+        return loads
 
     def snapshots(self, members: list[Endpoint], now: float) -> list[EndpointSnapshot]:
         """Immutable views of `members` for the policy (hot path: lookups hoisted)."""
         pools = self.state.pools
         stale = self.state.config.load_metrics.stale_after_seconds
         ids = [ep.spec.id for ep in members]
-        loads = self.accounting.loads(ids, now)
-        if self.peers is not None:
-            loads = self.peers.added(ids, loads, now)
+        loads = self._loads(ids, now)
         rates = self._pool_rates(members)
         # Every candidate ejected: fail open (trying a pod beats refusing the request).
         fail_open = all(now < ep.ejected_until for ep in members)
