@@ -81,7 +81,8 @@ class KvgateParams(StrictParams):
     holder_load: HolderLoadParams | None = HolderLoadParams()
     """A prefix holder far above the least-loaded pod (by ``max_gap_requests`` and
     ``max_ratio``, or by the narrower ``hot_*`` bounds while its requests in flight share the
-    prefix) takes no more of the prefix, which is then copied elsewhere; None = off."""
+    prefix, or at ``idle_copy_sharers`` such requests while a pod is idle) takes no more of the
+    prefix, which is then copied elsewhere; None = off."""
     tolerance: float = Field(default=0.1, ge=0, lt=1)
     """Candidates whose predicted-TTFT score is within this share of the best are near-equal."""
     work_weight: float = Field(default=1.0, ge=0)

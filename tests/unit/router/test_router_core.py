@@ -146,27 +146,55 @@ async def test_a_burst_with_one_new_prefix_follows_its_first_request_before_any_
     assert third.decision.predicted_hit_tokens == 0
 
 
-async def test_a_prefix_hot_on_its_pod_is_copied_once_that_pod_runs_four_more_requests():
-    """A stream of short questions behind one new system prompt follows its first request
-    (blocks in flight) until that pod carries the prefix in 4 requests and the others none:
-    the router counts the holder's requests sharing the prefix, and `holder-load` then copies it
-    to an idle pod instead of waiting for the 32-request gap a session's history gets."""
-    core = await _core_with_kv_events("kvgate")
-    chosen = []
-    for i in range(5):
+async def _send_stream(core: RoutingCore, count: int, prefix: list[int] = PREFIX) -> list:
+    """Send `count` short questions behind `prefix`, none finishing; returns their plans."""
+    plans = []
+    for i in range(count):
         request = ClientRequest(
-            {"model": "m", "prompt": [*PREFIX, 1, 2, i], "max_tokens": 4}, {}, "completion"
+            {"model": "m", "prompt": [*prefix, 1, 2, i], "max_tokens": 4}, {}, "completion"
         )
         plan = await core.plan(request)
         core.sent(request, plan, streaming=True)
-        chosen.append(plan.endpoint.id)
-    assert chosen[:4] == [chosen[0]] * 4
-    assert chosen[4] != chosen[0]
-    assert plan.decision.reason == "load-bound"
-    explained = {c["endpoint"]: c for c in plan.decision.to_dict()["candidates"]}
+        plans.append(plan)
+    return plans
+
+
+async def test_a_prefix_hot_on_its_pod_is_copied_once_that_pod_runs_four_more_requests():
+    """A stream of short questions behind one new system prompt follows its first request
+    (blocks in flight) while every pod is busy, until that pod carries the prefix in 5 requests
+    and the others run 1: the router counts the holder's requests sharing the prefix, and
+    `holder-load` then copies it instead of waiting for the 32-request gap a session's history
+    gets."""
+    core = await _core_with_kv_events("kvgate")
+    other_prefixes = (list(range(5000, 5512)), list(range(6000, 6512)))
+    busy = [(await _send_stream(core, 1, other))[0].endpoint.id for other in other_prefixes]
+    plans = await _send_stream(core, 6)
+    chosen = [p.endpoint.id for p in plans]
+    assert chosen[0] not in busy and len(set(busy)) == 2
+    assert chosen[:5] == [chosen[0]] * 5
+    assert chosen[5] != chosen[0]
+    assert plans[5].decision.reason == "load-bound"
+    explained = {c["endpoint"]: c for c in plans[5].decision.to_dict()["candidates"]}
     assert explained[chosen[0]]["dropped_by"] == "holder-load"
-    assert explained[chosen[0]]["prefix_sharers"] == 4
-    assert explained[chosen[4]]["prefix_sharers"] == 0
+    assert explained[chosen[0]]["prefix_sharers"] == 5
+    assert explained[chosen[5]]["prefix_sharers"] == 0
+
+
+async def test_a_burst_on_a_new_prefix_is_copied_to_idle_pods_at_two_requests_in_flight():
+    """While other pods idle, the third request of a burst does not wait for the first's
+    prefill on its pod: two requests in flight there carry the prefix, and `holder-load` copies
+    it to an idle pod; the next goes to that copy, the one after to the last idle pod."""
+    core = await _core_with_kv_events("kvgate")
+    plans = await _send_stream(core, 5)
+    chosen = [p.endpoint.id for p in plans]
+    assert chosen[1] == chosen[0]
+    assert chosen[2] != chosen[0]
+    assert plans[2].decision.reason == "load-bound"
+    explained = {c["endpoint"]: c for c in plans[2].decision.to_dict()["candidates"]}
+    assert explained[chosen[0]]["dropped_by"] == "holder-load"
+    assert explained[chosen[0]]["prefix_sharers"] == 2
+    assert chosen[3] == chosen[2]
+    assert len(set(chosen)) == 3 and chosen[4] not in chosen[:4]
 
 
 @pytest.mark.parametrize(

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from scoring_helpers import cycle_state, endpoint, fleet, random_case, request
 
-from kvgate.scoring.base import ChoiceHistory, EndpointSnapshot, EngineLoad
+from kvgate.scoring.base import ChoiceHistory, EndpointSnapshot, EngineLoad, RoutingRequest
 from kvgate.scoring.plugins.affinity_cap import AffinityCapFilter, AffinityCapParams
 from kvgate.scoring.plugins.class_isolation import ClassIsolationFilter, ClassIsolationParams
 from kvgate.scoring.plugins.healthy import HealthyFilter
@@ -168,6 +168,32 @@ def test_holder_load_copies_a_prefix_hot_on_its_holder_sooner() -> None:
     assert len(flt.filter(cycle_state(document, eps, {"pod-0": 2048}), eps)) == 3
     cheap = HolderLoadFilter(HolderLoadParams(hot_max_copy_seconds=5.0))
     assert len(cheap.filter(cycle_state(document, eps, {"pod-0": 2048}), eps)) == 2
+
+
+def test_holder_load_copies_a_burst_on_a_prefix_to_an_idle_pod() -> None:
+    """While a pod is idle, a holder with two requests in flight on the request's prefix (the
+    first still computing it) takes no more of it: the next request computes the prefix on the
+    idle pod instead of waiting for that prefill. One request in flight on the prefix (a
+    session's next turn), no idle pod, or a prefix that takes seconds to compute keep it."""
+    eps = [endpoint(0, in_flight=2), endpoint(1), endpoint(2, in_flight=1)]
+    flt = HolderLoadFilter()
+
+    def kept(
+        req: RoutingRequest, eps: list[EndpointSnapshot] = eps, blocks: int = 256
+    ) -> list[str]:
+        return [e.id for e in flt.filter(cycle_state(req, eps, {"pod-0": blocks}), eps)]
+
+    assert kept(request(prefix_sharers={"pod-0": 2})) == ["pod-1", "pod-2"]
+    assert kept(request(prefix_sharers={"pod-0": 1})) == ["pod-0", "pod-1", "pod-2"]
+    # pod-1 runs a request the engine reports (another router's): nobody is idle
+    running = EngineLoad(waiting=0, running=1, kv_cache_usage=0.1, observed_at=0.0)
+    busy = [endpoint(0, in_flight=2), endpoint(1, engine=running), endpoint(2, in_flight=1)]
+    assert kept(request(prefix_sharers={"pod-0": 2}), busy) == ["pod-0", "pod-1", "pod-2"]
+    document = request(32_768, prefix_sharers={"pod-0": 2})  # ~3 s to compute elsewhere
+    assert kept(document, blocks=2048) == ["pod-0", "pod-1", "pod-2"]
+    later = HolderLoadFilter(HolderLoadParams(idle_copy_sharers=3))
+    state = cycle_state(request(prefix_sharers={"pod-0": 2}), eps, {"pod-0": 256})
+    assert len(later.filter(state, eps)) == 3
 
 
 def test_holder_load_hot_bounds_need_a_pod_to_copy_the_prefix_to() -> None:

@@ -27,6 +27,14 @@ every pod hot, and the hot bounds would send a short request to the pods with th
 requests whatever their queues. The router counts the sharers from its own requests in flight
 (``RoutingRequest.prefix_sharers``); without them only the wide bounds apply.
 
+While a candidate is *idle* (no request in flight or reported), a burst on one prefix is copied
+at once: a holder carrying the prefix in ``idle_copy_sharers`` of its requests in flight is
+dropped (within ``hot_max_copy_seconds`` as above). The holder of a new prefix is usually still
+computing it, and the requests that follow would wait for that prefill, about as long as
+computing the prefix on the idle pod; the idle pod gains a copy without delaying anyone, where
+the hot bounds would make it later, one pod at a time, while requests queue. One request in
+flight on the prefix (a session's next turn, a second request of a group) keeps it.
+
 Load is max(router in-flight, engine running + waiting), as in ``load-bound``. Unlike that
 guard, pods without the prefix are never dropped and both bounds must be exceeded, so loads
 that differ by a few requests (the usual spread of sessions and prefix groups) keep their hits.
@@ -58,6 +66,9 @@ class HolderLoadParams(StrictParams):
     more than this many requests above the least-loaded candidate..."""
     hot_ratio: float = Field(default=2.0, ge=1.0)
     """...and above this multiple of its load takes no more of the prefix's requests..."""
+    idle_copy_sharers: int = Field(default=2, ge=1)
+    """While a candidate is idle, a holder with at least this many requests in flight carrying
+    the request's matched prefix takes no more of it (the prefix is copied to the idle pod)."""
     hot_max_copy_seconds: float = Field(default=0.5, ge=0)
     """...while a pod without the prefix would compute the request in at most this long (a
     longer prefix, such as a shared document, is copied at the wide bounds only)."""
@@ -84,7 +95,12 @@ class HolderLoadFilter:
                 return candidates
         least = min(est[e.id].load for e in targets)
         bound = max(least + p.max_gap_requests, p.max_ratio * least)
-        hot_bound = max(least + p.hot_gap_requests, p.hot_ratio * least)
+        if least > 0:
+            hot_sharers = p.hot_gap_requests
+            hot_bound = max(least + hot_sharers, p.hot_ratio * least)
+        else:  # an idle pod: a burst on the prefix is copied there at once
+            hot_sharers = p.idle_copy_sharers
+            hot_bound = hot_sharers - 1
         lowest = min(bound, hot_bound)
         if all(est[e.id].load <= lowest for e in candidates):  # the usual case
             return candidates
@@ -95,7 +111,7 @@ class HolderLoadFilter:
             hot = {
                 e.id
                 for e in holders
-                if est[e.id].load > hot_bound and sharers.get(e.id, 0) >= p.hot_gap_requests
+                if est[e.id].load > hot_bound and sharers.get(e.id, 0) >= hot_sharers
             }
             if (
                 hot - overloaded
