@@ -11,6 +11,7 @@ from kvgate.discovery.endpoints import EndpointSpec, LoadSample
 from kvgate.router.core.accounting import MAX_INFLIGHT_BLOCKS, Accounting
 from kvgate.router.core.learn import Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
+from kvgate.router.core.routing import RoutePlan
 
 BODY = {"model": "m", "prompt": list(range(64)), "max_tokens": 4}
 
@@ -146,7 +147,9 @@ async def test_a_burst_with_one_new_prefix_follows_its_first_request_before_any_
     assert third.decision.predicted_hit_tokens == 0
 
 
-async def _send_stream(core: RoutingCore, count: int, prefix: list[int] = PREFIX) -> list:
+async def _send_stream(
+    core: RoutingCore, count: int, prefix: list[int] = PREFIX
+) -> list[RoutePlan]:
     """Send `count` short questions behind `prefix`, none finishing; returns their plans."""
     plans = []
     for i in range(count):
