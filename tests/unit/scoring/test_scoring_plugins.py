@@ -194,6 +194,11 @@ def test_holder_load_copies_a_burst_on_a_prefix_to_an_idle_pod() -> None:
     later = HolderLoadFilter(HolderLoadParams(idle_copy_sharers=3))
     state = cycle_state(request(prefix_sharers={"pod-0": 2}), eps, {"pod-0": 256})
     assert len(later.filter(state, eps)) == 3
+    # above the hot gap the rule is off: the hot bounds (more than 3 above the idle pod) apply
+    off = HolderLoadFilter(HolderLoadParams(idle_copy_sharers=1000))
+    hot = [endpoint(0, in_flight=4), endpoint(1), endpoint(2, in_flight=1)]
+    state = cycle_state(request(prefix_sharers={"pod-0": 4}), hot, {"pod-0": 256})
+    assert [e.id for e in off.filter(state, hot)] == ["pod-1", "pod-2"]
 
 
 def test_holder_load_hot_bounds_need_a_pod_to_copy_the_prefix_to() -> None:

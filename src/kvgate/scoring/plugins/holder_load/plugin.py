@@ -68,7 +68,8 @@ class HolderLoadParams(StrictParams):
     """...and above this multiple of its load takes no more of the prefix's requests..."""
     idle_copy_sharers: int = Field(default=2, ge=1)
     """While a candidate is idle, a holder with at least this many requests in flight carrying
-    the request's matched prefix takes no more of it (the prefix is copied to the idle pod)."""
+    the request's matched prefix takes no more of it (the prefix is copied to the idle pod).
+    Above ``hot_gap_requests`` the rule is off (the hot bounds, looser then, apply)."""
     hot_max_copy_seconds: float = Field(default=0.5, ge=0)
     """...while a pod without the prefix would compute the request in at most this long (a
     longer prefix, such as a shared document, is copied at the wide bounds only)."""
@@ -95,10 +96,10 @@ class HolderLoadFilter:
                 return candidates
         least = min(est[e.id].load for e in targets)
         bound = max(least + p.max_gap_requests, p.max_ratio * least)
-        if least > 0:
-            hot_sharers = p.hot_gap_requests
-            hot_bound = max(least + hot_sharers, p.hot_ratio * least)
-        else:  # an idle pod: a burst on the prefix is copied there at once
+        hot_sharers = p.hot_gap_requests
+        hot_bound = max(least + hot_sharers, p.hot_ratio * least)
+        if least == 0 and p.idle_copy_sharers <= hot_sharers:
+            # an idle pod: a burst on the prefix is copied there at once
             hot_sharers = p.idle_copy_sharers
             hot_bound = hot_sharers - 1
         lowest = min(bound, hot_bound)
