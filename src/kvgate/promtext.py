@@ -92,15 +92,20 @@ def newest_sample(text: str, name: str) -> Sample | None:
     current time under a new label set each time (vLLM's `vllm:lora_requests_info`), the
     current one. None when `text` has no such sample."""
     newest: Sample | None = None
+    for sample in samples_named(text, name):
+        if not math.isnan(sample.value) and (newest is None or sample.value > newest.value):
+            newest = sample
+    return newest
+
+
+def samples_named(text: str, name: str) -> Iterator[Sample]:
+    """Every well-formed sample of `name` in `text`, in order."""
     for line in text.split("\n"):
         if not line.startswith(name):
             continue
         sample = _parse_line(line.rstrip("\r"))
-        if sample is None or sample.name != name or math.isnan(sample.value):
-            continue
-        if newest is None or sample.value > newest.value:
-            newest = sample
-    return newest
+        if sample is not None and sample.name == name:
+            yield sample
 
 
 def _value(fields: list[str]) -> float | None:

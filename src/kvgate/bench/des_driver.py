@@ -19,7 +19,8 @@ learns over the network, it learns here through the same code, driven by
   :class:`kvgate.directory.subscriber.PodSubscriber` (the indexer's code) into the pool's memory
   directory;
 - **load**: every ``load_metrics.scrape_interval_seconds`` each pod's ``/metrics`` as a scrape
-  would read it (waiting, running, KV usage) goes to ``core.load_scraped``;
+  would read it (waiting, running, KV usage, KV cache size and tokens written) goes to
+  ``core.load_scraped``;
 - **scale-up** (``scale``: at time t, n more pods): the pods join the fleet with empty caches and
   the endpoint set, every replica's ``core.endpoints_changed`` hears of them, and the warm
   requests each core hands out go to their pods as each live router's warmer sends them
@@ -415,11 +416,16 @@ class RouterDriver(FleetDriver):
         if not scrape and not sample:
             return added
         for index, engine in enumerate(fleet.engines):
+            stats = engine.stats
             load = ScrapedLoad(
                 waiting=float(engine.num_waiting),
                 running=float(engine.num_running),
                 kv_cache_usage=engine.kv_cache.usage,
                 scraped_at=now,
+                kv_capacity_tokens=engine.num_gpu_blocks * engine.config.block_size,
+                kv_written_tokens=float(
+                    stats.prefix_cache_queries - stats.prefix_cache_hits + stats.generation_tokens
+                ),
             )
             if scrape:
                 self.peak_kv_usage = max(self.peak_kv_usage, load.kv_cache_usage)

@@ -50,6 +50,19 @@ class LoadSample:
     running_lora_adapters: frozenset[str] = frozenset()
     waiting_lora_adapters: frozenset[str] = frozenset()
     max_lora: int = 0
+    # vllm:cache_config_info: the KV cache's size in tokens (num_gpu_blocks x block_size; 0 =
+    # not reported), and the tokens the engine has written into it since it started: prompt
+    # tokens computed (vllm:prefix_cache_queries - vllm:prefix_cache_hits) and tokens generated
+    # (vllm:generation_tokens); None = not reported.
+    kv_capacity_tokens: int = 0
+    kv_written_tokens: float | None = None
+
+    @property
+    def kv_filled(self) -> bool:
+        """The engine has written at least its KV cache's size since it started: from then on,
+        each token it writes evicts a block used earlier (vLLM frees the least recently used)."""
+        written = self.kv_written_tokens
+        return written is not None and 0 < self.kv_capacity_tokens <= written
 
 
 @dataclass

@@ -16,7 +16,7 @@ A **policy** turns one request into one decision:
   source of randomness; ``history``: which pods earlier decisions chose (read only here).
 
 The pipeline is **pure**: no I/O, no clock reads, no mutation of its inputs (the ``rng`` advances,
-nothing else changes). The caller records the outcome: ``history.record(decision.endpoint_id)``
+nothing else changes). The caller records the outcome: ``history.record(decision.endpoint_id, ...)``
 after each decision it acts on. The same code therefore runs in the live router and in the
 simulator's discrete-event mode.
 
@@ -38,6 +38,7 @@ parameters through :class:`kvgate.scoring.registry.PluginRegistry`.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -79,6 +80,11 @@ class EngineLoad:
     # The router's requests there with no first token yet when this was scraped (the waiting
     # count includes them); None = unknown: the snapshot's current count stands in.
     pending_at_scrape: int | None = None
+    # The KV cache's size in tokens (0 = not reported), and whether the engine has written at
+    # least that many tokens into it since it started (from then on, each one it writes evicts
+    # a block used earlier): kvgate.discovery.endpoints.LoadSample.
+    kv_capacity_tokens: int = 0
+    kv_filled: bool = False
 
     def foreign_waiting(self, pending_now: int) -> int:
         """Waiting requests that are not this router's (other replicas', direct clients'), as
@@ -149,31 +155,49 @@ class CostEstimate(NamedTuple):
         return self.queue_seconds + self.prefill_seconds
 
 
+UNCACHED_HALF_LIFE_SECONDS = 120.0
+"""Long enough to span many requests on a pod, short enough to follow a change of traffic."""
+
+
 class ChoiceHistory:
-    """Which endpoint each decision chose, in order. Owned (and updated) by the caller.
+    """Which endpoint each decision chose, in order, and how much prompt it sent each one to
+    compute lately. Owned (and updated) by the caller.
 
     Policies only read it: ``last_chosen(id)`` is the sequence number of the most recent decision
     that chose ``id`` (-1 = never), so "least recently chosen" is the smallest value. Round robin
     and no-hit spreading use it; it survives endpoints joining and leaving.
+    ``recent_uncached_tokens(id, now)``: the uncached prompt tokens of the decisions that chose
+    ``id``, each decayed with a half-life of ``UNCACHED_HALF_LIFE_SECONDS``: how fast this router
+    writes into that pod's KV cache (``least-turnover`` ties).
     """
 
-    __slots__ = ("_last", "_seq")
+    __slots__ = ("_last", "_seq", "_uncached")
 
     def __init__(self) -> None:
         self._seq = 0
         self._last: dict[str, int] = {}
+        self._uncached: dict[str, tuple[float, float]] = {}  # id -> (decayed tokens, as of)
 
-    def record(self, endpoint_id: str) -> None:
-        """Note that the latest decision chose ``endpoint_id``."""
+    def record(self, endpoint_id: str, uncached_tokens: int = 0, now: float = 0.0) -> None:
+        """Note that the latest decision chose ``endpoint_id``, to compute ``uncached_tokens``
+        of its prompt there (``now``: the decision's clock value)."""
         self._last[endpoint_id] = self._seq
         self._seq += 1
+        if uncached_tokens > 0:
+            recent = self.recent_uncached_tokens(endpoint_id, now)
+            self._uncached[endpoint_id] = (recent + uncached_tokens, now)
 
     def last_chosen(self, endpoint_id: str) -> int:
         return self._last.get(endpoint_id, -1)
 
+    def recent_uncached_tokens(self, endpoint_id: str, now: float) -> float:
+        tokens, at = self._uncached.get(endpoint_id, (0.0, now))
+        return tokens * math.pow(0.5, max(0.0, now - at) / UNCACHED_HALF_LIFE_SECONDS)
+
     def forget(self, endpoint_id: str) -> None:
         """Drop a departed endpoint (keeps the history bounded by the fleet size)."""
         self._last.pop(endpoint_id, None)
+        self._uncached.pop(endpoint_id, None)
 
     def __len__(self) -> int:
         return len(self._last)

@@ -104,7 +104,10 @@ class KvgateParams(StrictParams):
     tie_break: TieBreak = "least-load"
     """Among near-equal candidates with a hit: the pod with the fewest requests (a random draw
     piles requests that every pod holds onto a few pods; docs/scoring.md)."""
-    no_hit_tie_break: TieBreak = "least-load"
+    no_hit_tie_break: TieBreak = "least-turnover"
+    """Among near-equal candidates none of which holds any of the prompt: the pod with the
+    fewest requests, then, once every such pod's KV cache has filled, the one whose cache turns
+    over slowest: what the prompt evicts there was used longest ago (docs/scoring.md)."""
     partial_hit_tie_break: TieBreak = "least-recent"
     """Among near-equal candidates that each hold less than ``affinity.affinity_threshold`` of
     the prompt (a new conversation on a system prompt every pod holds): the pod chosen least

@@ -14,6 +14,7 @@ import pytest
 from tests.integration.sim.processes import SimFactory, SimProcess
 
 from kvgate.promtext import sum_samples
+from kvgate.router.http.scrape import parse_load
 
 RUNNING = "vllm:num_requests_running"
 LONG_TEXT = "The quick brown fox jumps over the lazy dog. " * 60  # ~675 fallback tokens
@@ -224,3 +225,25 @@ def test_time_scale_stretches_wall_clock_latency(start_sim: SimFactory) -> None:
     ttft = float(resp.headers["x-sim-ttft-seconds"])
     assert 0.08 < ttft < 0.2  # 3000 uncached tokens on the default H100 profile
     assert wall >= 20 * ttft * 0.95
+
+
+def test_a_router_reads_the_kv_cache_size_and_when_it_has_filled(start_sim: SimFactory) -> None:
+    """What the router's scrape makes of a pod's /metrics (`parse_load`): the cache's size
+    from `vllm:cache_config_info`, and the tokens written into it from the counters; once
+    they reach the size, every new block evicts one (`least-turnover` ties, docs/scoring.md)."""
+    small = start_sim(
+        "--model", "m", "--max-model-len", "1024", "--block-size", "16",
+        "--num-gpu-blocks-override", "80", "--enable-prefix-caching",
+    )  # fmt: skip
+    before = parse_load(small.client.get("/metrics", timeout=10).text, now=1.0)
+    assert before.kv_capacity_tokens == 80 * 16
+    assert before.kv_written_tokens == 0 and not before.kv_filled
+    for i in range(3):  # 3 x 500 new prompt tokens + 3 x 8 generated > 1,280
+        prompt = list(range(i * 1000, i * 1000 + 500))
+        resp = small.client.post(
+            "/v1/completions", json={"model": "m", "prompt": prompt, "max_tokens": 8}
+        )
+        assert resp.status_code == 200
+    after = parse_load(small.client.get("/metrics", timeout=10).text, now=2.0)
+    assert after.kv_written_tokens == 3 * 500 + 3 * 8
+    assert after.kv_filled

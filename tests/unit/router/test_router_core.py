@@ -345,6 +345,29 @@ async def test_ttfts_teach_one_prefill_rate_per_pool():
     assert priced == {sorted(rates)[1]}  # the median, for every pod
 
 
+async def test_a_cold_prompt_goes_where_this_router_wrote_least_into_a_filled_cache():
+    """Once every pod reports a KV cache it has filled (each token written there evicts a
+    block), a prompt no pod holds goes, among the pods with the fewest requests, to the one
+    this router sent the fewest uncached prompt tokens lately: vLLM evicts the least recently
+    used block first, so there it evicts the blocks used longest ago."""
+    core, now = await _core(3)
+    for ep in core.endpoints.all():
+        full = LoadSample(scraped_at=now[0], kv_capacity_tokens=1000, kv_written_tokens=5000.0)
+        core.load_scraped(ep, full)
+    chosen = []
+    for i, length in enumerate([64, 48, 32, 40]):
+        body = {"model": "m", "prompt": [i * 1000 + k for k in range(length)], "max_tokens": 4}
+        request = ClientRequest(body, {}, "completion")
+        plan = await core.plan(request)
+        assert plan.decision.to_dict()["tie_break"] == "least-turnover"
+        attempt = core.sent(request, plan, streaming=True)
+        core.cancelled(plan, attempt)  # done: every pod has no request again
+        chosen.append(plan.endpoint.id)
+        now[0] += 0.1  # the scrapes stay fresh
+    assert len(set(chosen[:3])) == 3  # each went where nothing had been written yet
+    assert chosen[3] == chosen[2]  # then to the pod sent the fewest tokens (32)
+
+
 async def test_explain_records_nothing():
     core, _now = await _core()
     before = [core.router.history.last_chosen(ep.id) for ep in core.endpoints.all()]

@@ -165,6 +165,34 @@ def test_parse_load_reads_the_newest_lora_requests_info():
     assert bad.max_lora == 0 and bad.running_lora_adapters == {"a"}
 
 
+def test_parse_load_reads_the_kv_cache_size_and_the_tokens_written_into_it():
+    # vLLM's exposition (prometheus_client counters end in _total); two data-parallel engines
+    text = "\n".join(
+        [
+            'vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="1000"} 1.0',
+            'vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="500"} 1.0',
+            'vllm:prefix_cache_queries_total{engine="0"} 9000.0',
+            'vllm:prefix_cache_queries_total{engine="1"} 1000.0',
+            'vllm:prefix_cache_queries_created{engine="0"} 1.7e9',
+            'vllm:prefix_cache_hits_total{engine="0"} 4000.0',
+            'vllm:generation_tokens_total{engine="0"} 250.0',
+        ]
+    )
+    load = parse_load(text, now=1.0)
+    assert load.kv_capacity_tokens == 1500 * 16
+    assert load.kv_written_tokens == 10_000 - 4000 + 250
+    assert not load.kv_filled  # 6,250 tokens written into a 24,000-token cache
+    assert parse_load(text.replace("9000.0", "30000.0"), now=1.0).kv_filled
+    # before the cache is allocated, or without the counters: unknown
+    early = parse_load('vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1', now=1.0)
+    assert early.kv_capacity_tokens == 0 and early.kv_written_tokens is None
+    assert not early.kv_filled
+    huge = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="' + "9" * 5000 + '"} 1'
+    assert parse_load(huge, now=1.0).kv_capacity_tokens == 0
+    partial = parse_load("vllm:prefix_cache_queries_total 5\nvllm:prefix_cache_hits_total 1", 1.0)
+    assert partial.kv_written_tokens is None  # no generation counter: not vLLM's set
+
+
 def test_quick_start_flags_build_a_config():
     parser = argparse.ArgumentParser()
     add_arguments(parser)

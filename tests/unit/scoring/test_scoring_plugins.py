@@ -360,6 +360,45 @@ def test_near_equal_no_hit_tie_break_applies_only_without_hits() -> None:
     assert warm_ids == {"pod-0", "pod-1", "pod-2"}
 
 
+def test_near_equal_least_turnover_places_a_cold_prompt_where_the_cache_turns_over_slowest() -> (
+    None
+):
+    """Among the pods with the fewest requests, once every one's KV cache has filled: the one
+    this router sent the fewest uncached prompt tokens lately for its cache's size; before
+    that, any of them."""
+    history = ChoiceHistory()
+    for pod_id, tokens, at in [("pod-0", 1000, 0.0), ("pod-1", 90_000, 0.0),
+                               ("pod-2", 60_000, 0.0), ("pod-3", 40_000, 0.0)]:  # fmt: skip
+        history.record(pod_id, tokens, at)
+
+    def pod(i: int, in_flight: int, filled: bool = True, capacity: int = 100_000):
+        engine = EngineLoad(0, in_flight, 0.5, 1.0, kv_capacity_tokens=capacity, kv_filled=filled)
+        return endpoint(i, in_flight=in_flight, engine=engine)
+
+    picker = NearEqualPicker(NearEqualParams(tie_break="random", no_hit_tie_break="least-turnover"))
+    ties = [1.0] * 4
+
+    def picks(eps: list[EndpointSnapshot], hit: int = 0, now: float = 0.0) -> set[str]:
+        matched = {e.id: hit for e in eps}
+        return {picker.pick(cycle_state(request(), eps, matched, history=history, seed=s, now=now),
+                            eps, ties).id for s in range(40)}  # fmt: skip
+
+    # pod-0 has more requests; of the rest, pod-2 was sent the fewest tokens for its size
+    filled = [pod(0, 2), pod(1, 1), pod(2, 1, capacity=200_000), pod(3, 1)]
+    assert picks(filled) == {"pod-2"}  # 0.3 of its cache against 0.4 and 0.9
+    # the tokens decay with a half-life of two minutes
+    history.record("pod-3", 40_000, 120.0)  # pod-3: 20,000 + 40,000 of 100,000
+    assert history.recent_uncached_tokens("pod-3", 120.0) == pytest.approx(60_000)
+    assert picks(filled, now=120.0) == {"pod-2"}  # 0.15 against 0.45 (pod-1) and 0.6
+    history.record("pod-2", 80_000, 120.0)  # pod-2: 30,000 + 80,000 of 200,000
+    assert picks(filled, now=120.0) == {"pod-1"}  # 0.45 against 0.55 and 0.6
+    # a pod whose cache has not filled (nothing evicted yet) or reports no size: any of them
+    assert picks([*filled[:3], pod(3, 1, filled=False)], now=120.0) == {"pod-1", "pod-2", "pod-3"}
+    assert picks([*filled[:3], pod(3, 1, capacity=0)], now=120.0) == {"pod-1", "pod-2", "pod-3"}
+    # with a hit, tie_break applies instead
+    assert picks(filled, hit=10, now=120.0) == {"pod-0", "pod-1", "pod-2", "pod-3"}
+
+
 def test_near_equal_partial_hit_tie_break_applies_below_the_share() -> None:
     """A request every pod holds only the head of (a new conversation on a shared system prompt)
     goes to the pod chosen least recently; one they hold most of, or whose rest is a long

@@ -388,7 +388,7 @@ def test_decision_explains_every_candidate() -> None:
     assert body["predicted_hit_tokens"] == 1600
     assert body["tie_break"] is None  # the holder led alone
     cold = decide("kvgate", request(4096), eps, {}).to_dict()
-    assert cold["tie_break"] == "least-load" and cold["reason"] == "no-hit-spread"
+    assert cold["tie_break"] == "least-turnover" and cold["reason"] == "no-hit-spread"
     assert decide("round-robin", request(4096), eps, {}).to_dict()["tie_break"] is None
     by_id = {c["endpoint"]: c for c in body["candidates"]}
     assert by_id["pod-1"]["dropped_by"] == "healthy"

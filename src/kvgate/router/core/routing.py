@@ -191,7 +191,8 @@ class Router:
                 body_bytes=body_bytes,
             )  # fmt: skip
         if record:
-            self.history.record(decision.endpoint_id)
+            uncached = max(0, keys.prompt_tokens - decision.predicted_hit_tokens)
+            self.history.record(decision.endpoint_id, uncached, now)
         return RoutePlan(
             classification=cls,
             kind=kind,
@@ -293,6 +294,8 @@ class Router:
                         load.max_lora,
                         frozenset(ep.recent_lora_adapters),
                         ep.pending_at_scrape,
+                        load.kv_capacity_tokens,
+                        load.kv_filled,
                     )
                     if scraped > 0 and now - scraped <= stale
                     else None,

@@ -6,7 +6,9 @@ timeout), parses the three gauges routing needs (`vllm:num_requests_waiting`,
 serving LoRA adapters, `vllm:lora_requests_info` (the newest of its label sets: vLLM sets a new
 one to the current time after each step and leaves the old ones exposed; its labels
 `running_lora_adapters` / `waiting_lora_adapters` are comma-joined adapter names, `max_lora` the
-adapters a batch may use), and stores them with the time of the scrape. Both a scrape and its failure go to the routing core, which owns
+adapters a batch may use), and what says how fast its KV cache turns over (`vllm:cache_config_info`'s
+`num_gpu_blocks` x `block_size`, and the tokens written into it: `vllm:prefix_cache_queries` -
+`vllm:prefix_cache_hits` + `vllm:generation_tokens`), and stores them with the time of the scrape. Both a scrape and its failure go to the routing core, which owns
 endpoint state: a failed scrape counts as a health failure there (enough in a row eject the pod
 until it answers again).
 Load older than `stale_after` is treated as unknown by the scoring snapshot.
@@ -21,7 +23,7 @@ import time
 from collections.abc import Callable
 
 from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
-from kvgate.promtext import newest_sample, sum_samples
+from kvgate.promtext import newest_sample, samples_named, sum_samples
 from kvgate.router.core.lifecycle import RoutingCore
 from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
 from kvgate.tasks import cancel_and_wait
@@ -35,6 +37,14 @@ _WANTED = {
     # vLLM < 0.10 spelled it gpu_cache_usage_perc.
     "vllm:gpu_cache_usage_perc": "kv_cache_usage",
 }
+# The tokens an engine writes into its KV cache: prompt tokens computed (queried less those
+# found cached) and tokens generated (LoadSample.kv_filled).
+_QUERIES, _HITS, _GENERATED = (
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    "vllm:generation_tokens_total",
+)
+CACHE_INFO = "vllm:cache_config_info"
 LORA_INFO = "vllm:lora_requests_info"
 MAX_LORA_ADAPTERS = 1024  # names kept per pod: a label is bounded by the page, this by count
 MAX_LORA_NAME_CHARS = 253
@@ -55,6 +65,10 @@ def parse_load(text: str, now: float) -> LoadSample:
         waiting = _adapter_names(info.labels.get("waiting_lora_adapters", ""))
         with contextlib.suppress(ValueError):
             max_lora = max(0, int(info.labels.get("max_lora", "0")))
+    writes = sum_samples(text, (_QUERIES, _HITS, _GENERATED))
+    written = None
+    if len(writes) == 3:
+        written = max(0.0, writes[_QUERIES] - writes[_HITS]) + max(0.0, writes[_GENERATED])
     return LoadSample(
         waiting=values["waiting"],
         running=values["running"],
@@ -63,7 +77,26 @@ def parse_load(text: str, now: float) -> LoadSample:
         running_lora_adapters=running,
         waiting_lora_adapters=waiting,
         max_lora=max_lora,
+        kv_capacity_tokens=kv_capacity_tokens(text),
+        kv_written_tokens=written,
     )
+
+
+def kv_capacity_tokens(text: str) -> int:
+    """The KV cache's size in tokens, from `vllm:cache_config_info`'s labels `num_gpu_blocks`
+    and `block_size` (summed over its label sets: one per engine of a data-parallel pod); 0
+    when no label set states both as positive integers (vLLM states "None" before the cache is
+    allocated)."""
+    total = 0
+    for sample in samples_named(text, CACHE_INFO):
+        try:
+            blocks = int(sample.labels.get("num_gpu_blocks", ""))
+            block_size = int(sample.labels.get("block_size", ""))
+        except ValueError:  # "None", or too many digits for int()
+            continue
+        if blocks > 0 and block_size > 0:
+            total += blocks * block_size
+    return total
 
 
 def _adapter_names(label: str) -> frozenset[str]:

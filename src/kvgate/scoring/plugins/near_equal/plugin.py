@@ -6,7 +6,12 @@ best. One of them is chosen by ``tie_break``:
 - ``random``: uniformly, from the injected rng (bursts and several router replicas that see
   the same state do not all herd onto the same pod);
 - ``least-recent``: the one this router chose least recently (ties: random);
-- ``least-load``: the one with the fewest requests (ties: random).
+- ``least-load``: the one with the fewest requests (ties: random);
+- ``least-turnover``: the one with the fewest requests and, among those, once every one reports
+  a KV cache that has filled, the one this router sent the fewest uncached prompt tokens lately
+  for its cache's size (``ChoiceHistory.recent_uncached_tokens``): vLLM evicts the least
+  recently used block first, so the new blocks there evict the ones used longest ago (ties, or
+  a pod whose cache has not filled or that reports no size: random).
 
 When no candidate in the near-equal set holds any of the prompt (no prefix hit), ``no_hit_tie_break``
 applies instead (default: same as ``tie_break``): spreading cold requests by recency keeps one
@@ -30,7 +35,7 @@ from pydantic import Field
 from kvgate.scoring.base import CostEstimate, CycleState, EndpointSnapshot
 from kvgate.scoring.params import StrictParams
 
-TieBreak = Literal["random", "least-recent", "least-load"]
+TieBreak = Literal["random", "least-recent", "least-load", "least-turnover"]
 T = TypeVar("T")
 
 
@@ -64,9 +69,11 @@ class NearEqualPicker:
             last = state.history.last_chosen
             oldest = min(last(e.id) for e in near)
             near = [e for e in near if last(e.id) == oldest]
-        elif mode == "least-load":
+        elif mode in ("least-load", "least-turnover"):
             lowest = min(est[e.id].load for e in near)
             near = [e for e in near if est[e.id].load == lowest]
+            if mode == "least-turnover" and len(near) > 1:
+                near = _slowest_turnover(state, near)
         if len(near) == 1:
             return near[0]
         return near[state.rng.randrange(len(near))]
@@ -92,3 +99,18 @@ class NearEqualPicker:
         ):
             return p.partial_hit_tie_break
         return p.tie_break
+
+
+def _slowest_turnover(state: CycleState, near: list[EndpointSnapshot]) -> list[EndpointSnapshot]:
+    """The candidates whose KV cache turns over slowest: the fewest uncached prompt tokens this
+    router sent them lately for their cache's size. All of them unless every one reports a
+    cache that has filled (until then, a pod's new blocks need not evict anything)."""
+    turnover = []
+    for e in near:
+        engine = e.engine
+        if engine is None or not engine.kv_filled or engine.kv_capacity_tokens <= 0:
+            return near
+        sent = state.history.recent_uncached_tokens(e.id, state.now)
+        turnover.append(sent / engine.kv_capacity_tokens)
+    slowest = min(turnover)
+    return [e for e, t in zip(near, turnover, strict=True) if t == slowest]
