@@ -6,11 +6,12 @@ timeout), parses the three gauges routing needs (`vllm:num_requests_waiting`,
 serving LoRA adapters, `vllm:lora_requests_info` (the newest of its label sets: vLLM sets a new
 one to the current time after each step and leaves the old ones exposed; its labels
 `running_lora_adapters` / `waiting_lora_adapters` are comma-joined adapter names, `max_lora` the
-adapters a batch may use), and what says how fast its KV cache turns over (`vllm:cache_config_info`'s
-`num_gpu_blocks` x `block_size`, and the tokens written into it: `vllm:prefix_cache_queries` -
-`vllm:prefix_cache_hits` + `vllm:generation_tokens`), and stores them with the time of the scrape. Both a scrape and its failure go to the routing core, which owns
-endpoint state: a failed scrape counts as a health failure there (enough in a row eject the pod
-until it answers again).
+adapters a batch may use), and whether its KV cache has filled (`vllm:cache_config_info`'s
+`num_gpu_blocks` x `block_size` against the tokens written into it since the engine started:
+`vllm:prefix_cache_queries` - `vllm:prefix_cache_hits` + `vllm:generation_tokens`), and stores
+them with the time of the scrape. Both a scrape and its failure go to the routing core, which
+owns endpoint state: a failed scrape counts as a health failure there (enough in a row eject the
+pod until it answers again).
 Load older than `stale_after` is treated as unknown by the scoring snapshot.
 """
 
