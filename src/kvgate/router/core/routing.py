@@ -190,10 +190,7 @@ class Router:
                 classification=cls, keys_by_pool=keys_by_pool, record=record,
                 body_bytes=body_bytes,
             )  # fmt: skip
-        if record:
-            uncached = max(0, keys.prompt_tokens - decision.predicted_hit_tokens)
-            self.history.record(decision.endpoint_id, uncached, now)
-        return RoutePlan(
+        plan = RoutePlan(
             classification=cls,
             kind=kind,
             keys=keys,
@@ -203,6 +200,9 @@ class Router:
             decision_seconds=time.perf_counter() - started,
             added_cache=added,
         )
+        if record:
+            self.history.record(decision.endpoint_id, plan.uncached_tokens, now)
+        return plan
 
     async def _pool_keys(
         self,
