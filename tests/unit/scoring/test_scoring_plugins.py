@@ -446,6 +446,8 @@ def test_round_robin_cycles_and_takes_newcomers_first() -> None:
 def test_history_forgets_a_departed_pod() -> None:
     history = ChoiceHistory()
     for eid in ["pod-0", "pod-1", "pod-2"]:
-        history.record(eid)
+        history.record(eid, uncached_tokens=100, now=1.0)
     history.forget("pod-1")
     assert history.last_chosen("pod-1") == -1 and len(history) == 2
+    assert history.recent_uncached_tokens("pod-1", 1.0) == 0.0
+    assert history.recent_uncached_tokens("pod-2", 1.0) == 100.0
