@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -49,14 +50,16 @@ CACHE_INFO = "vllm:cache_config_info"
 LORA_INFO = "vllm:lora_requests_info"
 MAX_LORA_ADAPTERS = 1024  # names kept per pod: a label is bounded by the page, this by count
 MAX_LORA_NAME_CHARS = 253
+MAX_CACHED_LINE_CHARS = 4096  # vllm:cache_config_info lines parsed once (256 kept: <= 1 MiB)
 
 
 def parse_load(text: str, now: float) -> LoadSample:
     """Extract the load gauges from Prometheus text exposition; missing ones read as 0."""
     values: dict[str, float] = {"waiting": 0.0, "running": 0.0, "kv_cache_usage": 0.0}
-    for name, total in sum_samples(text, _WANTED).items():
-        field = _WANTED[name]
-        values[field] = values.get(field, 0.0) + total
+    found = sum_samples(text, (*_WANTED, _QUERIES, _HITS, _GENERATED))  # one pass over the page
+    for name, field in _WANTED.items():
+        if name in found:
+            values[field] += found[name]
     running: frozenset[str] = frozenset()
     waiting: frozenset[str] = frozenset()
     max_lora = 0
@@ -66,10 +69,9 @@ def parse_load(text: str, now: float) -> LoadSample:
         waiting = _adapter_names(info.labels.get("waiting_lora_adapters", ""))
         with contextlib.suppress(ValueError):
             max_lora = max(0, int(info.labels.get("max_lora", "0")))
-    writes = sum_samples(text, (_QUERIES, _HITS, _GENERATED))
     written = None
-    if len(writes) == 3:
-        written = max(0.0, writes[_QUERIES] - writes[_HITS]) + max(0.0, writes[_GENERATED])
+    if _QUERIES in found and _HITS in found and _GENERATED in found:
+        written = max(0.0, found[_QUERIES] - found[_HITS]) + max(0.0, found[_GENERATED])
     return LoadSample(
         waiting=values["waiting"],
         running=values["running"],
@@ -87,17 +89,33 @@ def kv_capacity_tokens(text: str) -> int:
     """The KV cache's size in tokens, from `vllm:cache_config_info`'s labels `num_gpu_blocks`
     and `block_size` (summed over its label sets: one per engine of a data-parallel pod); 0
     when no label set states both as positive integers (vLLM states "None" before the cache is
-    allocated)."""
+    allocated). The lines are found without splitting the page, and each is parsed once: they
+    do not change between scrapes."""
     total = 0
-    for sample in samples_named(text, CACHE_INFO):
+    start = text.find(CACHE_INFO)
+    while start >= 0:
+        end = text.find("\n", start)
+        if start == 0 or text[start - 1] == "\n":
+            line = text[start : end if end >= 0 else len(text)]
+            cached = len(line) <= MAX_CACHED_LINE_CHARS
+            total += _cached_line_capacity(line) if cached else _line_capacity(line)
+        start = text.find(CACHE_INFO, start + 1) if end >= 0 else -1
+    return total
+
+
+def _line_capacity(line: str) -> int:
+    for sample in samples_named(line, CACHE_INFO):
         try:
             blocks = int(sample.labels.get("num_gpu_blocks", ""))
             block_size = int(sample.labels.get("block_size", ""))
         except ValueError:  # "None", or too many digits for int()
-            continue
+            return 0
         if blocks > 0 and block_size > 0:
-            total += blocks * block_size
-    return total
+            return blocks * block_size
+    return 0
+
+
+_cached_line_capacity = functools.lru_cache(maxsize=256)(_line_capacity)
 
 
 def _adapter_names(label: str) -> frozenset[str]:
