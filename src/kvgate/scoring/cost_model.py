@@ -24,8 +24,9 @@ For endpoint *p* with prefill rate *r_p* (tokens/s):
 ``queued_tokens_p`` = the uncached tokens this router has sent to *p* and not yet seen a first byte
 for, plus, for requests the engine reports waiting beyond those (other router replicas, direct
 clients), ``foreign_request_tokens`` each; "those" are counted when the engine was scraped
-(``EngineLoad.pending_at_scrape``), since its waiting count is as old as the scrape. Engine
-numbers older than ``stale_after_seconds`` are ignored (the router's own counts remain).
+(``EngineLoad.pending_at_scrape``), since its waiting count is as old as the scrape. A pod with
+no fresh engine report (``EndpointSnapshot.engine`` is None) is priced on the router's own
+counts.
 ``r_p`` is the pod's learned estimate (:mod:`kvgate.scoring.prefill_rate`); for a pod not
 measured yet, the mean learned rate of the candidates of the same pool that are measured, and
 only when none is, the ``prior_prefill_tokens_per_second``. (With the prior alone, an
@@ -70,8 +71,6 @@ class CostModelParams(BaseModel):
     """Penalty at 100% KV cache usage; linear from the threshold."""
     approximate_hit_discount: float = Field(default=0.9, ge=0, le=1)
     """Approximate keys (char blocks, routing history) may be wrong: count this share of a hit."""
-    stale_after_seconds: float = Field(default=2.0, gt=0)
-    """Engine-reported load older than this is ignored."""
     cpu_load_tokens_per_second: float = Field(default=380_000.0, gt=0)
     """How fast a CPU-tier hit is copied back to the GPU (pools with `cpu_offload`): host-to-
     device bandwidth over KV bytes per token. Default: PCIe Gen5 x16 at ~50 GB/s over
@@ -100,7 +99,6 @@ class CostModel:
         "_min_fraction",
         "_prior",
         "_slot_wait",
-        "_stale",
         "params",
     )
 
@@ -115,7 +113,6 @@ class CostModel:
         self._kv_threshold = p.kv_pressure_threshold
         self._kv_seconds = p.kv_pressure_seconds
         self._approx = p.approximate_hit_discount
-        self._stale = p.stale_after_seconds
         self._cpu_rate = p.cpu_load_tokens_per_second
         self._lora_load = p.lora_load_seconds
         self._lora_slot_wait = p.lora_slot_wait_seconds
@@ -147,7 +144,6 @@ class CostModel:
         request: RoutingRequest,
         endpoint: EndpointSnapshot,
         matched_blocks: int,
-        now: float,
         unmeasured_rate: float | None = None,
         gpu_blocks: int | None = None,
     ) -> CostEstimate:
@@ -165,7 +161,7 @@ class CostModel:
         load = endpoint.in_flight
         queue = 0.0
         engine = endpoint.engine
-        if engine is not None and now - engine.observed_at <= self._stale:
+        if engine is not None:
             running = engine.running if engine.running > 0 else 0
             waiting = engine.waiting if engine.waiting > 0 else 0
             fraction = 1.0 - running / self._max_batched
@@ -206,17 +202,14 @@ class CostModel:
         request: RoutingRequest,
         endpoints: Sequence[EndpointSnapshot],
         matched_blocks: Mapping[str, int],
-        now: float,
     ) -> dict[str, CostEstimate]:
         get = matched_blocks.get
         estimate = self.estimate
         peers = self.unmeasured_rates(endpoints)
         on_gpu = request.gpu_matched_blocks
         if on_gpu is None:
-            return {
-                e.id: estimate(request, e, get(e.id, 0), now, peers.get(e.pool)) for e in endpoints
-            }
+            return {e.id: estimate(request, e, get(e.id, 0), peers.get(e.pool)) for e in endpoints}
         return {
-            e.id: estimate(request, e, get(e.id, 0), now, peers.get(e.pool), on_gpu.get(e.id, 0))
+            e.id: estimate(request, e, get(e.id, 0), peers.get(e.pool), on_gpu.get(e.id, 0))
             for e in endpoints
         }

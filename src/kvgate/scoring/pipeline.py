@@ -85,7 +85,7 @@ class PipelinePolicy:
     ) -> Decision:
         if not endpoints:
             raise NoEligibleEndpointError("no endpoints serve this model")
-        estimates = self.cost_model.estimate_all(request, endpoints, matched_blocks, now)
+        estimates = self.cost_model.estimate_all(request, endpoints, matched_blocks)
         state = CycleState(
             request=request,
             matched_blocks=matched_blocks,

@@ -307,6 +307,21 @@ async def test_a_scrape_remembers_which_waiting_requests_were_ours():
     assert lines[plan.endpoint.id]["foreign_waiting"] == 3
 
 
+async def test_an_engine_report_older_than_the_stale_limit_reaches_no_policy():
+    """Every scorer reads the engine's numbers only from the snapshot, so the router's one
+    `load_metrics.stale_after_seconds` decides for all of them when a scrape is too old."""
+    core, now = await _core()
+    [endpoint, *_] = core.endpoints.all()
+    core.load_scraped(endpoint, LoadSample(waiting=3, running=1, scraped_at=now[0]))
+    stale_after = core.router.state.config.load_metrics.stale_after_seconds
+    now[0] += stale_after
+    [snapshot] = core.router.snapshots([endpoint], now[0])
+    assert snapshot.engine is not None and snapshot.engine.waiting == 3
+    now[0] += 0.01
+    [snapshot] = core.router.snapshots([endpoint], now[0])
+    assert snapshot.engine is None
+
+
 async def test_a_cancelled_attempt_is_released_and_teaches_nothing():
     core, _now = await _core()
     request = ClientRequest(BODY, {}, "completion")

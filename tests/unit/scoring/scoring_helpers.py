@@ -90,7 +90,7 @@ def cycle_state(
     history: ChoiceHistory | None = None,
     model: CostModel | None = None,
 ) -> CycleState:
-    est = (model or CostModel()).estimate_all(req, endpoints, matched, now)
+    est = (model or CostModel()).estimate_all(req, endpoints, matched)
     return CycleState(
         request=req,
         matched_blocks=matched,

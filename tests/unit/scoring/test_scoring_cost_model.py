@@ -16,7 +16,7 @@ def model(**kw: float) -> CostModel:
 
 
 def test_cold_idle_pod_costs_the_full_prefill() -> None:
-    est = model().estimate(request(4096), endpoint(0), 0, now=0.0)
+    est = model().estimate(request(4096), endpoint(0), 0)
     assert est.hit_tokens == 0
     assert est.uncached_tokens == 4096
     assert est.queue_seconds == 0.0
@@ -41,14 +41,14 @@ def test_approximate_keys_are_discounted() -> None:
 
 
 def test_pending_prefill_tokens_queue_ahead() -> None:
-    est = model().estimate(request(1000), endpoint(0, pending_prefill_tokens=20_000), 0, now=0.0)
+    est = model().estimate(request(1000), endpoint(0, pending_prefill_tokens=20_000), 0)
     assert est.queue_seconds == pytest.approx(2.0)
     assert est.ttft_seconds == pytest.approx(2.1)
 
 
 def test_learned_rate_replaces_prior() -> None:
     ep = endpoint(0, prefill_tokens_per_second=20_000.0, pending_prefill_tokens=20_000)
-    est = model().estimate(request(2000), ep, 0, now=0.0)
+    est = model().estimate(request(2000), ep, 0)
     assert est.queue_seconds == pytest.approx(1.0)
     assert est.prefill_seconds == pytest.approx(0.1)
 
@@ -61,7 +61,7 @@ def test_unmeasured_pod_gets_the_mean_rate_of_its_measured_pool_peers() -> None:
         endpoint(3),  # fresh: nothing learned yet
         endpoint(4, pool="pool-b"),  # no measured peer in its pool
     ]
-    est = model().estimate_all(request(3000), eps, {}, now=0.0)
+    est = model().estimate_all(request(3000), eps, {})
     assert est["pod-3"].prefill_tokens_per_second == pytest.approx(30_000.0)
     assert est["pod-3"].prefill_seconds == pytest.approx(0.1)
     assert est["pod-0"].prefill_tokens_per_second == pytest.approx(29_000.0)
@@ -69,14 +69,14 @@ def test_unmeasured_pod_gets_the_mean_rate_of_its_measured_pool_peers() -> None:
 
 
 def test_prior_applies_while_no_pod_is_measured() -> None:
-    est = model().estimate_all(request(3000), [endpoint(0), endpoint(1)], {}, now=0.0)
+    est = model().estimate_all(request(3000), [endpoint(0), endpoint(1)], {})
     assert {e.prefill_tokens_per_second for e in est.values()} == {RATE}
 
 
 def test_foreign_waiting_requests_count_beyond_our_own() -> None:
     eng = EngineLoad(waiting=5, running=0, kv_cache_usage=0.1, observed_at=0.0)
     ep = endpoint(0, engine=eng, pending_prefill_requests=2, pending_prefill_tokens=4000)
-    est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0, now=0.0)
+    est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0)
     # our 4000 pending tokens + 3 foreign waiting requests x 1000 tokens
     assert est.queue_seconds == pytest.approx(7000 / RATE)
     assert est.load == 5
@@ -87,23 +87,22 @@ def test_waiting_requests_are_ours_as_counted_when_scraped() -> None:
     # waiting were ours, not 2 foreign ones.
     eng = EngineLoad(waiting=2, running=0, kv_cache_usage=0.1, observed_at=0.0, pending_at_scrape=2)
     ep = endpoint(0, engine=eng, pending_prefill_requests=0)
-    est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0, now=0.05)
+    est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0)
     assert est.queue_seconds == 0.0
     # One of ours waited then, 3 of the engine's waiting were foreign; 2 of ours sent since
     eng = EngineLoad(waiting=4, running=0, kv_cache_usage=0.1, observed_at=0.0, pending_at_scrape=1)
     ep = endpoint(0, engine=eng, pending_prefill_requests=2, pending_prefill_tokens=4000)
-    est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0, now=0.05)
+    est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0)
     assert est.queue_seconds == pytest.approx(7000 / RATE)
 
 
-def test_stale_engine_report_is_ignored() -> None:
+def test_a_pod_without_a_fresh_engine_report_is_priced_on_the_routers_own_counts() -> None:
     eng = EngineLoad(waiting=50, running=100, kv_cache_usage=0.99, observed_at=0.0)
-    ep = endpoint(0, engine=eng, in_flight=3)
-    fresh = model().estimate(request(1000), ep, 0, now=1.0)
-    stale = model().estimate(request(1000), ep, 0, now=10.0)
-    assert fresh.queue_seconds > 1.0 and fresh.load == 150
-    assert stale.queue_seconds == 0.0 and stale.load == 3
-    assert stale.prefill_seconds == pytest.approx(0.1)
+    reported = model().estimate(request(1000), endpoint(0, engine=eng, in_flight=3), 0)
+    unknown = model().estimate(request(1000), endpoint(0, in_flight=3), 0)
+    assert reported.queue_seconds > 1.0 and reported.load == 150
+    assert unknown.queue_seconds == 0.0 and unknown.load == 3
+    assert unknown.prefill_seconds == pytest.approx(0.1)
 
 
 def test_running_decodes_slow_prefill() -> None:
@@ -118,7 +117,7 @@ def test_running_decodes_slow_prefill() -> None:
 def test_full_batch_adds_slot_wait() -> None:
     eng = EngineLoad(waiting=2, running=8, kv_cache_usage=0.1, observed_at=0.0)
     ep = endpoint(0, engine=eng, max_num_seqs=8)
-    est = model(slot_wait_seconds=0.5, foreign_request_tokens=0).estimate(request(16), ep, 0, 0.0)
+    est = model(slot_wait_seconds=0.5, foreign_request_tokens=0).estimate(request(16), ep, 0)
     # running 8 + 2 queued + this one = 11 > 8 -> 3 slots to wait for
     assert est.queue_seconds == pytest.approx(1.5)
 
@@ -127,7 +126,7 @@ def test_kv_pressure_penalty_above_threshold() -> None:
     def queue(usage: float) -> float:
         eng = EngineLoad(waiting=0, running=0, kv_cache_usage=usage, observed_at=0.0)
         m = model(kv_pressure_threshold=0.8, kv_pressure_seconds=2.0)
-        return m.estimate(request(16), endpoint(0, engine=eng), 0, 0.0).queue_seconds
+        return m.estimate(request(16), endpoint(0, engine=eng), 0).queue_seconds
 
     assert queue(0.5) == 0.0
     assert queue(0.9) == pytest.approx(1.0)
@@ -139,9 +138,9 @@ def test_holder_wins_until_its_extra_queue_exceeds_the_hit_prefill_time() -> Non
     m = model()
     req = request(8192)
     hit_blocks = 256  # 4096 tokens held
-    idle = m.estimate(req, endpoint(1), 0, 0.0).ttft_seconds
-    below = m.estimate(req, endpoint(0, pending_prefill_tokens=4000), hit_blocks, 0.0)
-    above = m.estimate(req, endpoint(0, pending_prefill_tokens=4200), hit_blocks, 0.0)
+    idle = m.estimate(req, endpoint(1), 0).ttft_seconds
+    below = m.estimate(req, endpoint(0, pending_prefill_tokens=4000), hit_blocks)
+    above = m.estimate(req, endpoint(0, pending_prefill_tokens=4200), hit_blocks)
     assert below.ttft_seconds < idle < above.ttft_seconds
 
 
@@ -151,14 +150,14 @@ def test_a_cpu_tier_hit_costs_its_copy_back_less_than_recompute_more_than_gpu() 
     # pod-0 holds 200 blocks on the GPU; pod-1 the same 200, 50 on the GPU and 150 in CPU memory;
     # pod-2 nothing.
     req = request(4096, gpu_matched_blocks={"pod-0": 200, "pod-1": 50})
-    est = m.estimate_all(req, pods, {"pod-0": 200, "pod-1": 200}, now=0.0)
+    est = m.estimate_all(req, pods, {"pod-0": 200, "pod-1": 200})
     gpu, tiered, cold = est["pod-0"], est["pod-1"], est["pod-2"]
     assert gpu.hit_tokens == tiered.hit_tokens == 3200 and tiered.cpu_hit_tokens == 2400
     assert gpu.cpu_hit_tokens == 0 and gpu.prefill_seconds == pytest.approx(896 / RATE)
     assert tiered.prefill_seconds == pytest.approx(896 / RATE + 2400 / (40 * RATE))
     assert gpu.ttft_seconds < tiered.ttft_seconds < cold.ttft_seconds
     # Without a tier (gpu_matched_blocks None) the same match is all on the GPU.
-    plain = m.estimate_all(request(4096), pods, {"pod-1": 200}, now=0.0)["pod-1"]
+    plain = m.estimate_all(request(4096), pods, {"pod-1": 200})["pod-1"]
     assert plain.cpu_hit_tokens == 0 and plain.prefill_seconds == gpu.prefill_seconds
 
 
@@ -170,7 +169,7 @@ def test_a_pod_without_the_requests_lora_adapter_pays_to_load_it() -> None:
             0, len(running), 0.0, 0.0, frozenset(running), frozenset(waiting), max_lora
         )
         ep = endpoint(0, engine=engine)
-        return m.estimate(request(1024, lora_adapter=adapter), ep, 0, now=0.0).queue_seconds
+        return m.estimate(request(1024, lora_adapter=adapter), ep, 0).queue_seconds
 
     assert queue("sql", {"sql"}, set(), 2) == 0.0  # running there: loaded
     assert queue("sql", set(), {"sql"}, 2) == 0.0  # queued there, a slot is free
@@ -194,6 +193,6 @@ def test_an_adapter_the_pod_used_last_is_taken_as_still_loaded() -> None:
         0, 0, 0.0, 0.0, frozenset(), frozenset(), 2, frozenset(ep.recent_lora_adapters)
     )
     snapshot = endpoint(0, engine=engine)
-    warm = m.estimate(request(1024, lora_adapter="sql"), snapshot, 0, now=0.0)
-    cold = m.estimate(request(1024, lora_adapter="chat"), snapshot, 0, now=0.0)
+    warm = m.estimate(request(1024, lora_adapter="sql"), snapshot, 0)
+    cold = m.estimate(request(1024, lora_adapter="chat"), snapshot, 0)
     assert warm.queue_seconds == 0.0 and cold.queue_seconds == pytest.approx(0.2)

@@ -271,10 +271,9 @@ def test_queue_depth_scores_relative_to_least_loaded() -> None:
 
 def test_kv_cache_usage_scores_fresh_reports_and_neutral_when_unknown() -> None:
     fresh = EngineLoad(waiting=0, running=0, kv_cache_usage=0.25, observed_at=9.5)
-    stale = EngineLoad(waiting=0, running=0, kv_cache_usage=0.25, observed_at=1.0)
-    eps = [endpoint(0, engine=fresh), endpoint(1, engine=stale), endpoint(2)]
+    eps = [endpoint(0, engine=fresh), endpoint(2)]
     scorer = KvCacheUsageScorer(KvCacheUsageParams(unknown_score=0.4))
-    assert scorer.score(cycle_state(request(), eps, {}, now=10.0), eps) == [0.75, 0.4, 0.4]
+    assert scorer.score(cycle_state(request(), eps, {}, now=10.0), eps) == [0.75, 0.4]
 
 
 def test_predicted_ttft_best_is_one_and_order_follows_cost() -> None:

@@ -14,8 +14,8 @@ finished). kvgate's snapshot does not, so active blocks are approximated as
     kv_cache_usage x total_kv_blocks        (blocks held by the engine's running requests)
     + pending_prefill_tokens / bs           (requests sent and not yet prefilled hold none yet)
 
-with ``total_kv_blocks`` the engines' ``num_gpu_blocks`` (a parameter; the engine report is
-ignored when older than ``stale_after_seconds``). "Blocks this request does not hold" counts the
+with ``total_kv_blocks`` the engines' ``num_gpu_blocks`` (a parameter; a pod with no fresh
+engine report counts only the pending blocks). "Blocks this request does not hold" counts the
 request's blocks beyond the directory's match, i.e. it assumes the matched prefix is in use on
 the pod (true for a hot shared prefix, an undercount for an idle session's history). Like Dynamo,
 the overlap is the plain leading-block match (no last-token rule).
@@ -41,8 +41,6 @@ class KvBlockCostParams(StrictParams):
     total_kv_blocks: int = Field(default=24_626, ge=1)
     """The engines' ``num_gpu_blocks``, to turn ``kv_cache_usage`` into active blocks. Default:
     the simulator's H100 / Llama-3-8B pod at ``--gpu-memory-utilization 0.9``."""
-    stale_after_seconds: float = Field(default=2.0, gt=0)
-    """Engine reports older than this count no active blocks (the router's pending ones remain)."""
 
 
 class KvBlockCostScorer:
@@ -63,7 +61,7 @@ class KvBlockCostScorer:
         prefill_blocks = (pending + new_tokens) / bs
         active = pending / bs
         eng = endpoint.engine
-        if eng is not None and state.now - eng.observed_at <= self.params.stale_after_seconds:
+        if eng is not None:
             usage = min(1.0, max(0.0, eng.kv_cache_usage))
             active += usage * self.params.total_kv_blocks
         request_total = -(-prompt // int(bs))  # ceil: Dynamo counts the partial last block

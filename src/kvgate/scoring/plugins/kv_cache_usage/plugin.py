@@ -1,7 +1,7 @@
 """``kv-cache-usage`` scorer (balance): 1 - the engine's KV cache usage (vllm:kv_cache_usage_perc).
 
-A pod with no fresh report (never scraped, or older than ``stale_after_seconds``) scores
-``unknown_score``.
+A pod with no fresh report (``EndpointSnapshot.engine`` is None: never scraped, or older than
+the router's ``load_metrics.stale_after_seconds``) scores ``unknown_score``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from kvgate.scoring.params import StrictParams
 
 
 class KvCacheUsageParams(StrictParams):
-    stale_after_seconds: float = Field(default=2.0, gt=0)
     unknown_score: float = Field(default=0.5, ge=0, le=1)
 
 
@@ -27,10 +26,9 @@ class KvCacheUsageScorer:
 
     def score(self, state: CycleState, candidates: Sequence[EndpointSnapshot]) -> list[float]:
         out: list[float] = []
-        oldest = state.now - self.params.stale_after_seconds
         for e in candidates:
             eng = e.engine
-            if eng is None or eng.observed_at < oldest:
+            if eng is None:
                 out.append(self.params.unknown_score)
             else:
                 out.append(min(1.0, max(0.0, 1.0 - eng.kv_cache_usage)))

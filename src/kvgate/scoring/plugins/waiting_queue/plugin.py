@@ -7,23 +7,20 @@ scorer/queue.go``, 2025):
     score = (max_waiting - waiting) / (max_waiting - min_waiting)     (1 for all when equal)
 
 ``waiting`` is the engine's ``vllm:num_requests_waiting`` from the last scrape. A pod with no
-report younger than ``stale_after_seconds`` counts this router's requests pending prefill instead
-(GIE would use its last scrape; kvgate's own count is the closest fresh view).
+fresh report (``EndpointSnapshot.engine`` is None) counts this router's requests pending prefill
+instead (GIE would use its last scrape; kvgate's own count is the closest fresh view).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import Field
-
 from kvgate.scoring.base import CycleState, EndpointSnapshot
 from kvgate.scoring.params import StrictParams
 
 
 class WaitingQueueParams(StrictParams):
-    stale_after_seconds: float = Field(default=2.0, gt=0)
-    """Engine reports older than this are replaced by the router's pending count."""
+    pass
 
 
 class WaitingQueueScorer:
@@ -34,7 +31,7 @@ class WaitingQueueScorer:
 
     def waiting(self, state: CycleState, endpoint: EndpointSnapshot) -> int:
         eng = endpoint.engine
-        if eng is not None and state.now - eng.observed_at <= self.params.stale_after_seconds:
+        if eng is not None:
             return max(0, eng.waiting)
         return max(0, endpoint.pending_prefill_requests)
 
