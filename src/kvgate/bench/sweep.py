@@ -16,6 +16,9 @@ engines) and writes its ``report.json`` under ``OUT/load-<level>/``; ``OUT/sweep
 table of every level and target. ``--seed 0,1,2`` runs every level once per router seed (tie
 draws, replica choice), under ``OUT/load-<level>/seed-<s>/``, and the table gives each number
 as the seeds' mean with their range: policies closer than that range are not told apart.
+``--workload-seed 1,2,3`` does the same over draws of a named workload (its ``seed`` parameter:
+which groups, prompts and arrival times), under ``OUT/load-<level>/workload-seed-<w>/``: a
+difference that one draw shows and the others reverse is that draw's, not the policy's.
 Live runs are left to ``kvgate bench run`` (one level per run): on a small machine the CPU, not
 the policy, sets a live run's numbers.
 """
@@ -68,6 +71,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[0],
         help="router seed, or several comma-separated: each level runs once per seed and the "
         "table shows their mean and range",
+    )
+    parser.add_argument(
+        "--workload-seed",
+        type=_seeds,
+        default=None,
+        help="a named workload's seed, or several comma-separated: each level runs once per "
+        "draw of the workload (and router seed); the table shows their mean and range",
     )
     parser.add_argument(
         "--policy-param",
@@ -126,41 +136,54 @@ def sweep(
     targets: list[str],
     *,
     seeds: Sequence[int] = (0,),
+    workload_seeds: Sequence[int] | None = None,
     policy_params: dict[str, Any] | None = None,
     on_level: Callable[[float, float], None] | None = None,
 ) -> list[tuple[float, list[BenchReport]]]:
-    """Per level (in order), one discrete-event report per seed (in order); `policy_params`
-    apply to the `kvgate` target."""
+    """Per level (in order), one discrete-event report per workload seed and router seed (in
+    that order, `seeds` varying fastest); `workload_seeds` (named workloads only; None: the
+    workload's own ``seed`` parameter) set the workload's ``seed``; `policy_params` apply to
+    the `kvgate` target."""
     from kvgate.bench.des import des_report
 
+    if workload_seeds is not None and name is None:
+        raise ValueError(
+            "a trace has no workload seed (its skip_requests parameter picks a window)"
+        )
+    draws = [None] if workload_seeds is None else list(workload_seeds)
     out: list[tuple[float, list[BenchReport]]] = []
     for level in levels:
-        workload, capacity = workload_at(name, trace, params, level, pods)
-        if on_level is not None:
-            on_level(level, capacity)
         reports = []
-        for seed in seeds:
-            report, _records, _samples = des_report(
-                workload, pods, targets, seed=seed, policy_params=policy_params
-            )
-            report.settings["load_level"] = level
-            report.settings["capacity_rps"] = capacity
-            reports.append(report)
+        for draw in draws:
+            drawn = params if draw is None else {**params, "seed": draw}
+            workload, capacity = workload_at(name, trace, drawn, level, pods)
+            if on_level is not None:
+                on_level(level, capacity)
+            for seed in seeds:
+                report, _records, _samples = des_report(
+                    workload, pods, targets, seed=seed, policy_params=policy_params
+                )
+                report.settings["load_level"] = level
+                report.settings["capacity_rps"] = capacity
+                if draw is not None:
+                    report.settings["workload_seed"] = draw
+                reports.append(report)
         out.append((level, reports))
     return out
 
 
 def sweep_table(results: list[tuple[float, list[BenchReport]]]) -> str:
-    """Markdown: one row per level and target; with several seeds, each number is their mean
-    followed by their range, and errors are counted over every seed's run."""
+    """Markdown: one row per level and target; with several seeds (router or workload), each
+    number is their mean followed by their range, and errors are counted over every run."""
     lines = [
         "| load | target | TTFT mean s | TTFT p99 s | e2e mean s | req/s | hit rate "
         "| ideal | finite | decodes per prefill step | errors |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for level, reports in results:
-        first = reports[0]
-        for name in first.targets:
+        ideal = _cell([r.ideal_hit_rate for r in reports], 3)
+        finite = _cell([r.finite_hit_rate for r in reports], 3)
+        for name in reports[0].targets:
             runs = [r.targets[name] for r in reports]
             lines.append(
                 f"| {level:g} | {name} | {_cell([s.ttft_mean_s for s in runs], 3)} "
@@ -168,7 +191,7 @@ def sweep_table(results: list[tuple[float, list[BenchReport]]]) -> str:
                 f"| {_cell([s.e2e_mean_s for s in runs], 3)} "
                 f"| {_cell([s.throughput_rps for s in runs], 2)} "
                 f"| {_cell([s.hit_rate for s in runs], 3)} "
-                f"| {first.ideal_hit_rate:.3f} | {first.finite_hit_rate:.3f} "
+                f"| {ideal} | {finite} "
                 f"| {_cell([s.engine.get('decodes_per_prefill_step') or 0.0 for s in runs], 1)} "
                 f"| {sum(s.errors for s in runs)} |"
             )
@@ -192,14 +215,24 @@ def run_sweep(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     def on_level(level: float, capacity: float) -> None:
         say(f"{source}: load {level:g} x {capacity:.2f} req/s (round robin's capacity)")
 
+    if args.workload_seed is not None and args.trace is not None:
+        say("error: --workload-seed needs --workload (a trace's requests are fixed)")
+        return 2
     results = sweep(
         args.workload, args.trace, params, levels, args.pods, targets, seeds=args.seed,
-        policy_params=policy_params or None, on_level=on_level,
+        workload_seeds=args.workload_seed, policy_params=policy_params or None,
+        on_level=on_level,
     )  # fmt: skip
+    draws = args.workload_seed or [None]
+    runs = [(draw, seed) for draw in draws for seed in args.seed]
     for level, reports in results:
-        for seed, report in zip(args.seed, reports, strict=True):
-            level_dir = args.out / f"load-{level:g}"
-            report.write(level_dir / f"seed-{seed}" if len(reports) > 1 else level_dir)
+        for (draw, seed), report in zip(runs, reports, strict=True):
+            run_dir = args.out / f"load-{level:g}"
+            if len(draws) > 1:
+                run_dir /= f"workload-seed-{draw}"
+            if len(args.seed) > 1:
+                run_dir /= f"seed-{seed}"
+            report.write(run_dir)
     table = sweep_table(results)
     args.out.mkdir(parents=True, exist_ok=True)
     title = f"# {source}, {args.pods} pods"

@@ -74,6 +74,56 @@ def test_the_command_writes_a_report_per_level_and_seed(tmp_path: Path) -> None:
     assert "| kvgate |" in (out / "sweep.md").read_text()
 
 
+def test_several_workload_seeds_are_several_draws_of_the_workload() -> None:
+    results = sweep(
+        "shared-prefix", None, SMALL, [1.0], 2, ["round-robin"], seeds=[0, 1], workload_seeds=[5, 6]
+    )
+    reports = results[0][1]
+    assert [(r.settings["workload_seed"], r.settings["seed"]) for r in reports] == [
+        (5, 0), (5, 1), (6, 0), (6, 1),
+    ]  # fmt: skip
+    drawn = [build_workload("shared-prefix", {**SMALL, "seed": s}) for s in (5, 6)]
+    assert [r.prefix_units for r in drawn[0].requests] != [
+        r.prefix_units for r in drawn[1].requests
+    ]
+    assert [r.settings["workload_params"]["seed"] for r in reports] == [5, 5, 6, 6]
+
+
+def test_a_trace_has_no_workload_seed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvgate.cli import main
+
+    with pytest.raises(ValueError, match="no workload seed"):
+        sweep(None, TRACE, {}, [1.0], 2, ["kvgate"], workload_seeds=[1])
+    args = [
+        "bench",
+        "sweep",
+        "--trace",
+        str(TRACE),
+        "--workload-seed",
+        "1,2",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(args) == 2
+    assert "--workload-seed needs --workload" in capsys.readouterr().out
+
+
+def test_the_command_writes_a_report_per_workload_seed_and_seed(tmp_path: Path) -> None:
+    from kvgate.cli import main
+
+    out = tmp_path / "sweep"
+    args = ["bench", "sweep", "--workload", "shared-prefix", "--pods", "2", "--levels", "1",
+            "--targets", "kvgate", "--workload-seed", "1,2", "--seed", "3,4",
+            "--out", str(out)]  # fmt: skip
+    for key, value in SMALL.items():
+        args += ["--param", f"{key}={value}"]
+    assert main(args) == 0
+    for draw in (1, 2):
+        for seed in (3, 4):
+            path = out / "load-1" / f"workload-seed-{draw}" / f"seed-{seed}" / "report.json"
+            assert json.loads(path.read_text())["settings"]["workload_seed"] == draw
+
+
 @pytest.mark.parametrize("seeds", ["a", "1,1", ""])
 def test_seeds_must_be_distinct_integers(seeds: str, capsys: pytest.CaptureFixture[str]) -> None:
     from kvgate.cli import main
