@@ -72,7 +72,7 @@ class EngineLoad:
     waiting: int
     running: int
     kv_cache_usage: float  # 0..1
-    observed_at: float  # clock value (seconds) when scraped; older than the stale limit = ignored
+    observed_at: float  # clock value (seconds) when scraped
     running_lora_adapters: frozenset[str] = frozenset()  # vllm:lora_requests_info
     waiting_lora_adapters: frozenset[str] = frozenset()
     max_lora: int = 0  # adapters a batch may use (--max-loras); 0 = no LoRA serving reported
@@ -106,7 +106,9 @@ class EndpointSnapshot:
     batch_in_flight: int = 0  # of those, batch-class requests
     pending_prefill_requests: int = 0  # sent, no first byte yet
     pending_prefill_tokens: int = 0  # uncached prompt tokens of those (predicted at routing time)
-    engine: EngineLoad | None = None  # None = never scraped
+    # None = never scraped, or last scraped longer ago than the router's
+    # load_metrics.stale_after_seconds: a policy never sees stale engine numbers
+    engine: EngineLoad | None = None
     prefill_tokens_per_second: float | None = None  # learned estimate; None = the cost model prior
     max_num_seqs: int | None = None  # engine batch limit, when known
 
