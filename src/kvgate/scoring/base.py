@@ -8,12 +8,12 @@ A **policy** turns one request into one decision:
   (prompt token count, block keys, class, tenant, session).
 - ``endpoints`` (:class:`EndpointSnapshot`): one immutable snapshot per candidate pod (already
   restricted to pools serving the request's model): health, the router's own in-flight and
-  pending-prefill counts, engine-reported load from ``/metrics`` with its observation time, the
-  pod's learned prefill rate.
+  pending-prefill counts, engine-reported load from ``/metrics`` (only when fresh), the pod's
+  learned prefill rate.
 - ``matched_blocks`` (:data:`MatchedBlocks`): the directory's answer, pod id -> number of leading
   blocks of ``request.block_keys`` that pod holds (absent = 0).
-- ``now``: the clock value (seconds, same clock as ``EngineLoad.observed_at``); ``rng``: the only
-  source of randomness; ``history``: which pods earlier decisions chose (read only here).
+- ``now``: the router core's clock (seconds); ``rng``: the only source of randomness;
+  ``history``: which pods earlier decisions chose (read only here).
 
 The pipeline is **pure**: no I/O, no clock reads, no mutation of its inputs (the ``rng`` advances,
 nothing else changes). The caller records the outcome: ``history.record(decision.endpoint_id, ...)``
@@ -72,7 +72,6 @@ class EngineLoad:
     waiting: int
     running: int
     kv_cache_usage: float  # 0..1
-    observed_at: float  # clock value (seconds) when scraped
     running_lora_adapters: frozenset[str] = frozenset()  # vllm:lora_requests_info
     waiting_lora_adapters: frozenset[str] = frozenset()
     max_lora: int = 0  # adapters a batch may use (--max-loras); 0 = no LoRA serving reported

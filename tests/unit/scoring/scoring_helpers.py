@@ -43,7 +43,6 @@ def random_endpoint(rng: random.Random, i: int, now: float) -> EndpointSnapshot:
             waiting=rng.randint(0, 50),
             running=rng.randint(0, 300),
             kv_cache_usage=rng.random(),
-            observed_at=now - rng.uniform(0, 4),
         )
     in_flight = rng.randint(0, 100)
     return EndpointSnapshot(

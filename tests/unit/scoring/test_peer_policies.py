@@ -47,7 +47,7 @@ def decide(
 
 
 def engine(waiting: int = 0, running: int = 0, usage: float = 0.0) -> EngineLoad:
-    return EngineLoad(waiting=waiting, running=running, kv_cache_usage=usage, observed_at=0.0)
+    return EngineLoad(waiting=waiting, running=running, kv_cache_usage=usage)
 
 
 @pytest.mark.parametrize("name", PEERS)

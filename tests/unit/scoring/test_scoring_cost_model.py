@@ -74,7 +74,7 @@ def test_prior_applies_while_no_pod_is_measured() -> None:
 
 
 def test_foreign_waiting_requests_count_beyond_our_own() -> None:
-    eng = EngineLoad(waiting=5, running=0, kv_cache_usage=0.1, observed_at=0.0)
+    eng = EngineLoad(waiting=5, running=0, kv_cache_usage=0.1)
     ep = endpoint(0, engine=eng, pending_prefill_requests=2, pending_prefill_tokens=4000)
     est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0)
     # our 4000 pending tokens + 3 foreign waiting requests x 1000 tokens
@@ -85,19 +85,19 @@ def test_foreign_waiting_requests_count_beyond_our_own() -> None:
 def test_waiting_requests_are_ours_as_counted_when_scraped() -> None:
     # Scraped while 2 of ours waited; both have had their first token since: the engine's 2
     # waiting were ours, not 2 foreign ones.
-    eng = EngineLoad(waiting=2, running=0, kv_cache_usage=0.1, observed_at=0.0, pending_at_scrape=2)
+    eng = EngineLoad(waiting=2, running=0, kv_cache_usage=0.1, pending_at_scrape=2)
     ep = endpoint(0, engine=eng, pending_prefill_requests=0)
     est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0)
     assert est.queue_seconds == 0.0
     # One of ours waited then, 3 of the engine's waiting were foreign; 2 of ours sent since
-    eng = EngineLoad(waiting=4, running=0, kv_cache_usage=0.1, observed_at=0.0, pending_at_scrape=1)
+    eng = EngineLoad(waiting=4, running=0, kv_cache_usage=0.1, pending_at_scrape=1)
     ep = endpoint(0, engine=eng, pending_prefill_requests=2, pending_prefill_tokens=4000)
     est = model(foreign_request_tokens=1000).estimate(request(16), ep, 0)
     assert est.queue_seconds == pytest.approx(7000 / RATE)
 
 
 def test_a_pod_without_a_fresh_engine_report_is_priced_on_the_routers_own_counts() -> None:
-    eng = EngineLoad(waiting=50, running=100, kv_cache_usage=0.99, observed_at=0.0)
+    eng = EngineLoad(waiting=50, running=100, kv_cache_usage=0.99)
     reported = model().estimate(request(1000), endpoint(0, engine=eng, in_flight=3), 0)
     unknown = model().estimate(request(1000), endpoint(0, in_flight=3), 0)
     assert reported.queue_seconds > 1.0 and reported.load == 150
@@ -106,7 +106,7 @@ def test_a_pod_without_a_fresh_engine_report_is_priced_on_the_routers_own_counts
 
 
 def test_running_decodes_slow_prefill() -> None:
-    eng = EngineLoad(waiting=0, running=4096, kv_cache_usage=0.1, observed_at=0.0)
+    eng = EngineLoad(waiting=0, running=4096, kv_cache_usage=0.1)
     est = model(max_num_batched_tokens=8192).estimate(
         request(1000), endpoint(0, engine=eng), 0, 0.0
     )
@@ -115,7 +115,7 @@ def test_running_decodes_slow_prefill() -> None:
 
 
 def test_full_batch_adds_slot_wait() -> None:
-    eng = EngineLoad(waiting=2, running=8, kv_cache_usage=0.1, observed_at=0.0)
+    eng = EngineLoad(waiting=2, running=8, kv_cache_usage=0.1)
     ep = endpoint(0, engine=eng, max_num_seqs=8)
     est = model(slot_wait_seconds=0.5, foreign_request_tokens=0).estimate(request(16), ep, 0)
     # running 8 + 2 queued + this one = 11 > 8 -> 3 slots to wait for
@@ -124,7 +124,7 @@ def test_full_batch_adds_slot_wait() -> None:
 
 def test_kv_pressure_penalty_above_threshold() -> None:
     def queue(usage: float) -> float:
-        eng = EngineLoad(waiting=0, running=0, kv_cache_usage=usage, observed_at=0.0)
+        eng = EngineLoad(waiting=0, running=0, kv_cache_usage=usage)
         m = model(kv_pressure_threshold=0.8, kv_pressure_seconds=2.0)
         return m.estimate(request(16), endpoint(0, engine=eng), 0).queue_seconds
 
@@ -165,9 +165,7 @@ def test_a_pod_without_the_requests_lora_adapter_pays_to_load_it() -> None:
     m = model(lora_load_seconds=0.2, lora_slot_wait_seconds=1.0)
 
     def queue(adapter: str | None, running: set[str], waiting: set[str], max_lora: int) -> float:
-        engine = EngineLoad(
-            0, len(running), 0.0, 0.0, frozenset(running), frozenset(waiting), max_lora
-        )
+        engine = EngineLoad(0, len(running), 0.0, frozenset(running), frozenset(waiting), max_lora)
         ep = endpoint(0, engine=engine)
         return m.estimate(request(1024, lora_adapter=adapter), ep, 0).queue_seconds
 
@@ -189,9 +187,7 @@ def test_an_adapter_the_pod_used_last_is_taken_as_still_loaded() -> None:
     ep.note_lora_adapters(["code"])  # two GPU slots: chat, the least recently used, is out
     assert ep.recent_lora_adapters == ["sql", "code"]
     m = model(lora_load_seconds=0.2)
-    engine = EngineLoad(
-        0, 0, 0.0, 0.0, frozenset(), frozenset(), 2, frozenset(ep.recent_lora_adapters)
-    )
+    engine = EngineLoad(0, 0, 0.0, frozenset(), frozenset(), 2, frozenset(ep.recent_lora_adapters))
     snapshot = endpoint(0, engine=engine)
     warm = m.estimate(request(1024, lora_adapter="sql"), snapshot, 0)
     cold = m.estimate(request(1024, lora_adapter="chat"), snapshot, 0)

@@ -92,7 +92,7 @@ def test_load_bound_slack_keeps_low_loads_together() -> None:
 
 
 def test_load_bound_uses_engine_reported_load() -> None:
-    eng = EngineLoad(waiting=40, running=20, kv_cache_usage=0.5, observed_at=0.0)
+    eng = EngineLoad(waiting=40, running=20, kv_cache_usage=0.5)
     eps = [endpoint(0, engine=eng), endpoint(1), endpoint(2)]
     state = cycle_state(request(), eps, {})
     assert [e.id for e in LoadBoundFilter().filter(state, eps)] == ["pod-1", "pod-2"]
@@ -186,7 +186,7 @@ def test_holder_load_copies_a_burst_on_a_prefix_to_an_idle_pod() -> None:
     assert kept(request(prefix_sharers={"pod-0": 2})) == ["pod-1", "pod-2"]
     assert kept(request(prefix_sharers={"pod-0": 1})) == ["pod-0", "pod-1", "pod-2"]
     # pod-1 runs a request the engine reports (another router's): nobody is idle
-    running = EngineLoad(waiting=0, running=1, kv_cache_usage=0.1, observed_at=0.0)
+    running = EngineLoad(waiting=0, running=1, kv_cache_usage=0.1)
     busy = [endpoint(0, in_flight=2), endpoint(1, engine=running), endpoint(2, in_flight=1)]
     assert kept(request(prefix_sharers={"pod-0": 2}), busy) == ["pod-0", "pod-1", "pod-2"]
     document = request(32_768, prefix_sharers={"pod-0": 2})  # ~3 s to compute elsewhere
@@ -270,7 +270,7 @@ def test_queue_depth_scores_relative_to_least_loaded() -> None:
 
 
 def test_kv_cache_usage_scores_fresh_reports_and_neutral_when_unknown() -> None:
-    fresh = EngineLoad(waiting=0, running=0, kv_cache_usage=0.25, observed_at=9.5)
+    fresh = EngineLoad(waiting=0, running=0, kv_cache_usage=0.25)
     eps = [endpoint(0, engine=fresh), endpoint(2)]
     scorer = KvCacheUsageScorer(KvCacheUsageParams(unknown_score=0.4))
     assert scorer.score(cycle_state(request(), eps, {}, now=10.0), eps) == [0.75, 0.4]
@@ -371,7 +371,7 @@ def test_near_equal_least_turnover_places_a_cold_prompt_where_the_cache_turns_ov
         history.record(pod_id, tokens, at)
 
     def pod(i: int, in_flight: int, filled: bool = True, capacity: int = 100_000):
-        engine = EngineLoad(0, in_flight, 0.5, 1.0, kv_capacity_tokens=capacity, kv_filled=filled)
+        engine = EngineLoad(0, in_flight, 0.5, kv_capacity_tokens=capacity, kv_filled=filled)
         return endpoint(i, in_flight=in_flight, engine=engine)
 
     picker = NearEqualPicker(NearEqualParams(tie_break="random", no_hit_tie_break="least-turnover"))

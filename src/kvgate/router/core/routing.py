@@ -288,7 +288,6 @@ class Router:
                         int(load.waiting),
                         int(load.running),
                         load.kv_cache_usage,
-                        scraped,
                         load.running_lora_adapters,
                         load.waiting_lora_adapters,
                         load.max_lora,
