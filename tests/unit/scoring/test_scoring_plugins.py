@@ -100,7 +100,7 @@ def test_load_bound_uses_engine_reported_load() -> None:
 
 def test_holder_load_moves_a_hot_prefix_off_an_overloaded_holder_only() -> None:
     """The holder of the whole prompt runs 60 requests, the others 10: over both bounds (10 + 32
-    and 1.5 x 10), so it takes no more; pods without the prefix are never dropped."""
+    and 2 x 10), so it takes no more; pods without the prefix are never dropped."""
     eps = [endpoint(0, in_flight=60), endpoint(1, in_flight=10), endpoint(2, in_flight=50)]
     state = cycle_state(request(), eps, {"pod-0": 256})
     flt = HolderLoadFilter()
@@ -138,6 +138,22 @@ def test_holder_load_keeps_holders_within_either_bound() -> None:
     assert len(flt.filter(state, over)) == 2
     state = cycle_state(request(), over, {"pod-0": 100})
     assert len(HolderLoadFilter(HolderLoadParams(affinity_threshold=0.3)).filter(state, over)) == 1
+
+
+def test_holder_load_keeps_affinity_longer_while_every_pod_is_busy() -> None:
+    """Every pod runs more than the 32-request gap: a copy would take capacity the fleet does
+    not have, so the holder keeps its prefix up to twice the least-loaded pod's load."""
+    flt = HolderLoadFilter()
+    busy = [endpoint(0, in_flight=110), endpoint(1, in_flight=67)]  # +43 and 1.6x
+    state = cycle_state(request(), busy, {"pod-0": 256})
+    assert len(flt.filter(state, busy)) == 2
+    crowded = [endpoint(0, in_flight=140), endpoint(1, in_flight=67)]  # +73 and 2.1x
+    state = cycle_state(request(), crowded, {"pod-0": 256})
+    assert [e.id for e in flt.filter(state, crowded)] == ["pod-1"]
+    # next to a pod with few requests the gap decides: 43 against 10 is a move
+    light = [endpoint(0, in_flight=43), endpoint(1, in_flight=10)]
+    state = cycle_state(request(), light, {"pod-0": 256})
+    assert [e.id for e in flt.filter(state, light)] == ["pod-1"]
 
 
 def test_holder_load_copies_a_prefix_hot_on_its_holder_sooner() -> None:

@@ -35,6 +35,11 @@ computing the prefix on the idle pod; the idle pod gains a copy without delaying
 the hot bounds would make it later, one pod at a time, while requests queue. One request in
 flight on the prefix (a session's next turn, a second request of a group) keeps it.
 
+The ratio decides only while every candidate runs more than ``max_gap_requests``: then each
+pod is busy, and a move recomputes the prefix with capacity the fleet does not have spare (a
+hit saves capacity), so the holder keeps it until it runs twice the least-loaded pod's
+requests. A pod with few requests next to a crowded holder is what the gap is for.
+
 Load is max(router in-flight, engine running + waiting), as in ``load-bound``. Unlike that
 guard, pods without the prefix are never dropped and both bounds must be exceeded, so loads
 that differ by a few requests (the usual spread of sessions and prefix groups) keep their hits.
@@ -59,8 +64,11 @@ class HolderLoadParams(StrictParams):
     """Share of the request's blocks that makes a pod a holder (as ``prefix-cache-affinity``)."""
     max_gap_requests: int = Field(default=32, ge=0)
     """A holder more than this many requests above the least-loaded candidate..."""
-    max_ratio: float = Field(default=1.5, ge=1.0)
-    """...and above this multiple of its load takes no more of the prefix's requests."""
+    max_ratio: float = Field(default=2.0, ge=1.0)
+    """...and above this multiple of its load takes no more of the prefix's requests. It
+    decides only while the least-loaded candidate runs more than ``max_gap_requests`` (below,
+    the gap is the larger bound): when every pod is busy, a copy's prefill takes the capacity
+    the move was to free, so affinity is kept longer (1.5 until December 6, 2026)."""
     hot_gap_requests: int = Field(default=3, ge=1)
     """A holder with at least this many requests in flight carrying the request's matched prefix,
     more than this many requests above the least-loaded candidate..."""
