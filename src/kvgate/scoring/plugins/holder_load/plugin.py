@@ -35,8 +35,8 @@ computing the prefix on the idle pod; the idle pod gains a copy without delaying
 the hot bounds would make it later, one pod at a time, while requests queue. One request in
 flight on the prefix (a session's next turn, a second request of a group) keeps it.
 
-The ratio decides only while every candidate runs more than ``max_gap_requests``: then each
-pod is busy, and a move recomputes the prefix with capacity the fleet does not have spare (a
+The ratio decides only while every candidate runs more than ``max_gap_requests / (max_ratio -
+1)`` requests (32 at the defaults; below, the gap is the larger bound): then each pod is busy, and a move recomputes the prefix with capacity the fleet does not have spare (a
 hit saves capacity), so the holder keeps it until it runs twice the least-loaded pod's
 requests. A pod with few requests next to a crowded holder is what the gap is for.
 
@@ -66,9 +66,9 @@ class HolderLoadParams(StrictParams):
     """A holder more than this many requests above the least-loaded candidate..."""
     max_ratio: float = Field(default=2.0, ge=1.0)
     """...and above this multiple of its load takes no more of the prefix's requests. It
-    decides only while the least-loaded candidate runs more than ``max_gap_requests`` (below,
-    the gap is the larger bound): when every pod is busy, a copy's prefill takes the capacity
-    the move was to free, so affinity is kept longer (1.5 until December 6, 2026)."""
+    decides only while the least-loaded candidate runs more than ``max_gap_requests /
+    (max_ratio - 1)`` requests: when every pod is busy, a copy's prefill takes the capacity the
+    move was to free, so affinity is kept longer (1.5 until December 6, 2026)."""
     hot_gap_requests: int = Field(default=3, ge=1)
     """A holder with at least this many requests in flight carrying the request's matched prefix,
     more than this many requests above the least-loaded candidate..."""
