@@ -36,9 +36,10 @@ the hot bounds would make it later, one pod at a time, while requests queue. One
 flight on the prefix (a session's next turn, a second request of a group) keeps it.
 
 The ratio decides only while every candidate runs more than ``max_gap_requests / (max_ratio -
-1)`` requests (32 at the defaults; below, the gap is the larger bound): then each pod is busy, and a move recomputes the prefix with capacity the fleet does not have spare (a
-hit saves capacity), so the holder keeps it until it runs twice the least-loaded pod's
-requests. A pod with few requests next to a crowded holder is what the gap is for.
+1)`` requests (32 at the defaults; below, the gap is the larger bound): then each pod is busy,
+and a move recomputes the prefix with capacity the fleet does not have spare (a hit saves
+capacity), so the holder keeps it until it runs twice the least-loaded pod's requests. A pod
+with few requests next to a crowded holder is what the gap is for.
 
 Load is max(router in-flight, engine running + waiting), as in ``load-bound``. Unlike that
 guard, pods without the prefix are never dropped and both bounds must be exceeded, so loads
