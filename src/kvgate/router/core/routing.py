@@ -271,7 +271,6 @@ class Router:
         out: list[EndpointSnapshot] = []
         for ep, mine in zip(members, loads, strict=True):
             spec, load = ep.spec, ep.load
-            scraped = load.scraped_at
             pool = pools.get(spec.pool)
             out.append(
                 EndpointSnapshot(
@@ -296,7 +295,7 @@ class Router:
                         load.kv_capacity_tokens,
                         load.kv_filled,
                     )
-                    if scraped > 0 and now - scraped <= stale
+                    if ep.load_fresh(now, stale)
                     else None,
                     prefill_tokens_per_second=rates.get(spec.pool),
                 )
