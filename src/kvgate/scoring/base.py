@@ -132,6 +132,9 @@ class RoutingRequest:
     # Per pod with a match: the requests in flight there that carry the whole matched prefix
     # (None: the router does not count blocks in flight).
     prefix_sharers: Mapping[str, int] | None = None
+    # For an online request: the batch requests queued in this router that may borrow a pod of
+    # its pool once one has room (`class-isolation` then hands them the lightest online pod).
+    batch_waiting: int = 0
 
 
 class CostEstimate(NamedTuple):
@@ -312,6 +315,7 @@ class Explanation:
     scores: Mapping[str, Sequence[float]]  # scorer name -> score of each survivor
     totals: Sequence[float]  # weighted total of each survivor
     prefix_sharers: Mapping[str, int] | None = None  # RoutingRequest.prefix_sharers
+    batch_waiting: int = 0  # RoutingRequest.batch_waiting
     picker: Picker | None = None  # asked for the tie-break only when the explanation is read
     endpoints: Sequence[EndpointSnapshot] = ()  # the snapshots decided on, read on demand
 
@@ -370,6 +374,7 @@ class Decision:
             "predicted_hit_tokens": self.predicted_hit_tokens,
             "predicted_ttft_seconds": round(self.predicted_ttft_seconds, 6),
             "tie_break": None if self.explanation is None else self.explanation.tie_break(),
+            "batch_waiting": 0 if self.explanation is None else self.explanation.batch_waiting,
             "candidates": [c.to_dict() for c in self.candidates],
         }
 

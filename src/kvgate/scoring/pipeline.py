@@ -134,6 +134,7 @@ class PipelinePolicy:
                 scores={w.scorer.name: s for w, s in per_scorer},
                 totals=totals,
                 prefix_sharers=request.prefix_sharers,
+                batch_waiting=request.batch_waiting,
                 picker=self.picker,
                 endpoints=endpoints,
             ),

@@ -583,6 +583,23 @@ async def test_batch_requests_no_pod_may_take_wait_instead_of_503():
     assert (await core.dispatch(waiter)).endpoint.id == ep.id
 
 
+async def test_online_decisions_see_the_batch_requests_waiting_to_borrow_their_pool():
+    # class-isolation yields an online pod to them (docs/scoring.md); /debug/route shows them.
+    core, now = await _core(flow={"max_waiting_requests": 5})
+    ep = core.endpoints.all()[0]
+    core.load_scraped(ep, LoadSample(waiting=2, running=4, kv_cache_usage=0.1, scraped_at=now[0]))
+    grants = Grants()
+    for _ in range(2):
+        assert isinstance(await core.admit(_request(**{"x-kvgate-class": "batch"}), grants), Waiter)
+    assert core.flow.batch_waiting(ep.spec.pool) == 2
+    online = await core.admit(_request(), grants)
+    assert isinstance(online, RoutePlan) and online.decision.to_dict()["batch_waiting"] == 2
+    core.load_scraped(ep, LoadSample(waiting=0, running=4, kv_cache_usage=0.1, scraped_at=now[0]))
+    assert len(grants.done) == 2 and core.flow.batch_waiting(ep.spec.pool) == 0
+    batch = await core.dispatch(grants.done[0])
+    assert batch.decision.to_dict()["batch_waiting"] == 0  # counted for online requests only
+
+
 async def test_without_flow_control_saturation_changes_nothing():
     core, _now = await _core(flow={"enabled": False})
     grants = Grants()

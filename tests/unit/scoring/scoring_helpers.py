@@ -74,6 +74,7 @@ def random_case(
         block_tokens=rng.choice([1, 16, 64]),
         keys_exact=rng.random() < 0.7,
         request_class=rng.choice(["online", "batch"]),
+        batch_waiting=rng.choice([0, rng.randint(1, 20)]),
     )
     matched = {e.id: rng.randint(0, 3000) for e in endpoints if rng.random() < 0.5}
     return req, endpoints, matched, now

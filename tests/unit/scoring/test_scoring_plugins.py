@@ -274,6 +274,34 @@ def test_class_isolation_gathers_online_requests_where_batch_borrowed_least() ->
     assert [e.id for e in flt.filter(held_on_pod0, eps)] == ["pod-1"]
 
 
+def test_class_isolation_yields_the_lightest_online_pod_while_batch_waits() -> None:
+    # Online traffic on pod-0 and pod-1, batch work on pod-2; batch requests queue for a pod
+    # to borrow. The online request leaves pod-1 (the lighter) so that it drains for them.
+    flt = ClassIsolationFilter()
+    eps = [
+        endpoint(0, in_flight=30),
+        endpoint(1, in_flight=18),
+        endpoint(2, in_flight=16, batch_in_flight=16),
+    ]
+    held_on_both = {"pod-0": 64, "pod-1": 64}
+    waiting = cycle_state(request(1088, batch_waiting=3), eps, held_on_both)
+    assert [e.id for e in flt.filter(waiting, eps)] == ["pod-0"]
+    # No batch request waiting: both online pods stay candidates.
+    calm = cycle_state(request(1088), eps, held_on_both)
+    assert [e.id for e in flt.filter(calm, eps)] == ["pod-0", "pod-1"]
+    # A pod that runs nothing is already free for batch work: nothing is yielded.
+    idle = [endpoint(0, in_flight=30), endpoint(1), eps[2]]
+    state = cycle_state(request(1088, batch_waiting=3), idle, held_on_both)
+    assert [e.id for e in flt.filter(state, idle)] == ["pod-0", "pod-1"]
+    # The other pod would answer too late (its queue): the lighter one is not yielded.
+    slow = [endpoint(0, in_flight=30, pending_prefill_tokens=40_000), eps[1], eps[2]]
+    state = cycle_state(request(1088, batch_waiting=3), slow, held_on_both)
+    assert [e.id for e in flt.filter(state, slow)] == ["pod-1"]
+    # Batch requests themselves are never steered by it.
+    as_batch = cycle_state(request(1088, request_class="batch", batch_waiting=3), eps, held_on_both)
+    assert len(flt.filter(as_batch, eps)) == 3
+
+
 def test_prefix_cache_scores_share_of_prompt_held() -> None:
     eps = fleet(3)
     state = cycle_state(request(1600), eps, {"pod-0": 50, "pod-1": 100})

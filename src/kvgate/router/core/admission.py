@@ -181,6 +181,15 @@ class FlowControl:
         allowed = self.shares.allowed(cls.tenant or "", ids, now)
         return candidates if allowed is None else [ep for ep in candidates if ep.id in allowed]
 
+    def batch_waiting(self, pool: str) -> int:
+        """Batch requests queued for a pod of `pool` they may borrow (an online pool's pod with
+        room under the borrowing limits)."""
+        return sum(
+            len(queue.fair)
+            for (request_class, _home, borrow), queue in self._queues.items()
+            if request_class == "batch" and pool in borrow
+        )
+
     def slots(self, ep: Endpoint, now: float) -> int:
         return self.saturation.slots(ep, now)
 

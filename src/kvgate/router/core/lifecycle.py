@@ -114,6 +114,7 @@ class RoutingCore:
             clock=clock,
             admits=self.warmup.admits,
             peers=self.peers,
+            batch_waiting=lambda pool: self.flow.batch_waiting(pool),
         )
         self.learner = Learner(
             metrics,

@@ -104,6 +104,7 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
         admits: Callable[[str, float, random.Random], bool] | None = None,
         peers: PeerLoads | None = None,
+        batch_waiting: Callable[[str], int] | None = None,
     ) -> None:
         self.state = state
         self.endpoints = endpoints
@@ -118,6 +119,8 @@ class Router:
         self.admits = admits
         # The other router replicas' load on each endpoint (`peer_load.py`), added to ours.
         self.peers = peers
+        # Batch requests queued in flow control that may borrow a pod of a pool (`admission.py`).
+        self.batch_waiting = batch_waiting
 
     async def plan(
         self,
@@ -164,6 +167,7 @@ class Router:
                 gpu_matched_blocks=on_gpu,
                 lora_adapter=lora.name if lora is not None else None,
                 prefix_sharers=sharers,
+                batch_waiting=self._batch_waiting(cls, pool),
             )
             snapshots = self.snapshots(members, now)
             try:
@@ -301,6 +305,11 @@ class Router:
                 )
             )
         return out
+
+    def _batch_waiting(self, cls: Classification, pool: PoolConfig) -> int:
+        if cls.request_class != "online" or self.batch_waiting is None:
+            return 0
+        return self.batch_waiting(pool.key)
 
     def _pool_rates(self, members: list[Endpoint]) -> dict[str, float]:
         """One prefill rate per pool: the median of its measured pods' estimates."""

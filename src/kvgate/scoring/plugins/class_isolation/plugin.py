@@ -13,6 +13,14 @@ none) are kept, unless none of them is within ``max_extra_seconds`` of the best 
 among all candidates (then every candidate is kept). Batch requests, and decisions where every
 candidate hosts as many batch requests, keep every candidate.
 
+While batch requests wait in this router's queue for a pod they may borrow
+(``RoutingRequest.batch_waiting``), the lightest of those pods with the fewest batch requests
+(fewest requests, ties by id) is yielded to them: it is dropped too, if it runs any request and
+another of them is within ``max_extra_seconds`` of the best. It drains, becomes borrowable under
+the borrowing limits, and the waiting batch work takes it. Without this the online traffic
+stays wherever its prefix groups started: two pods each half full of online requests, neither
+borrowable, while a batch queue grows (a pod that runs nothing is already free, and is kept).
+
 Two choices, both measured on the mixed workload at 130% load (docs/scoring.md, *Online and
 batch once blocks in flight count*):
 
@@ -55,10 +63,15 @@ class ClassIsolationFilter:
             return candidates
         fewest = min(e.batch_in_flight for e in candidates)
         free = [e for e in candidates if e.batch_in_flight == fewest]
-        if len(free) == len(candidates):
-            return candidates
         est = state.estimates
         best = min(est[e.id].ttft_seconds for e in candidates)
         limit = best + self.params.max_extra_seconds
         kept = [e for e in free if est[e.id].ttft_seconds <= limit]
+        if state.request.batch_waiting and len(free) > 1:
+            lightest = min(free, key=lambda e: (est[e.id].load, e.id))
+            others = [e for e in kept if e is not lightest]
+            if est[lightest.id].load > 0 and others:
+                return others
+        if len(free) == len(candidates):
+            return candidates
         return kept or candidates
