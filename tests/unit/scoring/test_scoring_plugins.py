@@ -286,6 +286,8 @@ def test_class_isolation_yields_the_lightest_online_pod_while_batch_waits() -> N
     held_on_both = {"pod-0": 64, "pod-1": 64}
     waiting = cycle_state(request(1088, batch_waiting=3), eps, held_on_both)
     assert [e.id for e in flt.filter(waiting, eps)] == ["pod-0"]
+    kept_apart = ClassIsolationFilter(ClassIsolationParams(yield_to_batch=False))
+    assert [e.id for e in kept_apart.filter(waiting, eps)] == ["pod-0", "pod-1"]
     # No batch request waiting: both online pods stay candidates.
     calm = cycle_state(request(1088), eps, held_on_both)
     assert [e.id for e in flt.filter(calm, eps)] == ["pod-0", "pod-1"]

@@ -47,6 +47,10 @@ class ClassIsolationParams(StrictParams):
     max_extra_seconds: float = Field(default=0.25, ge=0)
     """How much later (predicted TTFT) a pod with the fewest batch requests may answer than the
     best pod and still be preferred to it."""
+    yield_to_batch: bool = True
+    """While batch requests wait to borrow, leave the lightest online pod to them (see the
+    module docstring); false keeps the online traffic's decodes in smaller batches and lets
+    batch wait."""
 
 
 class ClassIsolationFilter:
@@ -67,7 +71,7 @@ class ClassIsolationFilter:
         best = min(est[e.id].ttft_seconds for e in candidates)
         limit = best + self.params.max_extra_seconds
         kept = [e for e in free if est[e.id].ttft_seconds <= limit]
-        if state.request.batch_waiting and len(free) > 1:
+        if self.params.yield_to_batch and state.request.batch_waiting and len(free) > 1:
             lightest = min(free, key=lambda e: (est[e.id].load, e.id))
             others = [e for e in kept if e is not lightest]
             if est[lightest.id].load > 0 and others:
