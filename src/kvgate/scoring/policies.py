@@ -119,7 +119,8 @@ class KvgateParams(StrictParams):
     like one."""
     class_isolation: ClassIsolationParams | None = ClassIsolationParams()
     """Online requests leave pods that batch work borrowed while one without answers within
-    ``max_extra_seconds`` of the best; None = off."""
+    ``max_extra_seconds`` of the best, and yield their lightest pod to batch requests waiting to
+    borrow one; None = off."""
     inflight_blocks: bool = True
     """Count the prompt blocks of the router's requests in flight on a pod as held there: the
     directory hears of them only once computed, and meanwhile a burst with one new prefix would
