@@ -2,6 +2,7 @@
 
 import asyncio
 import itertools
+from collections import Counter
 
 import pytest
 
@@ -174,6 +175,28 @@ def test_online_traffic_leaves_the_pods_batch_work_borrowed():
     mixed_p99, mixed_batch = ttfts({"class_isolation": None})
     assert isolated_p99 < 0.5 * mixed_p99
     assert isolated_batch < mixed_batch
+
+
+def test_online_traffic_yields_a_pod_to_batch_requests_waiting_to_borrow_one():
+    # Past capacity (about 130% of round robin's): the online prefix groups start on two pods,
+    # batch requests queue in the router for a pod under the borrowing limits. With the yield
+    # the online traffic leaves the lighter of its pods, which batch then borrows.
+    w = build_workload(
+        "mixed", {"seed": 0, "duration_s": 20, "online_rate_rps": 47, "batch_rate_rps": 7.8}
+    )
+
+    def run(yield_to_batch: bool) -> tuple[float, float]:
+        params = {"class_isolation": {"yield_to_batch": yield_to_batch}}
+        records = run_des(w, "kvgate", 4, policy_params=params).records
+        assert all(r.ok for r in records)
+        batch = [r.ttft_s or 0.0 for r in records if r.request_class == "batch"]
+        online = Counter(r.endpoint for r in records if r.request_class == "online")
+        return sum(batch) / len(batch), max(online.values()) / sum(online.values())
+
+    yielded_batch, yielded_share = run(True)
+    apart_batch, apart_share = run(False)
+    assert yielded_batch < 0.6 * apart_batch
+    assert yielded_share > 0.85 > 0.7 > apart_share
 
 
 @pytest.mark.parametrize("shared", [None, False], ids=["shared-by-default", "each-on-its-own"])
