@@ -7,7 +7,10 @@ Per target, over the requests that completed (``errors`` counts the others):
 - ``e2e_mean_s``, ``tpot_mean_s``;
 - ``throughput_rps`` = completed requests / makespan and ``output_tps`` = generated tokens /
   makespan, where makespan runs from the first send to the last byte received;
-- ``hit_rate`` = sum of ``cached_tokens`` / sum of ``prompt_tokens``, from the pods' ``usage``.
+- ``hit_rate`` = sum of ``cached_tokens`` / sum of ``prompt_tokens``, from the pods' ``usage``;
+- ``classes``: where the requests are of more than one class (``online`` and ``batch``), the
+  requests, errors, TTFT mean and p99, end-to-end mean and hit rate of each class apart (a batch
+  document's wait says nothing about the online traffic beside it).
 
 Bounds (:mod:`kvgate.bench.hit_bounds`), over the requests in the order the run sent them:
 ``ideal_hit_rate``, one infinite prefix cache shared by all pods (no router on any number of
@@ -66,6 +69,7 @@ class TargetSummary:
     generator: dict[str, Any] = field(default_factory=dict)
     engine: dict[str, float | None] = field(default_factory=dict)  # pods' own histograms
     router: dict[str, float | None] = field(default_factory=dict)  # kvgate router's metrics
+    classes: dict[str, dict[str, float | int | None]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {k: _finite(v) for k, v in asdict(self).items()}
@@ -116,7 +120,33 @@ def summarize(
         makespan_s=makespan,
         pods_used=dict(sorted(pods.items())),
         generator=health.to_json() if health is not None else {},
+        classes=_by_class(records),
     )
+
+
+def _by_class(records: list[RequestRecord]) -> dict[str, dict[str, float | int | None]]:
+    """Each request class's own numbers, when there is more than one class (else empty)."""
+    groups: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        groups.setdefault(r.request_class, []).append(r)
+    if len(groups) < 2:
+        return {}
+    out: dict[str, dict[str, float | int | None]] = {}
+    for name, group in sorted(groups.items()):
+        done = [r for r in group if r.ok]
+        ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
+        prompt = sum(r.prompt_tokens for r in done)
+        out[name] = {
+            "requests": len(group),
+            "errors": len(group) - len(done),
+            "ttft_mean_s": _finite(_mean(ttfts)),
+            "ttft_p99_s": _finite(percentile(ttfts, 99)),
+            "e2e_mean_s": _finite(_mean([r.e2e_s for r in done if r.e2e_s is not None])),
+            "hit_rate": _finite(
+                sum(r.cached_tokens for r in done) / prompt if prompt else math.nan
+            ),
+        }
+    return out
 
 
 def rescaled(record: RequestRecord, time_scale: float) -> RequestRecord:
@@ -198,6 +228,25 @@ def _opt(value: float | None) -> float:
     return math.nan if value is None else value
 
 
+def _class_table(report: BenchReport) -> list[str]:
+    """Each target's classes apart (no lines when every request is of one class)."""
+    rows = [
+        f"| {name} | {cls} | {c['requests']} | {_fmt(_opt(c['ttft_mean_s']))} "
+        f"| {_fmt(_opt(c['ttft_p99_s']))} | {_fmt(_opt(c['e2e_mean_s']))} "
+        f"| {_fmt(_opt(c['hit_rate']), 2)} | {c['errors']} |"
+        for name, s in report.targets.items()
+        for cls, c in s.classes.items()
+    ]
+    if not rows:
+        return []
+    return [
+        "",
+        "| target | class | requests | TTFT mean s | TTFT p99 s | e2e mean s | hit rate | errors |",
+        "|---|---|---|---|---|---|---|---|",
+        *rows,
+    ]
+
+
 def markdown_table(report: BenchReport) -> str:
     """One row per target; ratios against the first target (the baseline)."""
     lines = [
@@ -225,6 +274,7 @@ def markdown_table(report: BenchReport) -> str:
                     f"- {name}: mean TTFT {s.ttft_mean_s / base.ttft_mean_s:.2f}x {names[0]}'s, "
                     f"p99 {s.ttft_p99_s / base.ttft_p99_s:.2f}x"
                 )
+    lines.extend(_class_table(report))
     for name, s in report.targets.items():
         steps = s.engine.get("decodes_per_prefill_step")
         if steps is not None:

@@ -18,11 +18,21 @@ from kvgate.bench.workload import completion_request
 
 
 def _record(
-    rid, sent, first, end, prompt=100, cached=0, out=10, status=200, endpoint=None, error=None
+    rid,
+    sent,
+    first,
+    end,
+    prompt=100,
+    cached=0,
+    out=10,
+    status=200,
+    endpoint=None,
+    error=None,
+    request_class="online",
 ):
     return RequestRecord(
         request_id=rid,
-        request_class="online",
+        request_class=request_class,
         session_id=None,
         scheduled_s=sent,
         sent_s=sent,
@@ -114,3 +124,32 @@ def test_report_json_and_table(tmp_path):
     assert "| kvgate | 0.250 |" in table
     assert "mean TTFT 0.25x round-robin's" in table
     assert (tmp_path / "report.md").read_text().startswith("Workload `w`")
+
+
+def test_online_and_batch_are_summarised_apart_where_both_ran(tmp_path):
+    records = [
+        _record("o1", 0.0, 0.02, 1.0, prompt=100, cached=90),
+        _record("o2", 1.0, 1.04, 2.0, prompt=100, cached=90),
+        _record("b1", 0.0, 3.0, 9.0, prompt=1000, request_class="batch"),
+        _record("b2", 0.5, None, 0.6, status=429, error="queue_full", request_class="batch"),
+    ]
+    s = summarize("kvgate", records)
+    online, batch = s.classes["online"], s.classes["batch"]
+    assert (online["requests"], online["errors"], batch["requests"], batch["errors"]) == (
+        2,
+        0,
+        2,
+        1,
+    )
+    assert online["ttft_mean_s"] == pytest.approx(0.03)
+    assert online["hit_rate"] == pytest.approx(0.9)
+    assert (batch["ttft_mean_s"], batch["e2e_mean_s"], batch["hit_rate"]) == (3.0, 9.0, 0.0)
+    assert s.ttft_mean_s == pytest.approx(3.06 / 3)  # the whole run mixes both
+    report = BenchReport("mixed", "desc", 2, 0.5, {"kvgate": s})
+    data = json.loads(report.write(tmp_path).read_text())
+    assert data["targets"]["kvgate"]["classes"]["batch"]["ttft_p99_s"] == 3.0
+    assert "| kvgate | batch | 2 | 3.000 | 3.000 | 9.000 | 0.00 | 1 |" in markdown_table(report)
+    # One class only: nothing apart, no second table.
+    alone = summarize("kvgate", records[:2])
+    assert alone.classes == {}
+    assert "| class |" not in markdown_table(BenchReport("w", "d", 2, 0.5, {"kvgate": alone}))

@@ -67,11 +67,14 @@ class ClassIsolationFilter:
             return candidates
         fewest = min(e.batch_in_flight for e in candidates)
         free = [e for e in candidates if e.batch_in_flight == fewest]
+        yielding = self.params.yield_to_batch and state.request.batch_waiting > 0 and len(free) > 1
+        if len(free) == len(candidates) and not yielding:
+            return candidates
         est = state.estimates
         best = min(est[e.id].ttft_seconds for e in candidates)
         limit = best + self.params.max_extra_seconds
         kept = [e for e in free if est[e.id].ttft_seconds <= limit]
-        if self.params.yield_to_batch and state.request.batch_waiting and len(free) > 1:
+        if yielding:
             lightest = min(free, key=lambda e: (est[e.id].load, e.id))
             others = [e for e in kept if e is not lightest]
             if est[lightest.id].load > 0 and others:
