@@ -132,8 +132,9 @@ class RoutingRequest:
     # Per pod with a match: the requests in flight there that carry the whole matched prefix
     # (None: the router does not count blocks in flight).
     prefix_sharers: Mapping[str, int] | None = None
-    # For an online request: the batch requests queued in this router that may borrow a pod of
-    # its pool once one has room (`class-isolation` then hands them the lightest online pod).
+    # For an online request: the batch requests queued in this router with no batch pool of
+    # their own, to run on a pod of its pool once one has room under the borrowing limits
+    # (`class-isolation` then hands them the lightest online pod).
     batch_waiting: int = 0
 
 

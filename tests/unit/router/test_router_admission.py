@@ -600,6 +600,42 @@ async def test_online_decisions_see_the_batch_requests_waiting_to_borrow_their_p
     assert batch.decision.to_dict()["batch_waiting"] == 0  # counted for online requests only
 
 
+async def test_batch_requests_with_a_batch_pool_wait_for_it_not_for_online_room():
+    now = [100.0]
+    static = {"static": [{"url": "http://on0:8000"}]}
+    batch_pod = {"static": [{"url": "http://off0:8000"}]}
+    config = make_config(
+        pools=[
+            {"name": "on", "model": "m", "endpoints": static},
+            {"name": "off", "model": "m", "pool_class": "batch", "endpoints": batch_pod},
+        ],
+        tenants=TENANTS,
+        flow_control={"max_waiting_requests": 1},
+    )
+    endpoints = EndpointSet(lambda: now[0])
+    core = RoutingCore(
+        build_state(config),
+        endpoints,
+        {pool.key: MemoryBlockIndex() for pool in config.pools},
+        RouterMetrics(),
+        DirectoryMetrics(CollectorRegistry()).fallback_errors,
+        clock=lambda: now[0],
+    )
+    for pool in config.pools:
+        url = pool.endpoints.static[0].url
+        spec = EndpointSpec(url.removeprefix("http://"), pool.key, url)
+        await endpoints.replace_pool(pool.key, [spec])
+    core.endpoints_changed(endpoints.all(), [])
+    grants = Grants()
+    batch = {"x-kvgate-class": "batch"}
+    plan, _attempt = await _send(core, _request(**batch), grants)
+    assert plan.endpoint.id == "off0:8000"
+    # The batch pod is saturated and the online pod's load unknown (not borrowable): it waits,
+    # for its own pool; online decisions are not asked to make room for it.
+    assert isinstance(await core.admit(_request(**batch), grants), Waiter)
+    assert len(core.flow) == 1 and core.flow.batch_waiting(config.pools[0].key) == 0
+
+
 async def test_without_flow_control_saturation_changes_nothing():
     core, _now = await _core(flow={"enabled": False})
     grants = Grants()

@@ -182,12 +182,13 @@ class FlowControl:
         return candidates if allowed is None else [ep for ep in candidates if ep.id in allowed]
 
     def batch_waiting(self, pool: str) -> int:
-        """Batch requests queued for a pod of `pool` they may borrow (an online pool's pod with
-        room under the borrowing limits)."""
+        """Batch requests queued with no batch pool of their own, for a pod of `pool` (an online
+        pool: they run on one of its pods once it has room under the borrowing limits). Those
+        with a batch pool wait for it: online traffic does not make room for them."""
         return sum(
             len(queue.fair)
-            for (request_class, _home, borrow), queue in self._queues.items()
-            if request_class == "batch" and pool in borrow
+            for (request_class, home, borrow), queue in self._queues.items()
+            if request_class == "batch" and not home and pool in borrow
         )
 
     def slots(self, ep: Endpoint, now: float) -> int:

@@ -13,13 +13,14 @@ none) are kept, unless none of them is within ``max_extra_seconds`` of the best 
 among all candidates (then every candidate is kept). Batch requests, and decisions where every
 candidate hosts as many batch requests, keep every candidate.
 
-While batch requests wait in this router's queue for a pod they may borrow
-(``RoutingRequest.batch_waiting``), the lightest of those pods with the fewest batch requests
+While batch requests with no batch pool of their own wait in this router's queue for a pod
+they may borrow (``RoutingRequest.batch_waiting``), the lightest of those pods with the fewest batch requests
 (fewest requests, ties by id) is yielded to them: it is dropped too, if it runs any request and
 another of them is within ``max_extra_seconds`` of the best. It drains, becomes borrowable under
 the borrowing limits, and the waiting batch work takes it. Without this the online traffic
 stays wherever its prefix groups started: two pods each half full of online requests, neither
 borrowable, while a batch queue grows (a pod that runs nothing is already free, and is kept).
+Batch requests that have a batch pool wait for it: the online traffic makes no room for them.
 
 Two choices, both measured on the mixed workload at 130% load (docs/scoring.md, *Online and
 batch once blocks in flight count*):
