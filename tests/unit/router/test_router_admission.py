@@ -137,26 +137,31 @@ def test_the_fair_queue_keeps_its_order_through_random_pushes_takes_and_restores
 # -- the routing core's queue ------------------------------------------------------------------
 
 
-async def _core(n: int = 1, flow: dict[str, Any] | None = None) -> tuple[RoutingCore, list[float]]:
+async def _core(
+    n: int = 1, flow: dict[str, Any] | None = None, pools: list[dict[str, Any]] | None = None
+) -> tuple[RoutingCore, list[float]]:
+    """A core on the clock `now[0]` over `n` pods pod<i>:8000 of one online pool, or over the
+    static endpoints of `pools`."""
     now = [100.0]
     config = make_config(
         n,
         tenants=TENANTS,
         flow_control={"max_waiting_requests": 1, **(flow or {})},
+        **({"pools": pools} if pools else {}),
     )
     endpoints = EndpointSet(lambda: now[0])
-    pool = config.pools[0]
-    index = MemoryBlockIndex()
     core = RoutingCore(
         build_state(config),
         endpoints,
-        {pool.key: index},
+        {pool.key: MemoryBlockIndex() for pool in config.pools},
         RouterMetrics(),
         DirectoryMetrics(CollectorRegistry()).fallback_errors,
         clock=lambda: now[0],
     )
-    specs = [EndpointSpec(f"pod{i}:8000", pool.key, f"http://pod{i}:8000") for i in range(n)]
-    await endpoints.replace_pool(pool.key, specs)
+    for pool in config.pools:
+        urls = [e.url for e in pool.endpoints.static]
+        specs = [EndpointSpec(url.removeprefix("http://"), pool.key, url) for url in urls]
+        await endpoints.replace_pool(pool.key, specs)
     core.endpoints_changed(endpoints.all(), [])
     return core, now
 
@@ -601,31 +606,10 @@ async def test_online_decisions_see_the_batch_requests_waiting_to_borrow_their_p
 
 
 async def test_batch_requests_with_a_batch_pool_wait_for_it_not_for_online_room():
-    now = [100.0]
-    static = {"static": [{"url": "http://on0:8000"}]}
+    online = {"name": "on", "model": "m", "endpoints": {"static": [{"url": "http://on0:8000"}]}}
     batch_pod = {"static": [{"url": "http://off0:8000"}]}
-    config = make_config(
-        pools=[
-            {"name": "on", "model": "m", "endpoints": static},
-            {"name": "off", "model": "m", "pool_class": "batch", "endpoints": batch_pod},
-        ],
-        tenants=TENANTS,
-        flow_control={"max_waiting_requests": 1},
-    )
-    endpoints = EndpointSet(lambda: now[0])
-    core = RoutingCore(
-        build_state(config),
-        endpoints,
-        {pool.key: MemoryBlockIndex() for pool in config.pools},
-        RouterMetrics(),
-        DirectoryMetrics(CollectorRegistry()).fallback_errors,
-        clock=lambda: now[0],
-    )
-    for pool in config.pools:
-        url = pool.endpoints.static[0].url
-        spec = EndpointSpec(url.removeprefix("http://"), pool.key, url)
-        await endpoints.replace_pool(pool.key, [spec])
-    core.endpoints_changed(endpoints.all(), [])
+    batch_pool = {"name": "off", "model": "m", "pool_class": "batch", "endpoints": batch_pod}
+    core, _now = await _core(pools=[online, batch_pool])
     grants = Grants()
     batch = {"x-kvgate-class": "batch"}
     plan, _attempt = await _send(core, _request(**batch), grants)
@@ -633,7 +617,7 @@ async def test_batch_requests_with_a_batch_pool_wait_for_it_not_for_online_room(
     # The batch pod is saturated and the online pod's load unknown (not borrowable): it waits,
     # for its own pool; online decisions are not asked to make room for it.
     assert isinstance(await core.admit(_request(**batch), grants), Waiter)
-    assert len(core.flow) == 1 and core.flow.batch_waiting(config.pools[0].key) == 0
+    assert len(core.flow) == 1 and core.flow.batch_waiting(core.state.config.pools[0].key) == 0
 
 
 async def test_without_flow_control_saturation_changes_nothing():
