@@ -75,6 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_sweep_arguments(sweep)
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text}")
+    return value
+
+
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", type=Path, help="Mooncake-format JSONL trace to replay")
@@ -119,6 +126,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=1.0,
         help="live mode: wall seconds per simulated GPU second (sim --sim-time-scale)",
+    )
+    parser.add_argument(
+        "--clients",
+        type=_positive_int,
+        default=1,
+        help="live mode: load-generator processes sharing the schedule (default 1); more when "
+        "the report says the generator lagged",
     )
     parser.add_argument(
         "--tokenizer",
@@ -206,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration,
         fresh_fleet=args.fresh_fleet,
         time_scale=args.time_scale,
+        clients=args.clients,
         tokenizer=args.tokenizer,
         kv_events=args.kv_events,
         fleet_args=list(args.fleet_arg),

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import httpx
 
+from kvgate.bench.clients import run_clients
 from kvgate.bench.fleet import (
     ENGINE_COUNTERS,
     PodLoadSampler,
@@ -33,7 +34,7 @@ from kvgate.bench.fleet import (
     scrape_sums,
 )
 from kvgate.bench.hit_bounds import hit_rate_bounds
-from kvgate.bench.loadgen import LoadGenerator, ProgressCallback
+from kvgate.bench.loadgen import ProgressCallback, http_client
 from kvgate.bench.plots import write_plots
 from kvgate.bench.processes import StartError
 from kvgate.bench.records import LoadSample, RequestRecord
@@ -63,6 +64,7 @@ class HarnessSettings:
     request_timeout_s: float = 300.0
     sample_interval_s: float = 0.5
     time_scale: float = 1.0  # the fleet's --sim-time-scale; reports are in simulated seconds
+    clients: int = 1  # load-generator processes on one schedule (`clients.py`)
     tokenizer: str | None = None  # tokenizer dir for pods and kvgate routers (exact keys)
     kv_events: bool = False  # pods publish KV events; kvgate routers subscribe
     fleet_args: list[str] = field(default_factory=list)
@@ -88,8 +90,6 @@ class BenchResult:
     plots: list[Path]
     report_path: Path
 
-
-KEEPALIVE_S = 2.0
 
 # Called when a target starts (name, its index, how many there are).
 TargetCallback = Callable[[str, int, int], None]
@@ -122,16 +122,10 @@ async def run_live(
     )
     run = LiveRun()
     records, samples, summaries, notes = run.records, run.samples, run.summaries, run.notes
-    # Idle connections are dropped before servers drop them (uvicorn: 5 s), or a request sent on
-    # a connection the server is closing fails with a ReadError that is nobody's fault.
-    limits = httpx.Limits(
-        max_connections=None, max_keepalive_connections=256, keepalive_expiry=KEEPALIVE_S
-    )
-    timeout = httpx.Timeout(settings.request_timeout_s, connect=10.0)
     await fleet.start()
     run.pod_urls = list(fleet.urls)
     try:
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        async with http_client(settings.request_timeout_s) as client:
             run.kv_capacity_blocks = await scrape_kv_capacity_blocks(client, fleet.urls)
             for index, name in enumerate(settings.targets):
                 if on_target is not None:
@@ -161,17 +155,18 @@ async def run_live(
                 sampler.start()
                 router_stats: dict[str, float | None] = {}
                 try:
-                    generator = LoadGenerator(
+                    wall_records, health = await run_clients(
                         client,
                         target.base_url,
                         settings.model,
+                        wall_workload,
+                        clients=settings.clients,
                         duration_s=None
                         if settings.duration_s is None
                         else settings.duration_s * scale,
                         request_timeout_s=settings.request_timeout_s,
                         progress=progress,
                     )
-                    wall_records, health = await generator.run(wall_workload)
                     if name in kvgate_policies():
                         router_stats = await _router_stats(client, target.base_url, scale)
                 finally:
@@ -199,7 +194,9 @@ async def run_live(
                     notes.append(
                         f"{name}: the load generator lagged (max send lag "
                         f"{health.max_send_lag_s:.3f}s, loop stall {health.max_loop_lag_s:.3f}s, "
-                        f"{health.late_sends} late sends): the client limited this run"
+                        f"{health.late_sends} late sends over {settings.clients} client "
+                        "process(es)): the client limited this run; rerun with more --clients "
+                        "or a larger --time-scale"
                     )
     finally:
         await fleet.stop()
@@ -230,6 +227,7 @@ def write_outputs(
             "duration_s": settings.duration_s,
             "fresh_fleet": settings.fresh_fleet,
             "time_scale": settings.time_scale,
+            "clients": settings.clients,
             "fleet_args": settings.fleet_args,
             "tokenizer": settings.tokenizer,
             "kv_events": settings.kv_events,

@@ -28,6 +28,7 @@ import asyncio
 import gc
 import json
 import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +43,17 @@ ENDPOINT_HEADER = "x-kvgate-endpoint"
 TICK_S = 0.05
 
 ProgressCallback = Callable[[RequestRecord], None]
+#: Idle connections are dropped before servers drop them (uvicorn: 5 s), or a request sent on a
+#: connection the server is closing fails with a ReadError that is nobody's fault.
+KEEPALIVE_S = 2.0
+
+
+def http_client(request_timeout_s: float) -> httpx.AsyncClient:
+    """The HTTP client a generator sends with: no connection limit, idle ones kept briefly."""
+    limits = httpx.Limits(
+        max_connections=None, max_keepalive_connections=256, keepalive_expiry=KEEPALIVE_S
+    )
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(request_timeout_s, connect=10.0))
 
 
 def parse_usage(line: str) -> dict[str, Any] | None:
@@ -103,8 +115,10 @@ class LoadGenerator:
         duration_s: float | None = None,
         request_timeout_s: float = 300.0,
         progress: ProgressCallback | None = None,
+        client_index: int = 0,
     ) -> None:
         self._client = client
+        self._client_index = client_index
         self._base_url = base_url.rstrip("/")
         self._model = model
         self._duration_s = duration_s
@@ -121,11 +135,18 @@ class LoadGenerator:
     def _in_window(self, at_s: float) -> bool:
         return self._duration_s is None or at_s <= self._duration_s
 
-    async def run(self, workload: Workload) -> tuple[list[RequestRecord], GeneratorHealth]:
+    async def run(
+        self, workload: Workload, *, start_at: float | None = None
+    ) -> tuple[list[RequestRecord], GeneratorHealth]:
+        """Replay ``workload``; its clock starts now, or at the wall-clock instant ``start_at``
+        (``time.time()``), which several generator processes share (``clients.py``)."""
         self._records = []
         self._loop_lag_s = 0.0
         self._stalls = []
-        self._t0 = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        if start_at is not None:
+            await asyncio.sleep(max(0.0, start_at - time.time()))
+        self._t0 = loop.time()
         ticker = asyncio.create_task(self._tick(), name="loadgen-ticker")
         gc.freeze()
         try:
@@ -207,6 +228,7 @@ class LoadGenerator:
             session_id=request.session_id,
             scheduled_s=scheduled_s,
             sent_s=self._now(),
+            client=self._client_index,
         )
         try:
             async with asyncio.timeout(self._timeout):

@@ -23,6 +23,7 @@ class RequestRecord:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    client: int = 0  # which load-generator process sent it (`clients.py`; 0 when only one)
 
     @property
     def ok(self) -> bool:

@@ -92,6 +92,22 @@ def test_bench_run_replays_a_trace_through_two_routers(tmp_path: Path):
     assert len(lines) == 24
 
 
+def test_bench_run_shares_the_schedule_between_several_client_processes(tmp_path: Path):
+    report = _bench(tmp_path, "kvgate", "--clients", "3")
+    assert report["settings"]["clients"] == 3
+    target = report["targets"]["kvgate"]
+    assert target["errors"] == 0 and target["completed"] == 24, _failures(tmp_path, "kvgate")
+    records = [
+        json.loads(line) for line in (tmp_path / "records-kvgate.jsonl").read_text().splitlines()
+    ]
+    assert len({r["request_id"] for r in records}) == 24
+    assert {r["client"] for r in records} == {0, 1, 2}  # each process sent its share
+    # one clock: every request left within a few tens of ms of its schedule, whichever client
+    # process sent it (send lag would show a client that started late)
+    assert max(r["sent_s"] - r["scheduled_s"] for r in records) < 0.5
+    assert target["generator"]["late_sends"] <= 2
+
+
 PEERS = "llm-d-sticky,gie-weighted,dynamo-kv,load-aware,aibrix-prefix"
 
 

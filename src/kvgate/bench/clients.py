@@ -1,0 +1,195 @@
+"""Several load-generator processes on one schedule, for a client that one process cannot drive.
+
+One Python process sends a few hundred streamed requests a second before its own event loop
+sets the pace (the report says so: send lag, loop stalls). ``run_clients(..., clients=N)``
+splits the workload into N shards, runs N-1 of them in child processes (``spawn``) and one in
+the caller's loop, all on one clock:
+
+- **shards**: open-loop requests in arrival order go round the clients (request i to client
+  i mod N); sessions likewise, each whole in one client (a session's turns follow each other);
+- **one clock**: every child builds its HTTP client, says it is ready, and receives the wall
+  clock instant (``time.time()``) at which every generator starts its schedule;
+- **records**: a child sends each request's record to the parent as it completes (the progress
+  callback sees every request), then its generator health; the parent merges the healths (the
+  worst lag and stall of any client, late sends and stalls of all).
+
+A child that dies or sends nothing fails the run with the child's exit code (no record is
+invented for its requests). Children are stopped when the run ends, however it ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from typing import Any
+
+import httpx
+
+from kvgate.bench.loadgen import LoadGenerator, ProgressCallback, http_client
+from kvgate.bench.records import GeneratorHealth, RequestRecord
+from kvgate.bench.workload import Workload
+
+#: The schedule starts this long after the last child said it was ready.
+START_LEAD_S = 0.25
+#: How long a child may take to start and say it is ready (a spawn imports kvgate afresh).
+READY_TIMEOUT_S = 60.0
+
+
+class ClientProcessError(RuntimeError):
+    pass
+
+
+def shard(workload: Workload, index: int, count: int) -> Workload:
+    """Client ``index``'s share of ``workload`` out of ``count`` (see the module docstring)."""
+    requests = sorted(workload.requests, key=lambda r: r.arrival_s)
+    return replace(
+        workload,
+        requests=tuple(requests[index::count]),
+        sessions=tuple(workload.sessions[index::count]),
+    )
+
+
+def merged_health(healths: Sequence[GeneratorHealth], requests: Sequence[int]) -> GeneratorHealth:
+    """One health for clients that ran side by side (``requests``: how many each sent)."""
+    total = sum(requests)
+    return GeneratorHealth(
+        max_send_lag_s=max((h.max_send_lag_s for h in healths), default=0.0),
+        mean_send_lag_s=(
+            sum(h.mean_send_lag_s * n for h, n in zip(healths, requests, strict=True)) / total
+            if total
+            else 0.0
+        ),
+        max_loop_lag_s=max((h.max_loop_lag_s for h in healths), default=0.0),
+        late_sends=sum(h.late_sends for h in healths),
+        loop_stalls=sorted(stall for h in healths for stall in h.loop_stalls),
+    )
+
+
+async def run_clients(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    workload: Workload,
+    *,
+    clients: int = 1,
+    duration_s: float | None = None,
+    request_timeout_s: float = 300.0,
+    progress: ProgressCallback | None = None,
+) -> tuple[list[RequestRecord], GeneratorHealth]:
+    """Replay ``workload`` against ``base_url`` from ``clients`` generators (the first on
+    ``client`` in this loop); every request's record and the generators' merged health."""
+    generator = LoadGenerator(
+        client,
+        base_url,
+        model,
+        duration_s=duration_s,
+        request_timeout_s=request_timeout_s,
+        progress=progress,
+    )
+    if clients <= 1:
+        return await generator.run(workload)
+    context = multiprocessing.get_context("spawn")
+    children: list[tuple[Any, Connection]] = []
+    try:
+        for index in range(1, clients):
+            mine, theirs = context.Pipe()
+            process = context.Process(
+                target=_child,
+                args=(theirs, shard(workload, index, clients), base_url, model, index),
+                kwargs={"duration_s": duration_s, "request_timeout_s": request_timeout_s},
+                name=f"kvgate-bench-client-{index}",
+                daemon=True,
+            )
+            process.start()
+            theirs.close()
+            children.append((process, mine))
+        for process, conn in children:
+            await _receive(process, conn, READY_TIMEOUT_S)
+        start_at = time.time() + START_LEAD_S
+        for _process, conn in children:
+            conn.send(start_at)
+        own = asyncio.create_task(generator.run(shard(workload, 0, clients), start_at=start_at))
+        collected = await asyncio.gather(*(_collect(p, c, progress) for p, c in children))
+        records, health = await own
+    finally:
+        for process, conn in children:
+            conn.close()
+            process.join(timeout=5)
+            if process.is_alive():
+                process.kill()
+                process.join()
+    healths = [health, *(h for _recs, h in collected)]
+    counts = [len(records), *(len(recs) for recs, _h in collected)]
+    for recs, _h in collected:
+        records.extend(recs)
+    return records, merged_health(healths, counts)
+
+
+async def _receive(process: Any, conn: Connection, timeout_s: float | None = None) -> Any:
+    """The child's next message (waiting in a thread, not on the loop)."""
+
+    def wait() -> Any:
+        if timeout_s is not None and not conn.poll(timeout_s):
+            raise ClientProcessError(f"{process.name} did not answer within {timeout_s:g}s")
+        return conn.recv()
+
+    try:
+        return await asyncio.to_thread(wait)
+    except (EOFError, OSError) as exc:
+        process.join(timeout=5)
+        raise ClientProcessError(f"{process.name} stopped (exit code {process.exitcode})") from exc
+
+
+async def _collect(
+    process: Any, conn: Connection, progress: ProgressCallback | None
+) -> tuple[list[RequestRecord], GeneratorHealth]:
+    records: list[RequestRecord] = []
+    while True:
+        message = await _receive(process, conn)
+        if isinstance(message, GeneratorHealth):
+            return records, message
+        records.append(message)
+        if progress is not None:
+            progress(message)
+
+
+def _child(
+    conn: Connection,
+    workload: Workload,
+    base_url: str,
+    model: str,
+    index: int,
+    *,
+    duration_s: float | None,
+    request_timeout_s: float,
+) -> None:
+    asyncio.run(_child_run(conn, workload, base_url, model, index, duration_s, request_timeout_s))
+
+
+async def _child_run(
+    conn: Connection,
+    workload: Workload,
+    base_url: str,
+    model: str,
+    index: int,
+    duration_s: float | None,
+    request_timeout_s: float,
+) -> None:
+    async with http_client(request_timeout_s) as client:
+        conn.send("ready")
+        start_at = await asyncio.to_thread(conn.recv)
+        generator = LoadGenerator(
+            client,
+            base_url,
+            model,
+            duration_s=duration_s,
+            request_timeout_s=request_timeout_s,
+            progress=conn.send,
+            client_index=index,
+        )
+        _records, health = await generator.run(workload, start_at=start_at)
+    conn.send(health)
