@@ -23,6 +23,7 @@ import asyncio
 import multiprocessing
 import time
 from collections.abc import Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
@@ -94,6 +95,9 @@ async def run_clients(
         return await generator.run(workload)
     context = multiprocessing.get_context("spawn")
     children: list[tuple[Any, Connection]] = []
+    # One thread per child waits on its pipe (the loop's default pool may have fewer threads
+    # than there are children, and a child whose pipe is not read stalls on its next send).
+    readers = ThreadPoolExecutor(max_workers=clients - 1, thread_name_prefix="bench-client")
     try:
         for index in range(1, clients):
             mine, theirs = context.Pipe()
@@ -108,12 +112,19 @@ async def run_clients(
             theirs.close()
             children.append((process, mine))
         for process, conn in children:
-            await _receive(process, conn, READY_TIMEOUT_S)
+            await _receive(readers, process, conn, READY_TIMEOUT_S)
         start_at = time.time() + START_LEAD_S
         for _process, conn in children:
             conn.send(start_at)
         own = asyncio.create_task(generator.run(shard(workload, 0, clients), start_at=start_at))
-        collected = await asyncio.gather(*(_collect(p, c, progress) for p, c in children))
+        try:
+            collected = await asyncio.gather(
+                *(_collect(readers, p, c, progress) for p, c in children)
+            )
+        except BaseException:
+            own.cancel()
+            await asyncio.gather(own, return_exceptions=True)
+            raise
         records, health = await own
     finally:
         for process, conn in children:
@@ -122,6 +133,7 @@ async def run_clients(
             if process.is_alive():
                 process.kill()
                 process.join()
+        readers.shutdown(wait=False, cancel_futures=True)
     healths = [health, *(h for _recs, h in collected)]
     counts = [len(records), *(len(recs) for recs, _h in collected)]
     for recs, _h in collected:
@@ -129,8 +141,10 @@ async def run_clients(
     return records, merged_health(healths, counts)
 
 
-async def _receive(process: Any, conn: Connection, timeout_s: float | None = None) -> Any:
-    """The child's next message (waiting in a thread, not on the loop)."""
+async def _receive(
+    readers: Executor, process: Any, conn: Connection, timeout_s: float | None = None
+) -> Any:
+    """The child's next message (waiting in a reader thread, not on the loop)."""
 
     def wait() -> Any:
         if timeout_s is not None and not conn.poll(timeout_s):
@@ -138,18 +152,18 @@ async def _receive(process: Any, conn: Connection, timeout_s: float | None = Non
         return conn.recv()
 
     try:
-        return await asyncio.to_thread(wait)
+        return await asyncio.get_running_loop().run_in_executor(readers, wait)
     except (EOFError, OSError) as exc:
         process.join(timeout=5)
         raise ClientProcessError(f"{process.name} stopped (exit code {process.exitcode})") from exc
 
 
 async def _collect(
-    process: Any, conn: Connection, progress: ProgressCallback | None
+    readers: Executor, process: Any, conn: Connection, progress: ProgressCallback | None
 ) -> tuple[list[RequestRecord], GeneratorHealth]:
     records: list[RequestRecord] = []
     while True:
-        message = await _receive(process, conn)
+        message = await _receive(readers, process, conn)
         if isinstance(message, GeneratorHealth):
             return records, message
         records.append(message)

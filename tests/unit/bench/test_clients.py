@@ -1,6 +1,11 @@
 """Several load-generator processes: how the workload is shared and how their health merges."""
 
-from kvgate.bench.clients import merged_health, shard
+import multiprocessing
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from kvgate.bench.clients import ClientProcessError, _receive, merged_health, shard
 from kvgate.bench.records import GeneratorHealth
 from kvgate.bench.workload import Session, Workload, completion_request
 
@@ -37,3 +42,17 @@ def test_merged_health_keeps_the_worst_client_and_every_late_send():
     assert (merged.max_send_lag_s, merged.max_loop_lag_s, merged.late_sends) == (0.2, 0.4, 6)
     assert abs(merged.mean_send_lag_s - (0.01 * 30 + 0.04 * 10) / 40) < 1e-12
     assert merged.loop_stalls == [(1.0, 0.4), (3.0, 0.3)]
+
+
+def _exit_at_once(conn) -> None:
+    raise SystemExit(3)
+
+
+async def test_a_client_process_that_dies_fails_the_run_with_its_exit_code():
+    context = multiprocessing.get_context("spawn")
+    mine, theirs = context.Pipe()
+    process = context.Process(target=_exit_at_once, args=(theirs,), name="client-1")
+    process.start()
+    theirs.close()
+    with ThreadPoolExecutor(1) as readers, pytest.raises(ClientProcessError, match="exit code 3"):
+        await _receive(readers, process, mine, 60)
