@@ -24,7 +24,7 @@ import multiprocessing
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -101,12 +101,16 @@ async def run_clients(
     try:
         for index in range(1, clients):
             mine, theirs = context.Pipe()
+            job = _Shard(
+                shard(workload, index, clients),
+                index,
+                base_url,
+                model,
+                duration_s,
+                request_timeout_s,
+            )
             process = context.Process(
-                target=_child,
-                args=(theirs, shard(workload, index, clients), base_url, model, index),
-                kwargs={"duration_s": duration_s, "request_timeout_s": request_timeout_s},
-                name=f"kvgate-bench-client-{index}",
-                daemon=True,
+                target=_child, args=(theirs, job), name=f"kvgate-bench-client-{index}", daemon=True
             )
             process.start()
             theirs.close()
@@ -171,39 +175,34 @@ async def _collect(
             progress(message)
 
 
-def _child(
-    conn: Connection,
-    workload: Workload,
-    base_url: str,
-    model: str,
-    index: int,
-    *,
-    duration_s: float | None,
-    request_timeout_s: float,
-) -> None:
-    asyncio.run(_child_run(conn, workload, base_url, model, index, duration_s, request_timeout_s))
+@dataclass(frozen=True)
+class _Shard:
+    """What one child process sends: its share of the workload, and where and how."""
+
+    workload: Workload
+    index: int
+    base_url: str
+    model: str
+    duration_s: float | None
+    request_timeout_s: float
 
 
-async def _child_run(
-    conn: Connection,
-    workload: Workload,
-    base_url: str,
-    model: str,
-    index: int,
-    duration_s: float | None,
-    request_timeout_s: float,
-) -> None:
-    async with http_client(request_timeout_s) as client:
+def _child(conn: Connection, job: _Shard) -> None:
+    asyncio.run(_child_run(conn, job))
+
+
+async def _child_run(conn: Connection, job: _Shard) -> None:
+    async with http_client(job.request_timeout_s) as client:
         conn.send("ready")
         start_at = await asyncio.to_thread(conn.recv)
         generator = LoadGenerator(
             client,
-            base_url,
-            model,
-            duration_s=duration_s,
-            request_timeout_s=request_timeout_s,
+            job.base_url,
+            job.model,
+            duration_s=job.duration_s,
+            request_timeout_s=job.request_timeout_s,
             progress=conn.send,
-            client_index=index,
+            client_index=job.index,
         )
-        _records, health = await generator.run(workload, start_at=start_at)
+        _records, health = await generator.run(job.workload, start_at=start_at)
     conn.send(health)
