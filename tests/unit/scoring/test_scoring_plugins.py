@@ -288,6 +288,9 @@ def test_class_isolation_yields_the_lightest_online_pod_while_batch_waits() -> N
     assert [e.id for e in flt.filter(waiting, eps)] == ["pod-0"]
     kept_apart = ClassIsolationFilter(ClassIsolationParams(yield_to_batch=False))
     assert [e.id for e in kept_apart.filter(waiting, eps)] == ["pod-0", "pod-1"]
+    # A cold prompt (nothing cached anywhere) is placed by load as before: no yield.
+    cold = cycle_state(request(1088, batch_waiting=3), eps, {})
+    assert [e.id for e in flt.filter(cold, eps)] == ["pod-0", "pod-1"]
     # No batch request waiting: both online pods stay candidates.
     calm = cycle_state(request(1088), eps, held_on_both)
     assert [e.id for e in flt.filter(calm, eps)] == ["pod-0", "pod-1"]

@@ -21,6 +21,10 @@ the borrowing limits, and the waiting batch work takes it. Without this the onli
 stays wherever its prefix groups started: two pods each half full of online requests, neither
 borrowable, while a batch queue grows (a pod that runs nothing is already free, and is kept).
 Batch requests that have a batch pool wait for it: the online traffic makes no room for them.
+Only a request that finds at least half its prompt cached on one of those pods yields: traffic
+that gathers with its hits adds little prefill where it gathers, while cold prompts packed onto
+fewer pods stall the decodes there with their prefills (mixed with cold online prompts at 130%:
+online end-to-end 3.0 s spread, 7.7 s packed; docs/scoring.md).
 
 Two choices, both measured on the mixed workload at 130% load (docs/scoring.md, *Online and
 batch once blocks in flight count*):
@@ -42,6 +46,10 @@ from pydantic import Field
 
 from kvgate.scoring.base import REASON_CLASS_ISOLATION, CycleState, EndpointSnapshot
 from kvgate.scoring.params import StrictParams
+
+#: The yield applies to a request that finds at least this share of its prompt cached on one of
+#: the pods with the fewest batch requests.
+MIN_CACHED_SHARE = 0.5
 
 
 class ClassIsolationParams(StrictParams):
@@ -75,7 +83,10 @@ class ClassIsolationFilter:
         best = min(est[e.id].ttft_seconds for e in candidates)
         limit = best + self.params.max_extra_seconds
         kept = [e for e in free if est[e.id].ttft_seconds <= limit]
-        if yielding:
+        # Only traffic that gathers with its hits: cold prompts packed onto fewer pods would stall
+        # their decodes with prefills.
+        cached = max(est[e.id].hit_tokens for e in free)
+        if yielding and cached >= MIN_CACHED_SHARE * state.request.prompt_tokens:
             lightest = min(free, key=lambda e: (est[e.id].load, e.id))
             others = [e for e in kept if e is not lightest]
             if est[lightest.id].load > 0 and others:
