@@ -133,18 +133,14 @@ def _by_class(records: list[RequestRecord]) -> dict[str, dict[str, float | int |
         return {}
     out: dict[str, dict[str, float | int | None]] = {}
     for name, group in sorted(groups.items()):
-        done = [r for r in group if r.ok]
-        ttfts = [r.ttft_s for r in done if r.ttft_s is not None]
-        prompt = sum(r.prompt_tokens for r in done)
+        s = summarize(name, group)  # one class: no classes of its own
         out[name] = {
-            "requests": len(group),
-            "errors": len(group) - len(done),
-            "ttft_mean_s": _finite(_mean(ttfts)),
-            "ttft_p99_s": _finite(percentile(ttfts, 99)),
-            "e2e_mean_s": _finite(_mean([r.e2e_s for r in done if r.e2e_s is not None])),
-            "hit_rate": _finite(
-                sum(r.cached_tokens for r in done) / prompt if prompt else math.nan
-            ),
+            "requests": s.requests,
+            "errors": s.errors,
+            "ttft_mean_s": _finite(s.ttft_mean_s),
+            "ttft_p99_s": _finite(s.ttft_p99_s),
+            "e2e_mean_s": _finite(s.e2e_mean_s),
+            "hit_rate": _finite(s.hit_rate),
         }
     return out
 

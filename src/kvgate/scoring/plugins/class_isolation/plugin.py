@@ -85,8 +85,9 @@ class ClassIsolationFilter:
         kept = [e for e in free if est[e.id].ttft_seconds <= limit]
         # Only traffic that gathers with its hits: cold prompts packed onto fewer pods would stall
         # their decodes with prefills.
-        cached = max(est[e.id].hit_tokens for e in free)
-        if yielding and cached >= MIN_CACHED_SHARE * state.request.prompt_tokens:
+        if yielding and max(est[e.id].hit_tokens for e in free) >= (
+            MIN_CACHED_SHARE * state.request.prompt_tokens
+        ):
             lightest = min(free, key=lambda e: (est[e.id].load, e.id))
             others = [e for e in kept if e is not lightest]
             if est[lightest.id].load > 0 and others:
