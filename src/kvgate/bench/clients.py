@@ -112,7 +112,9 @@ async def run_clients(
             process = context.Process(
                 target=_child, args=(theirs, job), name=f"kvgate-bench-client-{index}", daemon=True
             )
-            process.start()
+            # Starting a spawned child pickles its shard (prompts as token ids): not on the loop,
+            # where the pod-load sampler is already running.
+            await asyncio.get_running_loop().run_in_executor(readers, process.start)
             theirs.close()
             children.append((process, mine))
         for process, conn in children:
