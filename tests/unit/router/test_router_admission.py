@@ -530,6 +530,32 @@ async def test_queued_requests_on_one_new_prefix_wait_for_the_pod_the_first_is_g
     assert planned.endpoint.id == "pod0:8000" and planned.decision.predicted_hit_tokens >= 8192
 
 
+async def test_one_dispatch_grants_a_pod_no_more_prefill_than_the_token_limit():
+    """A pod that frees up is granted a long cold prompt; the short prompt queued behind it
+    is not granted the same pod in that dispatch (it would wait there for the long prefill):
+    the long one's tokens are reserved with its slot, and the short one takes the next pod."""
+    core, now = await _core(2, flow={"max_waiting_requests": 3, "max_pending_prefill_tokens": 2048})
+    grants = Grants()
+    busy = {}
+    for first in (50_000, 60_000):  # each pod saturated by one prompt over the token limit
+        plan, attempt = await _send(core, _request(4096, first=first), grants)
+        busy[plan.endpoint.id] = (plan, attempt)
+    assert set(busy) == {"pod0:8000", "pod1:8000"}
+    long, short = _request(8192, first=100_000), _request(64, first=200_000)
+    long.request_id, short.request_id = "long", "short"
+    assert isinstance(await core.admit(long, grants), Waiter)
+    now[0] += 2.0  # the long one arrived more than its prefill before: it stays ahead
+    assert isinstance(await core.admit(short, grants), Waiter)
+    core.first_byte(*busy["pod0:8000"], streamed=True)  # pod0 has three free slots
+    assert grants.names() == ["long"] and grants.done[0].granted_to == "pod0:8000"
+    assert core.flow.saturation.reserved == {"pod0:8000": 1}
+    core.first_byte(*busy["pod1:8000"], streamed=True)
+    assert grants.names() == ["long", "short"] and grants.done[1].granted_to == "pod1:8000"
+    for waiter, pod in zip(grants.done, ("pod0:8000", "pod1:8000"), strict=True):
+        assert (await core.dispatch(waiter)).endpoint.id == pod
+    assert core.flow.saturation.reserved == {}
+
+
 def test_shared_blocks_are_found_by_bisection_over_chained_keys():
     def chain(tokens: list[int]) -> list[bytes]:
         keys, parent = [], b""

@@ -37,8 +37,9 @@ new prefix all queue before any pod holds it; without this, each would compute i
 slot opened first (the queue's own blocks in flight: on the Mooncake trace at 130% load on 4
 pods, hit rate 0.011 -> 0.014, mean TTFT 14.43 -> 13.95 s; docs/benchmarks.md).
 
-A granted waiter is planned by the policy over the pods with room (its slot stays reserved until
-it is sent). A waiter whose deadline passes is answered 429 `deadline_exceeded` with
+A granted waiter is planned by the policy over the pods with room (its slot, and the tokens it
+will prefill there, stay reserved until it is sent: the next grants of the same dispatch see
+them). A waiter whose deadline passes is answered 429 `deadline_exceeded` with
 `retry-after`; one whose client leaves is removed (`cancel`). At shutdown queued requests keep
 being dispatched during the grace; the drain answers those still queued at its end (503,
 `retry-after`). Plain synchronous code on the routing core's clock, so the discrete-event bench
@@ -103,7 +104,9 @@ class Waiter:
     holder_since: float = 0.0  # when `holder` became its holder
     node: Queued[Waiter] | None = None  # its place while queued
     place: Queued[Waiter] | None = None  # its place, kept after it left (`requeue`)
+    prompt_tokens: int = 0
     granted_to: str | None = None
+    granted_tokens: int = 0  # what it will prefill on `granted_to` (reserved there with the slot)
     error: RouterError | None = None
     done: bool = False
     seq: int = 0  # its number each time it joins a queue (deadline bookkeeping)
@@ -278,6 +281,7 @@ class FlowControl:
             keys=keys,
             prefill_tokens_per_second=prefill_tokens_per_second,
             holder_since=now,
+            prompt_tokens=prompt_tokens,
         )
         if not queue.fair:  # a new backlog: the last one's rate spans an idle gap
             queue.grants.clear()
@@ -385,8 +389,8 @@ class FlowControl:
         ep = waiter.granted_to
         if ep is None:
             return
-        waiter.granted_to = None
-        self.saturation.release(ep)
+        self.saturation.release(ep, waiter.granted_tokens)
+        waiter.granted_to, waiter.granted_tokens = None, 0
 
     # -- dispatch --------------------------------------------------------------------------
 
@@ -405,7 +409,8 @@ class FlowControl:
         free = self.room(candidates, now)
         if not free:
             return
-        ids = [ep.id for ep in candidates]
+        by_id = {ep.id: ep for ep in candidates}
+        ids = list(by_id)
         window = [node for _, node in zip(range(_MAX_SCAN), queue.fair, strict=False)]
         granted: list[Waiter] = []
         granted_pods: dict[str, set[str]] = {}  # tenant -> pods granted in this pump
@@ -439,18 +444,17 @@ class FlowControl:
                 if target is None:
                     continue
                 mine.add(target)
-                left = free[target] - 1
+                waiter.granted_to = target
+                waiter.granted_tokens = max(0, waiter.prompt_tokens - waiter.hits.get(target, 0))
+                self.saturation.reserve(target, waiter.granted_tokens)
+                left = self.saturation.slots(by_id[target], now)
                 if left:
                     free[target] = left
                 else:
                     del free[target]
-                waiter.granted_to = target
                 granted.append(waiter)
                 self._follow(waiter, target, window, now)
         for waiter in granted:
-            target = waiter.granted_to
-            assert target is not None
-            self.saturation.reserve(target)
             queue.grants.append(now)
             self._leave(waiter, "dispatched")
             self._finish(waiter)

@@ -6,7 +6,9 @@ and this router's own requests on it not yet past their prefill (which also cove
 since the last scrape). It has none while its scraped KV cache usage is at `max_kv_cache_usage`,
 while this router's unprefilled tokens on it reach `max_pending_prefill_tokens` (an idle pod
 always takes one request), or while it is ejected or draining. Slots granted to queued requests
-not sent yet are reserved (`reserve` / `release`).
+not sent yet are reserved with the tokens they will prefill there (`reserve` / `release`): they
+count as this router's requests and tokens on the pod, so one dispatch does not grant a pod a
+60k-token prompt and then the short ones queued behind it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from kvgate.router.core.accounting import Accounting
 class Saturation:
     def __init__(self, accounting: Accounting) -> None:
         self._accounting = accounting
-        self._reserved: dict[str, int] = {}  # endpoint id -> slots granted, not sent yet
+        # endpoint id -> (slots, uncached prompt tokens) granted to waiters not sent yet
+        self._reserved: dict[str, tuple[int, int]] = {}
         self.limits = FlowControlConfig()
         self.stale_after_seconds = 2.0
 
@@ -35,8 +38,9 @@ class Saturation:
             return 0
         limits = self.limits
         own = self._accounting.load(ep.id, now)
-        if own.pending_prefill_requests and (
-            own.pending_prefill_tokens >= limits.max_pending_prefill_tokens
+        reserved, reserved_tokens = self._reserved.get(ep.id, (0, 0))
+        if (own.pending_prefill_requests or reserved) and (
+            own.pending_prefill_tokens + reserved_tokens >= limits.max_pending_prefill_tokens
         ):
             return 0
         backlog = own.pending_prefill_requests
@@ -44,7 +48,7 @@ class Saturation:
             if ep.load.kv_cache_usage >= limits.max_kv_cache_usage:
                 return 0
             backlog = max(backlog, int(ep.load.waiting))
-        return max(0, limits.max_waiting_requests - backlog - self._reserved.get(ep.id, 0))
+        return max(0, limits.max_waiting_requests - backlog - reserved)
 
     def any_room(self, endpoints: Iterable[Endpoint], now: float) -> bool:
         """Some endpoint of `endpoints` has a free slot (stops at the first)."""
@@ -59,17 +63,19 @@ class Saturation:
                 out[ep.id] = n
         return out
 
-    def reserve(self, endpoint_id: str) -> None:
-        self._reserved[endpoint_id] = self._reserved.get(endpoint_id, 0) + 1
+    def reserve(self, endpoint_id: str, tokens: int) -> None:
+        """A slot on `endpoint_id` for a request that will prefill `tokens` there."""
+        slots, held = self._reserved.get(endpoint_id, (0, 0))
+        self._reserved[endpoint_id] = (slots + 1, held + tokens)
 
-    def release(self, endpoint_id: str) -> None:
-        left = self._reserved.get(endpoint_id, 0) - 1
-        if left > 0:
-            self._reserved[endpoint_id] = left
+    def release(self, endpoint_id: str, tokens: int) -> None:
+        slots, held = self._reserved.get(endpoint_id, (0, 0))
+        if slots > 1:
+            self._reserved[endpoint_id] = (slots - 1, max(0, held - tokens))
         else:
             self._reserved.pop(endpoint_id, None)
 
     @property
     def reserved(self) -> dict[str, int]:
         """Slots reserved per endpoint (for tests and /debug)."""
-        return dict(self._reserved)
+        return {ep: slots for ep, (slots, _) in self._reserved.items()}
