@@ -104,7 +104,7 @@ class Waiter:
     holder_since: float = 0.0  # when `holder` became its holder
     node: Queued[Waiter] | None = None  # its place while queued
     place: Queued[Waiter] | None = None  # its place, kept after it left (`requeue`)
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # what it prefills on a pod that holds none of it
     granted_to: str | None = None
     granted_tokens: int = 0  # what it will prefill on `granted_to` (reserved there with the slot)
     error: RouterError | None = None
