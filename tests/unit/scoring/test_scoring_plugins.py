@@ -476,6 +476,35 @@ def test_near_equal_partial_hit_tie_break_applies_below_the_share() -> None:
     assert without.pick(state, eps, ties).id == "pod-1"
 
 
+def test_near_equal_partial_hit_with_a_long_rest_is_picked_like_a_cold_one() -> None:
+    """A partial hit whose rest takes longer than ``partial_hit_max_prefill_seconds`` is a cold
+    prefill in all but name: ``no_hit_tie_break`` picks it, not ``tie_break``."""
+    eps = [endpoint(0, in_flight=3), endpoint(1, in_flight=1), endpoint(2, in_flight=2)]
+    history = ChoiceHistory()
+    for eid in ["pod-2", "pod-1", "pod-0"]:
+        history.record(eid)
+    picker = NearEqualPicker(
+        NearEqualParams(
+            tie_break="least-recent",
+            no_hit_tie_break="least-load",
+            partial_hit_tie_break="least-recent",
+        )
+    )
+    ties = [1.0] * 3
+
+    def pick(matched_blocks: int, prompt_tokens: int) -> tuple[str, str | None]:
+        matched = {e.id: matched_blocks for e in eps}
+        state = cycle_state(request(prompt_tokens), eps, matched, history=history)
+        rule = picker.tie_break([state.estimates[e.id] for e in eps], ties)
+        return picker.pick(state, eps, ties).id, rule
+
+    # At the prior 10k tokens/s a 0.25 s rest is 2,500 tokens.
+    assert pick(100, 4096) == ("pod-2", "least-recent")  # short rest: partial_hit_tie_break
+    assert pick(100, 16_384) == ("pod-1", "least-load")  # 14,784-token rest: as if cold
+    assert pick(1000, 16_384) == ("pod-2", "least-recent")  # 97.7% held: tie_break
+    assert pick(0, 16_384) == ("pod-1", "least-load")  # no hit: no_hit_tie_break
+
+
 def test_round_robin_cycles_and_takes_newcomers_first() -> None:
     eps = fleet(3)
     history = ChoiceHistory()

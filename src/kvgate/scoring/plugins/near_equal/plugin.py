@@ -22,7 +22,10 @@ When every candidate in the near-equal set holds some of the prompt but less tha
 ``partial_hit_tie_break`` applies (default: same as ``tie_break``). Such a request starts a new
 context on a shared head (a new conversation on a system prompt every pod holds): where it
 lands is where its later turns will go, so the pick places future load, not only this
-request's. A long rest is a cold prefill in all but name, and is picked as one.
+request's. A long rest is a cold prefill in all but name, and is picked as one: with
+``partial_hit_tie_break`` set, when every candidate holds less than ``partial_hit_share`` of the
+prompt and computes the rest in longer than ``partial_hit_max_prefill_seconds``,
+``no_hit_tie_break`` applies.
 """
 
 from __future__ import annotations
@@ -93,11 +96,12 @@ class NearEqualPicker:
         if not any(e.hit_tokens for e in near):
             return p.no_hit_tie_break or p.tie_break
         if p.partial_hit_tie_break is not None and all(
-            e.hit_tokens < p.partial_hit_share * (e.hit_tokens + e.uncached_tokens)
-            and e.prefill_seconds <= p.partial_hit_max_prefill_seconds
-            for e in near
+            e.hit_tokens < p.partial_hit_share * (e.hit_tokens + e.uncached_tokens) for e in near
         ):
-            return p.partial_hit_tie_break
+            if all(e.prefill_seconds <= p.partial_hit_max_prefill_seconds for e in near):
+                return p.partial_hit_tie_break
+            if all(e.prefill_seconds > p.partial_hit_max_prefill_seconds for e in near):
+                return p.no_hit_tie_break or p.tie_break
         return p.tie_break
 
 
