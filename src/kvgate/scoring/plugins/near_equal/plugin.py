@@ -95,13 +95,15 @@ class NearEqualPicker:
         p = self.params
         if not any(e.hit_tokens for e in near):
             return p.no_hit_tie_break or p.tie_break
-        if p.partial_hit_tie_break is not None and all(
+        if p.partial_hit_tie_break is None or not all(
             e.hit_tokens < p.partial_hit_share * (e.hit_tokens + e.uncached_tokens) for e in near
         ):
-            if all(e.prefill_seconds <= p.partial_hit_max_prefill_seconds for e in near):
-                return p.partial_hit_tie_break
-            if all(e.prefill_seconds > p.partial_hit_max_prefill_seconds for e in near):
-                return p.no_hit_tie_break or p.tie_break
+            return p.tie_break
+        long_rests = sum(e.prefill_seconds > p.partial_hit_max_prefill_seconds for e in near)
+        if long_rests == 0:
+            return p.partial_hit_tie_break
+        if long_rests == len(near):
+            return p.no_hit_tie_break or p.tie_break
         return p.tie_break
 
 
