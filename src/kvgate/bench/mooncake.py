@@ -8,10 +8,18 @@ A trace is JSONL, one request per line::
 one block of :data:`MOONCAKE_BLOCK_TOKENS` prompt tokens, and the ids are chained on their prefix:
 two requests whose ``hash_ids`` start with the same *k* ids share their first ``k * 512`` tokens.
 
-Replay: each hash id maps to a deterministic block of 512 token ids drawn from a PRNG seeded by
+Other traces in this shape are read too. Alibaba's Bailian traces (Qwen usage traces) carry
+``chat_id`` and ``parent_chat_id``, timestamps in seconds and 16-token blocks: a trace whose first
+row has a ``chat_id`` is read as one (``trace_format``), and its turns carry the id of their
+conversation's first turn as their session id (sent as the router's session header). A row's ``session_id`` (aiperf and Dynamo traces)
+is its session id. How many tokens a hash id stands for is read from the trace itself unless
+``block_tokens`` says: the power of two for which the most rows have exactly
+``ceil(input_length / block)`` ids (converted traces use 16 to 512).
+
+Replay: each hash id maps to a deterministic block of token ids drawn from a PRNG seeded by
 (trace seed, hash id), so the same id is the same tokens in every request and every run. The
 prompt is the concatenation of its blocks cut to ``input_length`` (padded with request-unique
-tokens if the ids cover fewer tokens). Arrival = ``timestamp / 1000 / speedup`` plus uniform
+tokens if the ids cover fewer tokens). Arrival = the timestamp in seconds / ``speedup``, plus uniform
 jitter in ``[-jitter_s, +jitter_s]`` (clamped at 0). ``skip_requests`` starts the replay further
 into the file (its clock starts at the first row replayed), so that a policy tuned on one window
 of a trace can be checked on others; ``max_requests`` and ``max_duration_s`` cut the replay
@@ -21,26 +29,38 @@ short; ``max_input_len`` caps prompt length (keeping the leading blocks).
 from __future__ import annotations
 
 import json
+import math
 import random
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from kvgate.bench.workload import BenchRequest, Workload, completion_request, random_tokens
 
 MOONCAKE_BLOCK_TOKENS = 512
+BLOCK_TOKEN_CHOICES = tuple(2**k for k in range(13))
+"""The block sizes a trace's hash ids are matched against (1 to 4,096 tokens)."""
+
+TraceFormat = Literal["auto", "mooncake", "bailian"]
 
 
 class TraceRow(BaseModel):
-    """One line of a Mooncake trace."""
+    """One line of a Mooncake-format trace."""
 
     model_config = ConfigDict(extra="ignore")
 
-    timestamp: float = Field(ge=0, description="milliseconds since the trace start")
+    timestamp: float = Field(ge=0, description="since the trace start: ms, or s in Bailian traces")
     input_length: int = Field(ge=1)
     output_length: int = Field(ge=1)
     hash_ids: list[int] = Field(default_factory=list)
+    session_id: str | int | None = Field(default=None, description="aiperf and Dynamo traces")
+    chat_id: int | None = Field(default=None, description="Bailian traces: this turn")
+    parent_chat_id: int | None = Field(
+        default=None, description="Bailian traces: the turn this one follows (-1: none)"
+    )
 
 
 class TraceParams(BaseModel):
@@ -61,6 +81,17 @@ class TraceParams(BaseModel):
     max_output_len: int | None = Field(default=None, ge=1, description="cut longer outputs")
     vocab_size: int = Field(default=32000, ge=2000, description="token ids are drawn below this")
     seed: int = Field(default=0, description="seeds the hash-id blocks and the jitter")
+    trace_format: TraceFormat = Field(
+        default="auto",
+        description="bailian: timestamps in seconds, sessions by chat_id; auto: bailian when "
+        "the first row has a chat_id, else mooncake",
+    )
+    block_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=BLOCK_TOKEN_CHOICES[-1],
+        description="prompt tokens per hash id; None: the block size the rows agree on",
+    )
 
 
 class TraceError(ValueError):
@@ -85,19 +116,63 @@ def read_trace_file(path: Path) -> list[TraceRow]:
         return read_trace(handle, source=str(path))
 
 
-class BlockTokens:
-    """Deterministic 512-token block for each hash id (memoised)."""
+def infer_block_tokens(rows: Iterable[TraceRow]) -> int:
+    """The tokens per hash id that the rows agree on: the power of two for which the most rows
+    carry exactly ``ceil(input_length / block)`` ids (512, Mooncake's, on a tie or with no ids)."""
+    votes: Counter[int] = Counter()
+    for row in rows:
+        if row.hash_ids:
+            ids = len(row.hash_ids)
+            votes.update(b for b in BLOCK_TOKEN_CHOICES if math.ceil(row.input_length / b) == ids)
+    if not votes:
+        return MOONCAKE_BLOCK_TOKENS
+    return max(votes, key=lambda b: (votes[b], b == MOONCAKE_BLOCK_TOKENS))
 
-    def __init__(self, seed: int, vocab_size: int) -> None:
+
+def is_bailian(rows: Sequence[TraceRow], trace_format: TraceFormat) -> bool:
+    """Whether the rows are read as a Bailian trace (seconds, sessions by ``chat_id``)."""
+    if trace_format == "auto":
+        return bool(rows) and rows[0].chat_id is not None
+    return trace_format == "bailian"
+
+
+def bailian_sessions(rows: Sequence[TraceRow]) -> list[str | None]:
+    """Each row's session: the id of its conversation's first turn, the furthest turn its
+    ``parent_chat_id`` links lead to (-1 or absent: none), whether or not the trace holds it."""
+    parent = {
+        row.chat_id: row.parent_chat_id
+        for row in rows
+        if row.chat_id is not None and row.parent_chat_id not in (None, -1)
+    }
+    roots: dict[int, int] = {}
+    sessions: list[str | None] = []
+    for row in rows:
+        if row.chat_id is None:
+            sessions.append(None)
+            continue
+        chain = [row.chat_id]
+        while chain[-1] not in roots and chain[-1] in parent and len(chain) <= len(parent):
+            chain.append(parent[chain[-1]])  # a cycle stops after len(parent) steps
+        root = roots.get(chain[-1], chain[-1])
+        roots.update(dict.fromkeys(chain, root))
+        sessions.append(f"chat-{root}")
+    return sessions
+
+
+class BlockTokens:
+    """Deterministic block of ``size`` token ids for each hash id (memoised)."""
+
+    def __init__(self, seed: int, vocab_size: int, size: int) -> None:
         self._seed = seed
         self._vocab_size = vocab_size
+        self._size = size
         self._blocks: dict[int, list[int]] = {}
 
     def __call__(self, hash_id: int) -> list[int]:
         block = self._blocks.get(hash_id)
         if block is None:
             rng = random.Random(f"mooncake:{self._seed}:{hash_id}")
-            block = random_tokens(rng, MOONCAKE_BLOCK_TOKENS, self._vocab_size)
+            block = random_tokens(rng, self._size, self._vocab_size)
             self._blocks[hash_id] = block
         return block
 
@@ -125,15 +200,23 @@ def build_trace_workload(
         raise TraceError("the trace is empty")
     if params.skip_requests >= len(rows):
         raise TraceError(f"skip_requests={params.skip_requests} skips all {len(rows)} rows")
-    blocks = BlockTokens(params.seed, params.vocab_size)
+    bailian = is_bailian(rows, params.trace_format)
+    block_tokens = params.block_tokens or infer_block_tokens(rows)
+    blocks = BlockTokens(params.seed, params.vocab_size, block_tokens)
     jitter = random.Random(f"mooncake-jitter:{params.seed}")
+    units_per_second = 1.0 if bailian else 1000.0
     replayed = rows[params.skip_requests :]
-    start_ms = min(row.timestamp for row in replayed)
+    sessions = (
+        bailian_sessions(rows)
+        if bailian
+        else [None if row.session_id is None else str(row.session_id) for row in rows]
+    )
+    start = min(row.timestamp for row in replayed)
     requests: list[BenchRequest] = []
     for index, row in enumerate(replayed, start=params.skip_requests):
         if params.max_requests is not None and len(requests) >= params.max_requests:
             break
-        arrival = (row.timestamp - start_ms) / 1000.0 / params.speedup
+        arrival = (row.timestamp - start) / units_per_second / params.speedup
         if params.max_duration_s is not None and arrival > params.max_duration_s:
             continue
         if params.jitter_s > 0:
@@ -142,11 +225,16 @@ def build_trace_workload(
         if params.max_output_len is not None:
             output = min(output, params.max_output_len)
         tokens = prompt_tokens(row, index, blocks, params)
-        requests.append(completion_request(f"t{index}", tokens, output, arrival))
+        session = sessions[index]
+        requests.append(
+            completion_request(f"t{index}", tokens, output, arrival, session_id=session)
+        )
     requests.sort(key=lambda request: request.arrival_s)
+    kind = "Bailian" if bailian else "Mooncake"
     return Workload(
         name=name,
         requests=tuple(requests),
-        description=f"Mooncake trace replay, {len(requests)} rows, speed-up {params.speedup:g}",
+        description=f"{kind} trace replay, {len(requests)} rows, {block_tokens}-token hash ids, "
+        f"speed-up {params.speedup:g}",
         params=params.model_dump(),
     )

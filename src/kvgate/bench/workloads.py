@@ -12,7 +12,8 @@ field can be overridden (``--param num_groups=8``) to scale a workload down for 
 | mixed           | :func:`synthetic.build_mixed`             | online chat + batch documents   |
 | long-agent-sessions | :func:`long_agent.build_long_agent_sessions` | 8 x 300-turn sessions, context=full, summarise or akv |
 
-Mooncake traces are read with ``--trace FILE`` (:mod:`kvgate.bench.mooncake`).
+Mooncake-format traces (Mooncake's, Alibaba's Bailian traces, aiperf's and Dynamo's) are read with
+``--trace FILE`` (:mod:`kvgate.bench.mooncake`).
 """
 
 from __future__ import annotations
@@ -100,6 +101,6 @@ def build_workload(
 
 
 def build_trace(path: Path, overrides: Mapping[str, Any] | None = None) -> Workload:
-    """Replay a Mooncake JSONL trace."""
+    """Replay a Mooncake-format JSONL trace."""
     params = TraceParams.model_validate(_none_aware(overrides or {}))
     return build_trace_workload(read_trace_file(path), params, name=path.stem)

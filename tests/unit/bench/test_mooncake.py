@@ -9,6 +9,7 @@ from kvgate.bench.mooncake import (
     TraceError,
     TraceParams,
     build_trace_workload,
+    infer_block_tokens,
     read_trace,
     read_trace_file,
 )
@@ -100,3 +101,75 @@ def test_a_later_window_replays_the_same_requests_on_its_own_clock():
         assert r.arrival_s == pytest.approx(same[r.request_id].arrival_s - start)
     with pytest.raises(TraceError, match="skips all 24 rows"):
         build_trace_workload(rows, TraceParams(skip_requests=24))
+
+
+def test_the_block_size_of_the_hash_ids_is_read_from_the_trace():
+    # 128-token blocks (a converted trace): rows sharing two ids share 256 tokens, no more
+    rows = _rows(
+        '{"timestamp": 0, "input_length": 300, "output_length": 4, "hash_ids": [1, 2, 3]}',
+        '{"timestamp": 5, "input_length": 380, "output_length": 4, "hash_ids": [1, 2, 4]}',
+        '{"timestamp": 9, "input_length": 129, "output_length": 4, "hash_ids": [1, 5]}',
+    )
+    assert infer_block_tokens(rows) == 128
+    a, b, c = (r.prefix_units for r in build_trace_workload(rows, TraceParams()).requests)
+    assert a[:256] == b[:256] and a[256:300] != b[256:300]
+    assert c[:128] == a[:128] and c[128] != a[128]
+    assert "128-token hash ids" in build_trace_workload(rows, TraceParams()).description
+    # said explicitly, it wins; Mooncake's own traces read as 512
+    forced = build_trace_workload(rows, TraceParams(block_tokens=512)).requests
+    assert forced[0].prefix_units[:300] == forced[1].prefix_units[:300]
+    assert infer_block_tokens(read_trace_file(SAMPLE)) == MOONCAKE_BLOCK_TOKENS
+    assert infer_block_tokens(_rows('{"timestamp": 0, "input_length": 9, "output_length": 1}')) == (
+        MOONCAKE_BLOCK_TOKENS
+    )
+
+
+def test_a_bailian_trace_is_replayed_in_seconds_with_its_conversations_as_sessions():
+    rows = _rows(
+        '{"chat_id": 7, "parent_chat_id": 3, "timestamp": 60.0, "input_length": 40,'
+        ' "output_length": 2, "hash_ids": [1, 2, 3], "type": "text", "turn": 2}',
+        '{"chat_id": 9, "parent_chat_id": -1, "timestamp": 60.5, "input_length": 20,'
+        ' "output_length": 2, "hash_ids": [8, 9], "type": "text", "turn": 1}',
+        '{"chat_id": 11, "parent_chat_id": 7, "timestamp": 62.25, "input_length": 60,'
+        ' "output_length": 2, "hash_ids": [1, 2, 3, 4], "type": "text", "turn": 3}',
+        '{"chat_id": 12, "parent_chat_id": 11, "timestamp": 63.0, "input_length": 70,'
+        ' "output_length": 2, "hash_ids": [1, 2, 3, 4, 5], "type": "text", "turn": 4}',
+    )
+    w = build_trace_workload(rows, TraceParams())
+    assert [r.arrival_s for r in w.requests] == [0.0, 0.5, 2.25, 3.0]
+    # a conversation is named by its first turn, held in the trace or not
+    assert [r.session_id for r in w.requests] == ["chat-3", "chat-9", "chat-3", "chat-3"]
+    first, second, third, fourth = (r.prefix_units for r in w.requests)
+    assert third[:40] == first and fourth[:60] == third and second[:16] != first[:16]
+    assert w.description.startswith("Bailian trace replay") and "16-token" in w.description
+    # a window starts its clock at its own first row; its sessions keep their names
+    window = build_trace_workload(rows, TraceParams(skip_requests=2))
+    assert [(r.arrival_s, r.session_id) for r in window.requests] == [
+        (0.0, "chat-3"),
+        (0.75, "chat-3"),
+    ]
+    # read as Mooncake on request: milliseconds, no sessions
+    as_mooncake = build_trace_workload(rows, TraceParams(trace_format="mooncake"))
+    assert as_mooncake.requests[-1].arrival_s == pytest.approx(0.003)
+    assert {r.session_id for r in as_mooncake.requests} == {None}
+
+
+def test_a_conversation_that_loops_on_itself_still_ends():
+    rows = _rows(
+        '{"chat_id": 1, "parent_chat_id": 2, "timestamp": 0, "input_length": 16,'
+        ' "output_length": 1, "hash_ids": [1]}',
+        '{"chat_id": 2, "parent_chat_id": 1, "timestamp": 1, "input_length": 16,'
+        ' "output_length": 1, "hash_ids": [1]}',
+    )
+    sessions = {r.session_id for r in build_trace_workload(rows, TraceParams()).requests}
+    assert len(sessions) == 1
+
+
+def test_a_rows_session_id_is_its_session():
+    rows = _rows(
+        '{"timestamp": 0, "input_length": 10, "output_length": 1, "session_id": "conv_0"}',
+        '{"timestamp": 1, "input_length": 10, "output_length": 1, "session_id": 4}',
+        '{"timestamp": 2, "input_length": 10, "output_length": 1}',
+    )
+    w = build_trace_workload(rows, TraceParams())
+    assert [r.session_id for r in w.requests] == ["conv_0", "4", None]
