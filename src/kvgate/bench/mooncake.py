@@ -14,7 +14,10 @@ row has a ``chat_id`` is read as one (``trace_format``), and its turns carry the
 conversation's first turn as their session id (sent as the router's session header). A row's ``session_id`` (aiperf and Dynamo traces)
 is its session id. How many tokens a hash id stands for is read from the trace itself unless
 ``block_tokens`` says: the power of two for which the most rows have exactly
-``ceil(input_length / block)`` ids (converted traces use 16 to 512).
+``ceil(input_length / block)`` ids (converted traces use 16 to 512). A trace with rows
+without a ``timestamp`` (multi-turn traces written for aiperf or Dynamo) is replayed in closed
+loop: each session's turns in trace order, one after the answer to the other plus the turn's
+``delay`` (ms), each session from its first row's timestamp (0 without one).
 
 Replay: each hash id maps to a deterministic block of token ids drawn from a PRNG seeded by
 (trace seed, hash id), so the same id is the same tokens in every request and every run. The
@@ -33,12 +36,19 @@ import math
 import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from kvgate.bench.workload import BenchRequest, Workload, completion_request, random_tokens
+from kvgate.bench.workload import (
+    BenchRequest,
+    Session,
+    Workload,
+    completion_request,
+    random_tokens,
+)
 
 MOONCAKE_BLOCK_TOKENS = 512
 BLOCK_TOKEN_CHOICES = tuple(2**k for k in range(13))
@@ -52,7 +62,9 @@ class TraceRow(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    timestamp: float = Field(ge=0, description="since the trace start: ms, or s in Bailian traces")
+    timestamp: float | None = Field(
+        default=None, ge=0, description="since the trace start: ms, or s in Bailian traces"
+    )
     input_length: int = Field(ge=1)
     output_length: int = Field(ge=1)
     hash_ids: list[int] = Field(default_factory=list)
@@ -60,6 +72,9 @@ class TraceRow(BaseModel):
     chat_id: int | None = Field(default=None, description="Bailian traces: this turn")
     parent_chat_id: int | None = Field(
         default=None, description="Bailian traces: the turn this one follows (-1: none)"
+    )
+    delay: float | None = Field(
+        default=None, ge=0, description="ms after the session's previous answer (closed loop)"
     )
 
 
@@ -196,45 +211,111 @@ def prompt_tokens(row: TraceRow, index: int, blocks: BlockTokens, params: TraceP
 def build_trace_workload(
     rows: list[TraceRow], params: TraceParams, name: str = "mooncake"
 ) -> Workload:
+    """The trace as a workload: open loop (each row at its timestamp) when every replayed row
+    has one, else closed loop (each session's turns one after another)."""
     if not rows:
         raise TraceError("the trace is empty")
     if params.skip_requests >= len(rows):
         raise TraceError(f"skip_requests={params.skip_requests} skips all {len(rows)} rows")
     bailian = is_bailian(rows, params.trace_format)
     block_tokens = params.block_tokens or infer_block_tokens(rows)
-    blocks = BlockTokens(params.seed, params.vocab_size, block_tokens)
-    jitter = random.Random(f"mooncake-jitter:{params.seed}")
-    units_per_second = 1.0 if bailian else 1000.0
-    replayed = rows[params.skip_requests :]
-    sessions = (
-        bailian_sessions(rows)
-        if bailian
-        else [None if row.session_id is None else str(row.session_id) for row in rows]
+    replay = _Replay(
+        params=params,
+        blocks=BlockTokens(params.seed, params.vocab_size, block_tokens),
+        units_per_second=1.0 if bailian else 1000.0,
+        sessions=(
+            bailian_sessions(rows)
+            if bailian
+            else [None if row.session_id is None else str(row.session_id) for row in rows]
+        ),
     )
-    start = min(row.timestamp for row in replayed)
-    requests: list[BenchRequest] = []
-    for index, row in enumerate(replayed, start=params.skip_requests):
-        if params.max_requests is not None and len(requests) >= params.max_requests:
-            break
-        arrival = (row.timestamp - start) / units_per_second / params.speedup
-        if params.max_duration_s is not None and arrival > params.max_duration_s:
-            continue
-        if params.jitter_s > 0:
-            arrival = max(0.0, arrival + jitter.uniform(-params.jitter_s, params.jitter_s))
-        output = row.output_length
-        if params.max_output_len is not None:
-            output = min(output, params.max_output_len)
-        tokens = prompt_tokens(row, index, blocks, params)
-        session = sessions[index]
-        requests.append(
-            completion_request(f"t{index}", tokens, output, arrival, session_id=session)
-        )
-    requests.sort(key=lambda request: request.arrival_s)
+    chosen = list(enumerate(rows))[params.skip_requests :]
+    if any(row.timestamp is None for _, row in chosen):
+        sessions = replay.closed_loop(chosen)
+        requests: tuple[BenchRequest, ...] = ()
+        loop = f"{sum(len(s.turns) for s in sessions)} rows in {len(sessions)} closed-loop sessions"
+    else:
+        sessions, requests = (), replay.open_loop(chosen)
+        loop = f"{len(requests)} rows"
     kind = "Bailian" if bailian else "Mooncake"
     return Workload(
         name=name,
-        requests=tuple(requests),
-        description=f"{kind} trace replay, {len(requests)} rows, {block_tokens}-token hash ids, "
+        requests=requests,
+        sessions=sessions,
+        description=f"{kind} trace replay, {loop}, {block_tokens}-token hash ids, "
         f"speed-up {params.speedup:g}",
         params=params.model_dump(),
     )
+
+
+@dataclass(frozen=True)
+class _Replay:
+    params: TraceParams
+    blocks: BlockTokens
+    units_per_second: float
+    sessions: list[str | None]
+    """Each row's session id (by its index in the trace)."""
+
+    def request(self, index: int, row: TraceRow, arrival: float, think: float) -> BenchRequest:
+        output = row.output_length
+        if self.params.max_output_len is not None:
+            output = min(output, self.params.max_output_len)
+        tokens = prompt_tokens(row, index, self.blocks, self.params)
+        request = completion_request(
+            f"t{index}", tokens, output, arrival, session_id=self.sessions[index]
+        )
+        return replace(request, think_time_s=think) if think else request
+
+    def seconds(self, timestamp: float, start: float) -> float:
+        return (timestamp - start) / self.units_per_second / self.params.speedup
+
+    def open_loop(self, chosen: list[tuple[int, TraceRow]]) -> tuple[BenchRequest, ...]:
+        params = self.params
+        jitter = random.Random(f"mooncake-jitter:{params.seed}")
+        start = min(row.timestamp or 0.0 for _, row in chosen)
+        requests: list[BenchRequest] = []
+        for index, row in chosen:
+            if params.max_requests is not None and len(requests) >= params.max_requests:
+                break
+            arrival = self.seconds(row.timestamp or 0.0, start)
+            if params.max_duration_s is not None and arrival > params.max_duration_s:
+                continue
+            if params.jitter_s > 0:
+                arrival = max(0.0, arrival + jitter.uniform(-params.jitter_s, params.jitter_s))
+            requests.append(self.request(index, row, arrival, 0.0))
+        requests.sort(key=lambda request: request.arrival_s)
+        return tuple(requests)
+
+    def closed_loop(self, chosen: list[tuple[int, TraceRow]]) -> tuple[Session, ...]:
+        """Rows grouped by session (a row without one is a session of its own), in trace order:
+        a session starts at its first row's timestamp (the start, without one; the clock starts
+        at the earliest) and each later turn leaves ``delay`` ms after the answer to the turn
+        before (at once, without one)."""
+        params = self.params
+        jitter = random.Random(f"mooncake-jitter:{params.seed}")
+        groups: dict[str, list[tuple[int, TraceRow]]] = {}
+        for index, row in chosen:
+            groups.setdefault(self.sessions[index] or f"t{index}", []).append((index, row))
+        start = min(turns[0][1].timestamp or 0.0 for turns in groups.values())
+        sessions: list[Session] = []
+        turns_left = params.max_requests
+        for key, turns in groups.items():
+            begin = self.seconds(turns[0][1].timestamp or 0.0, start)
+            if params.max_duration_s is not None and begin > params.max_duration_s:
+                continue
+            if turns_left is not None:
+                if turns_left <= 0:
+                    break
+                turns = turns[:turns_left]
+                turns_left -= len(turns)
+            if params.jitter_s > 0:
+                begin = max(0.0, begin + jitter.uniform(-params.jitter_s, params.jitter_s))
+            thinks = [(row.delay or 0.0) / 1000.0 / params.speedup for _, row in turns[1:]]
+            thinks.append(0.0)
+            requests = tuple(
+                self.request(index, row, 0.0, think)
+                for (index, row), think in zip(turns, thinks, strict=True)
+            )
+            sessions.append(Session(session_id=key, start_s=begin, turns=requests))
+        sessions.sort(key=lambda session: session.start_s)
+        return tuple(sessions)

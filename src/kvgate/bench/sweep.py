@@ -106,6 +106,11 @@ def workload_at(
     """The workload with its arrival rate at ``level`` x capacity, and that capacity (req/s)."""
     if trace is not None:
         base = build_trace(trace, params)
+        if base.sessions:
+            raise ValueError(
+                f"{trace} has rows without a timestamp: it is replayed in closed loop and has "
+                "no arrival rate to sweep (use `kvgate bench run`)"
+            )
         capacity = fleet_capacity(base, pods).requests_per_s
         arrivals = [r.arrival_s for r in base.requests]
         span = max(arrivals) - min(arrivals) if arrivals else 0.0
@@ -218,11 +223,15 @@ def run_sweep(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     if args.workload_seed is not None and args.trace is not None:
         say("error: --workload-seed needs --workload (a trace's requests are fixed)")
         return 2
-    results = sweep(
-        args.workload, args.trace, params, levels, args.pods, targets, seeds=args.seed,
-        workload_seeds=args.workload_seed, policy_params=policy_params or None,
-        on_level=on_level,
-    )  # fmt: skip
+    try:
+        results = sweep(
+            args.workload, args.trace, params, levels, args.pods, targets, seeds=args.seed,
+            workload_seeds=args.workload_seed, policy_params=policy_params or None,
+            on_level=on_level,
+        )  # fmt: skip
+    except ValueError as exc:  # a workload without an arrival rate, bad parameters
+        say(f"error: {exc}")
+        return 2
     draws = args.workload_seed or [None]
     runs = [(draw, seed) for draw in draws for seed in args.seed]
     for level, reports in results:

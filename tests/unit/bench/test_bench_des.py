@@ -8,6 +8,7 @@ import pytest
 
 from kvgate.bench.des import des_report, run_des
 from kvgate.bench.des_driver import RouterDriver
+from kvgate.bench.mooncake import TraceParams, build_trace_workload, read_trace
 from kvgate.bench.report import markdown_table, summarize
 from kvgate.bench.workloads import build_workload
 from kvgate.sim.des import DESFleet
@@ -66,6 +67,24 @@ def test_sessions_wait_for_their_previous_turn():
         turns.sort(key=lambda r: r.sent_s)
         for earlier, later in itertools.pairwise(turns):
             assert later.sent_s >= earlier.end_s
+
+
+def test_a_trace_without_timestamps_replays_each_session_turn_after_turn():
+    rows = read_trace(
+        f'{{"session_id": "s{n % 3}", "input_length": {600 + 100 * n}, "output_length": 6,'
+        f' "hash_ids": [{n % 3}, {10 + n}], "delay": 40}}'
+        for n in range(9)
+    )
+    result = run_des(build_trace_workload(rows, TraceParams()), "kvgate", 2)
+    assert len(result.records) == 9 and all(r.ok for r in result.records)
+    by_session: dict[str | None, list] = {}
+    for r in result.records:
+        by_session.setdefault(r.session_id, []).append(r)
+    assert set(by_session) == {"s0", "s1", "s2"}
+    for turns in by_session.values():
+        turns.sort(key=lambda r: r.sent_s)
+        for earlier, later in itertools.pairwise(turns):
+            assert later.sent_s >= earlier.end_s + 0.04 - 1e-9
 
 
 def test_the_kv_event_directory_matches_the_engines_caches():

@@ -173,3 +173,40 @@ def test_a_rows_session_id_is_its_session():
     )
     w = build_trace_workload(rows, TraceParams())
     assert [r.session_id for r in w.requests] == ["conv_0", "4", None]
+
+
+def test_rows_without_timestamps_are_sessions_replayed_in_closed_loop():
+    # aiperf / Dynamo multi-turn traces: a turn leaves `delay` ms after the answer before it
+    rows = _rows(
+        '{"session_id": "a", "input_length": 600, "output_length": 4, "hash_ids": [1, 2]}',
+        '{"session_id": "b", "timestamp": 2000, "input_length": 300, "output_length": 4,'
+        ' "hash_ids": [9]}',
+        '{"session_id": "a", "input_length": 1100, "output_length": 4, "hash_ids": [1, 2, 3],'
+        ' "delay": 500}',
+        '{"input_length": 50, "output_length": 4, "hash_ids": [7]}',
+        '{"session_id": "a", "input_length": 1200, "output_length": 4, "hash_ids": [1, 2, 3]}',
+    )
+    w = build_trace_workload(rows, TraceParams(speedup=2))
+    assert w.requests == () and w.size == 5
+    assert "5 rows in 3 closed-loop sessions" in w.description
+    by_id = {s.session_id: s for s in w.sessions}
+    a, b, alone = by_id["a"], by_id["b"], by_id["t3"]
+    assert [t.request_id for t in a.turns] == ["t0", "t2", "t4"]
+    assert [t.think_time_s for t in a.turns] == [0.25, 0.0, 0.0]  # 500 ms at speed-up 2
+    assert (a.start_s, b.start_s, alone.start_s) == (0.0, 1.0, 0.0)
+    assert {t.session_id for t in a.turns} == {"a"} and alone.turns[0].session_id is None
+    assert a.turns[1].prefix_units[:600] == a.turns[0].prefix_units
+    # max_requests counts turns, in session order; a session past max_duration_s is left out
+    capped = build_trace_workload(rows, TraceParams(max_requests=2))
+    assert capped.size == 2
+    late = build_trace_workload(rows, TraceParams(max_duration_s=1.5))
+    assert "b" not in {s.session_id for s in late.sessions} and late.size == 4
+
+
+def test_a_closed_loop_trace_has_no_load_level_to_sweep(tmp_path: Path, capsys):
+    from kvgate.cli import main
+
+    trace = tmp_path / "sessions.jsonl"
+    trace.write_text('{"session_id": "a", "input_length": 60, "output_length": 2}\n')
+    assert main(["bench", "sweep", "--trace", str(trace), "--out", str(tmp_path / "o")]) == 2
+    assert "replayed in closed loop" in capsys.readouterr().out
