@@ -113,10 +113,15 @@ class TraceError(ValueError):
     """A trace line that is not valid Mooncake JSON."""
 
 
-def read_trace(lines: Iterable[str], source: str = "trace") -> list[TraceRow]:
-    """Parse JSONL lines (blank lines skipped); errors name the line."""
+def read_trace(
+    lines: Iterable[str], source: str = "trace", max_rows: int | None = None
+) -> list[TraceRow]:
+    """Parse JSONL lines (blank lines skipped), the first ``max_rows`` rows at most (a replay of
+    a window of a large trace holds only what it reads); errors name the line."""
     rows: list[TraceRow] = []
     for number, line in enumerate(lines, start=1):
+        if max_rows is not None and len(rows) >= max_rows:
+            break
         if not line.strip():
             continue
         try:
@@ -126,9 +131,17 @@ def read_trace(lines: Iterable[str], source: str = "trace") -> list[TraceRow]:
     return rows
 
 
-def read_trace_file(path: Path) -> list[TraceRow]:
+def read_trace_file(path: Path, max_rows: int | None = None) -> list[TraceRow]:
     with path.open(encoding="utf-8") as handle:
-        return read_trace(handle, source=str(path))
+        return read_trace(handle, source=str(path), max_rows=max_rows)
+
+
+def rows_needed(params: TraceParams) -> int | None:
+    """How many rows of the trace a replay with these parameters uses (None: all of them):
+    ``skip_requests`` + ``max_requests``, unless ``max_duration_s`` may drop some of those."""
+    if params.max_requests is None or params.max_duration_s is not None:
+        return None
+    return params.skip_requests + params.max_requests
 
 
 def infer_block_tokens(rows: Iterable[TraceRow]) -> int:
@@ -231,6 +244,8 @@ def build_trace_workload(
     )
     chosen = list(enumerate(rows))[params.skip_requests :]
     if any(row.timestamp is None for _, row in chosen):
+        if params.max_requests is not None:
+            chosen = chosen[: params.max_requests]
         sessions = replay.closed_loop(chosen)
         requests: tuple[BenchRequest, ...] = ()
         loop = f"{sum(len(s.turns) for s in sessions)} rows in {len(sessions)} closed-loop sessions"
@@ -298,16 +313,10 @@ class _Replay:
             groups.setdefault(self.sessions[index] or f"t{index}", []).append((index, row))
         start = min(turns[0][1].timestamp or 0.0 for turns in groups.values())
         sessions: list[Session] = []
-        turns_left = params.max_requests
         for key, turns in groups.items():
             begin = self.seconds(turns[0][1].timestamp or 0.0, start)
             if params.max_duration_s is not None and begin > params.max_duration_s:
                 continue
-            if turns_left is not None:
-                if turns_left <= 0:
-                    break
-                turns = turns[:turns_left]
-                turns_left -= len(turns)
             if params.jitter_s > 0:
                 begin = max(0.0, begin + jitter.uniform(-params.jitter_s, params.jitter_s))
             thinks = [(row.delay or 0.0) / 1000.0 / params.speedup for _, row in turns[1:]]

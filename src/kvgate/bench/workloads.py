@@ -25,7 +25,12 @@ from typing import Any
 
 from kvgate.bench.agent_sessions import AgentSessionParams, ChatTokenizer, build_agent_sessions
 from kvgate.bench.long_agent import LongAgentParams, build_long_agent_sessions
-from kvgate.bench.mooncake import TraceParams, build_trace_workload, read_trace_file
+from kvgate.bench.mooncake import (
+    TraceParams,
+    build_trace_workload,
+    read_trace_file,
+    rows_needed,
+)
 from kvgate.bench.shared_prefix import LLMD_PRECISE_PREFIX, SharedPrefixParams, build_shared_prefix
 from kvgate.bench.synthetic import HotPrefixParams, MixedParams, build_hot_prefix, build_mixed
 from kvgate.bench.workload import Workload
@@ -103,4 +108,5 @@ def build_workload(
 def build_trace(path: Path, overrides: Mapping[str, Any] | None = None) -> Workload:
     """Replay a Mooncake-format JSONL trace."""
     params = TraceParams.model_validate(_none_aware(overrides or {}))
-    return build_trace_workload(read_trace_file(path), params, name=path.stem)
+    rows = read_trace_file(path, max_rows=rows_needed(params))
+    return build_trace_workload(rows, params, name=path.stem)

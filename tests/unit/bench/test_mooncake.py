@@ -196,9 +196,9 @@ def test_rows_without_timestamps_are_sessions_replayed_in_closed_loop():
     assert (a.start_s, b.start_s, alone.start_s) == (0.0, 1.0, 0.0)
     assert {t.session_id for t in a.turns} == {"a"} and alone.turns[0].session_id is None
     assert a.turns[1].prefix_units[:600] == a.turns[0].prefix_units
-    # max_requests counts turns, in session order; a session past max_duration_s is left out
-    capped = build_trace_workload(rows, TraceParams(max_requests=2))
-    assert capped.size == 2
+    # max_requests takes the first rows; a session past max_duration_s is left out
+    capped = build_trace_workload(rows, TraceParams(max_requests=3))
+    assert [[t.request_id for t in s.turns] for s in capped.sessions] == [["t0", "t2"], ["t1"]]
     late = build_trace_workload(rows, TraceParams(max_duration_s=1.5))
     assert "b" not in {s.session_id for s in late.sessions} and late.size == 4
 
@@ -210,3 +210,17 @@ def test_a_closed_loop_trace_has_no_load_level_to_sweep(tmp_path: Path, capsys):
     trace.write_text('{"session_id": "a", "input_length": 60, "output_length": 2}\n')
     assert main(["bench", "sweep", "--trace", str(trace), "--out", str(tmp_path / "o")]) == 2
     assert "replayed in closed loop" in capsys.readouterr().out
+
+
+def test_a_window_reads_only_the_rows_it_replays(tmp_path: Path):
+    lines = [
+        f'{{"timestamp": {n}, "input_length": 10, "output_length": 1, "hash_ids": [{n}]}}'
+        for n in range(50)
+    ]
+    trace = tmp_path / "big.jsonl"
+    trace.write_text("\n".join([*lines, "{not json: never read}"]) + "\n")
+    w = build_trace(trace, {"skip_requests": "10", "max_requests": "5"})
+    assert [r.request_id for r in w.requests] == [f"t{n}" for n in range(10, 15)]
+    assert len(read_trace_file(trace, max_rows=15)) == 15
+    with pytest.raises(TraceError, match=r"big\.jsonl:51"):
+        build_trace(trace, {"skip_requests": "10"})
