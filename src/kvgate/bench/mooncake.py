@@ -9,24 +9,25 @@ one block of :data:`MOONCAKE_BLOCK_TOKENS` prompt tokens, and the ids are chaine
 two requests whose ``hash_ids`` start with the same *k* ids share their first ``k * 512`` tokens.
 
 Other traces in this shape are read too. Alibaba's Bailian traces (Qwen usage traces) carry
-``chat_id`` and ``parent_chat_id``, timestamps in seconds and 16-token blocks: a trace whose first
-row has a ``chat_id`` is read as one (``trace_format``), and its turns carry the id of their
-conversation's first turn as their session id (sent as the router's session header). A row's ``session_id`` (aiperf and Dynamo traces)
-is its session id. How many tokens a hash id stands for is read from the trace itself unless
-``block_tokens`` says: the power of two for which the most rows have exactly
-``ceil(input_length / block)`` ids (converted traces use 16 to 512). A trace with rows
-without a ``timestamp`` (multi-turn traces written for aiperf or Dynamo) is replayed in closed
-loop: each session's turns in trace order, one after the answer to the other plus the turn's
-``delay`` (ms), each session from its first row's timestamp (0 without one).
+``chat_id`` and ``parent_chat_id``, timestamps in seconds and 16-token blocks: a trace whose
+first row has a ``chat_id`` is read as one (``trace_format``), and its turns carry the id of
+their conversation's first turn as their session id (sent as the router's session header). A
+row's ``session_id`` (aiperf and Dynamo traces) is its session id. How many tokens a hash id
+stands for is read from the trace itself unless ``block_tokens`` says: the power of two for
+which the most rows have exactly ``ceil(input_length / block)`` ids (converted traces use 16 to
+512). A trace with rows without a ``timestamp`` (multi-turn traces written for aiperf or Dynamo)
+is replayed in closed loop: each session's turns in trace order, one after the answer to the
+other plus the turn's ``delay`` (ms), each session from its first row's timestamp (0 without
+one).
 
 Replay: each hash id maps to a deterministic block of token ids drawn from a PRNG seeded by
 (trace seed, hash id), so the same id is the same tokens in every request and every run. The
 prompt is the concatenation of its blocks cut to ``input_length`` (padded with request-unique
-tokens if the ids cover fewer tokens). Arrival = the timestamp in seconds / ``speedup``, plus uniform
-jitter in ``[-jitter_s, +jitter_s]`` (clamped at 0). ``skip_requests`` starts the replay further
-into the file (its clock starts at the first row replayed), so that a policy tuned on one window
-of a trace can be checked on others; ``max_requests`` and ``max_duration_s`` cut the replay
-short; ``max_input_len`` caps prompt length (keeping the leading blocks).
+tokens if the ids cover fewer tokens). Arrival = the timestamp in seconds / ``speedup``, plus
+uniform jitter in ``[-jitter_s, +jitter_s]`` (clamped at 0). ``skip_requests`` starts the replay
+further into the file (its clock starts at the first row replayed), so that a policy tuned on
+one window of a trace can be checked on others; ``max_requests`` and ``max_duration_s`` cut the
+replay short; ``max_input_len`` caps prompt length (keeping the leading blocks).
 """
 
 from __future__ import annotations
