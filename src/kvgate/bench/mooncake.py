@@ -159,9 +159,10 @@ def infer_block_tokens(rows: Iterable[TraceRow]) -> int:
 
 
 def is_bailian(rows: Sequence[TraceRow], trace_format: TraceFormat) -> bool:
-    """Whether the rows are read as a Bailian trace (seconds, sessions by ``chat_id``)."""
+    """Whether the (non-empty) rows are read as a Bailian trace (seconds, sessions by
+    ``chat_id``)."""
     if trace_format == "auto":
-        return bool(rows) and rows[0].chat_id is not None
+        return rows[0].chat_id is not None
     return trace_format == "bailian"
 
 

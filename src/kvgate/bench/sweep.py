@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from kvgate.bench.capacity import fleet_capacity
+from kvgate.bench.mooncake import TraceError
 from kvgate.bench.report import BenchReport
 from kvgate.bench.workload import Workload
 from kvgate.bench.workloads import (
@@ -90,6 +91,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("bench-out/sweep"))
 
 
+class NotSweepableError(ValueError):
+    """The workload or trace has no arrival rate to scale, or cannot take the options given."""
+
+
 def _seeds(text: str) -> list[int]:
     try:
         seeds = [int(x) for x in text.split(",") if x.strip()]
@@ -107,7 +112,7 @@ def workload_at(
     if trace is not None:
         base = build_trace(trace, params)
         if base.sessions:
-            raise ValueError(
+            raise NotSweepableError(
                 f"{trace} has rows without a timestamp: it is replayed in closed loop and has "
                 "no arrival rate to sweep (use `kvgate bench run`)"
             )
@@ -119,7 +124,7 @@ def workload_at(
         return build_trace(trace, {**params, "speedup": speedup}), capacity
     assert name is not None
     if name not in SWEEPABLE:  # before building it: a closed-loop workload can be large
-        raise ValueError(f"workload {name} has no arrival rate to sweep")
+        raise NotSweepableError(f"workload {name} has no arrival rate to sweep")
     base = build_workload(name, params)
     capacity = fleet_capacity(base, pods).requests_per_s
     target_rate = level * capacity
@@ -152,7 +157,7 @@ def sweep(
     from kvgate.bench.des import des_report
 
     if workload_seeds is not None and name is None:
-        raise ValueError(
+        raise NotSweepableError(
             "a trace has no workload seed (its skip_requests parameter picks a window)"
         )
     draws = [None] if workload_seeds is None else list(workload_seeds)
@@ -229,7 +234,7 @@ def run_sweep(args: argparse.Namespace, say: Callable[[str], None]) -> int:
             workload_seeds=args.workload_seed, policy_params=policy_params or None,
             on_level=on_level,
         )  # fmt: skip
-    except ValueError as exc:  # a workload without an arrival rate, bad parameters
+    except (NotSweepableError, TraceError) as exc:
         say(f"error: {exc}")
         return 2
     draws = args.workload_seed or [None]
