@@ -136,6 +136,9 @@ class RoutingRequest:
     # their own, to run on a pod of its pool once one has room under the borrowing limits
     # (`class-isolation` then hands them the lightest online pod).
     batch_waiting: int = 0
+    # Tokens the answer is expected to run to (0: unknown), learned from the pool's answers
+    # (kvgate.scoring.output_length); prices the decode on each pod (``decode_seconds``).
+    expected_output_tokens: float = 0.0
 
 
 class CostEstimate(NamedTuple):
@@ -153,6 +156,9 @@ class CostEstimate(NamedTuple):
     queue_seconds: float  # predicted wait before this request's prefill starts
     prefill_seconds: float  # predicted prefill time of the uncached tokens (+ CPU-tier loads)
     cpu_hit_tokens: int = 0  # of hit_tokens, those in the CPU tier (loaded back, not recomputed)
+    # predicted time the answer's decode steps spend reading the KV cache of the pod's other
+    # requests (expected output tokens x their active KV tokens x seconds per KV token read)
+    decode_seconds: float = 0.0
 
     @property
     def ttft_seconds(self) -> float:
@@ -296,6 +302,7 @@ class CandidateExplanation(NamedTuple):
             "queue_seconds": round(e.queue_seconds, 6),
             "prefill_seconds": round(e.prefill_seconds, 6),
             "predicted_ttft_seconds": round(e.ttft_seconds, 6),
+            "decode_seconds": round(e.decode_seconds, 6),
             "scores": {k: round(v, 6) for k, v in self.scores.items()},
             "total_score": None if self.total_score is None else round(self.total_score, 6),
             "dropped_by": self.dropped_by,

@@ -20,6 +20,15 @@ For endpoint *p* with prefill rate *r_p* (tokens/s):
                                         already use max_lora adapters (vLLM keeps it waiting)
     prefill_p  = uncached_p / r_eff + cpu_hit_p / cpu_load_tokens_per_second
     ttft_p     = queue_p + prefill_p
+    decode_p   = expected_output_tokens * decode_seconds_per_kv_token
+                 * (kv_usage_p * kv_capacity_tokens_p + pending_prefill_tokens_p)
+
+``decode_p`` is not part of the TTFT: it is how much longer the answer's decode takes on *p*
+than on a pod running nothing. Each decode step reads the KV cache of every running request
+(memory bound), so a pod whose running requests hold more KV steps slower; the requests this
+router sent there and that have not started will hold theirs too. ``expected_output_tokens``
+is learned from the pool's answers (:mod:`kvgate.scoring.output_length`); while it is unknown,
+or the pod reports no KV cache size, ``decode_p`` is 0.
 
 ``queued_tokens_p`` = the uncached tokens this router has sent to *p* and not yet seen a first byte
 for, plus, for requests the engine reports waiting beyond those (other router replicas, direct
@@ -80,6 +89,10 @@ class CostModelParams(BaseModel):
     (``vllm:lora_requests_info``) and that did not use it among its last ``max_lora`` adapters:
     it has to load the adapter into a GPU slot first."""
     lora_slot_wait_seconds: float = Field(default=1.0, ge=0)
+    decode_seconds_per_kv_token: float = Field(default=4.9e-8, ge=0)
+    """Time a decode step spends reading one token of KV cache: KV bytes per token over the
+    memory bandwidth decode reaches. Default: Llama-3.1-8B's 128 KiB a token over 0.8 of an
+    H100's 3.35 TB/s (docs/scoring.md)."""
     """Added when no running request of the pod uses the adapter and its batch already uses
     ``max_lora`` others: vLLM keeps the request waiting until one of them has none left."""
 
@@ -90,6 +103,7 @@ class CostModel:
     __slots__ = (
         "_approx",
         "_cpu_rate",
+        "_decode_kv",
         "_foreign",
         "_kv_seconds",
         "_kv_threshold",
@@ -116,6 +130,7 @@ class CostModel:
         self._cpu_rate = p.cpu_load_tokens_per_second
         self._lora_load = p.lora_load_seconds
         self._lora_slot_wait = p.lora_slot_wait_seconds
+        self._decode_kv = p.decode_seconds_per_kv_token
 
     def hit_tokens(self, request: RoutingRequest, matched_blocks: int) -> int:
         """Prompt tokens the pod would serve from cache, given its leading matched blocks."""
@@ -160,6 +175,7 @@ class CostModel:
         queued_tokens = float(endpoint.pending_prefill_tokens)
         load = endpoint.in_flight
         queue = 0.0
+        decode = 0.0
         engine = endpoint.engine
         if engine is not None:
             running = engine.running if engine.running > 0 else 0
@@ -177,6 +193,9 @@ class CostModel:
                 if over > 0:
                     queue += over * self._slot_wait
             usage = engine.kv_cache_usage
+            if request.expected_output_tokens and engine.kv_capacity_tokens:
+                active = usage * engine.kv_capacity_tokens + endpoint.pending_prefill_tokens
+                decode = request.expected_output_tokens * self._decode_kv * active
             if usage > self._kv_threshold:
                 excess = (usage - self._kv_threshold) / (1.0 - self._kv_threshold)
                 queue += (excess if excess < 1.0 else 1.0) * self._kv_seconds
@@ -195,7 +214,7 @@ class CostModel:
         prefill = uncached / rate
         if cpu_hit:
             prefill += cpu_hit / self._cpu_rate
-        return CostEstimate(endpoint.id, hit, uncached, load, rate, queue, prefill, cpu_hit)
+        return CostEstimate(endpoint.id, hit, uncached, load, rate, queue, prefill, cpu_hit, decode)
 
     def estimate_all(
         self,

@@ -99,6 +99,10 @@ class KvgateParams(StrictParams):
     that chunk, and a long cold prefill is kept off the pods where first tokens are due. 0 turns
     it off (the default before December 5, 2026; over three seeds it gave 4% more mean TTFT and
     1-6% more end-to-end time on the conversation-trace shape, docs/scoring.md)."""
+    decode_weight: float = Field(default=0.0, ge=0)
+    """Cost += decode_weight x the predicted decode slowdown on the pod: the answer's expected
+    output tokens (learned from the pool's answers) x the KV cache its running requests hold x
+    ``cost_model.decode_seconds_per_kv_token``."""
     ttft_floor_seconds: float = Field(default=0.02, gt=0)
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
     tie_break: TieBreak = "least-load"
@@ -208,6 +212,7 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
                         work_weight=params.work_weight,
                         interference_weight=params.interference_weight,
                         pending_weight=params.pending_weight,
+                        decode_weight=params.decode_weight,
                         chunk_tokens=params.cost_model.max_num_batched_tokens,
                     )
                 ),

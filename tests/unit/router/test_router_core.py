@@ -412,3 +412,42 @@ async def test_a_pod_that_leaves_while_the_directory_answers_is_not_chosen():
     core.router.indexes = {pool: LeavingIndex()}  # type: ignore[dict-item]
     plan = await core.plan(ClientRequest(BODY, {}, "completion"))
     assert plan.endpoint.id == "pod1:8000"
+
+
+async def test_whole_answers_teach_the_pools_output_length_and_price_its_decode():
+    """The answers' completion tokens teach the pool's expected output; a request's own
+    `max_tokens` caps it, and each pod's decode is priced on the KV its requests hold."""
+    core, now = await _core()
+    for completed in (True,) * 8 + (False,):
+        request = ClientRequest(BODY, {}, "completion")
+        plan = await core.plan(request)
+        attempt = core.sent(request, plan, streaming=True)
+        now[0] += 0.1
+        core.first_byte(plan, attempt, streamed=True)
+        tokens = 300 if completed else 5000  # a cut-off answer says nothing of the length
+        usage = Usage(prompt_tokens=64, cached_tokens=0, completion_tokens=tokens)
+        core.finished(
+            request, plan, attempt, status=200, usage=usage, completed=completed, streamed=True
+        )
+    pool = plan.pool.key
+    assert core.output_lengths.expected(pool) == pytest.approx(300.0)
+    busy, light = core.endpoints.all()
+    for endpoint, usage in ((busy, 0.5), (light, 0.1)):
+        sample = LoadSample(
+            waiting=0,
+            running=2,
+            kv_cache_usage=usage,
+            scraped_at=now[0],
+            kv_capacity_tokens=100_000,
+        )
+        core.load_scraped(endpoint, sample)
+    seconds_per_token = core.router.state.policy.cost_model.params.decode_seconds_per_kv_token
+    for body, output in ((BODY, 4), ({**BODY, "max_tokens": 1000}, 300.0)):
+        explained = await core.explain(ClientRequest(body, {}, "completion"))
+        lines = {c.estimate.endpoint_id: c.to_dict() for c in explained.decision.candidates}
+        assert lines[busy.id]["decode_seconds"] == pytest.approx(
+            output * 50_000 * seconds_per_token
+        )
+        assert lines[light.id]["decode_seconds"] == pytest.approx(
+            output * 10_000 * seconds_per_token
+        )

@@ -192,3 +192,23 @@ def test_an_adapter_the_pod_used_last_is_taken_as_still_loaded() -> None:
     warm = m.estimate(request(1024, lora_adapter="sql"), snapshot, 0)
     cold = m.estimate(request(1024, lora_adapter="chat"), snapshot, 0)
     assert warm.queue_seconds == 0.0 and cold.queue_seconds == pytest.approx(0.2)
+
+
+def test_decode_is_priced_by_the_kv_the_pods_requests_hold() -> None:
+    m = model(decode_seconds_per_kv_token=1e-8)
+    engine = EngineLoad(waiting=0, running=4, kv_cache_usage=0.5, kv_capacity_tokens=200_000)
+    ep = endpoint(0, engine=engine, pending_prefill_tokens=20_000)
+    est = m.estimate(request(1000, expected_output_tokens=500.0), ep, 0)
+    # 500 steps, each reading the 100k active tokens and the 20k sent that have not started
+    assert est.decode_seconds == pytest.approx(500 * 1e-8 * 120_000)
+    assert est.ttft_seconds == pytest.approx(est.queue_seconds + est.prefill_seconds)
+
+
+def test_no_decode_price_without_an_output_expectation_or_a_cache_size() -> None:
+    m = model()
+    sized = EngineLoad(waiting=0, running=4, kv_cache_usage=0.5, kv_capacity_tokens=200_000)
+    unsized = EngineLoad(waiting=0, running=4, kv_cache_usage=0.5)
+    assert m.estimate(request(1000), endpoint(0, engine=sized), 0).decode_seconds == 0.0
+    long = request(1000, expected_output_tokens=500.0)
+    assert m.estimate(long, endpoint(0, engine=unsized), 0).decode_seconds == 0.0
+    assert m.estimate(long, endpoint(0), 0).decode_seconds == 0.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 from scoring_helpers import cycle_state, endpoint, fleet, random_case, request
@@ -359,6 +360,37 @@ def test_predicted_ttft_prices_first_tokens_only_where_the_prompt_is_coldest() -
     priced = scorer.score(state, cold)
     assert priced[0] == unpriced[0] == 1.0
     assert priced[1] < unpriced[1]
+
+
+def test_predicted_ttft_prices_the_decode_on_the_pods_kv() -> None:
+    # Equal predicted TTFT; pod-0's running requests hold 60% of a 200k-token cache, pod-1's 10%.
+    def pod(i: int, usage: float) -> EndpointSnapshot:
+        load = EngineLoad(waiting=0, running=8, kv_cache_usage=usage, kv_capacity_tokens=200_000)
+        return endpoint(i, engine=load)
+
+    eps = [pod(0, 0.6), pod(1, 0.1)]
+    state = cycle_state(request(1000, expected_output_tokens=2000.0), eps, {})
+    assert PredictedTtftScorer().score(state, eps) == [1.0, 1.0]
+    scorer = PredictedTtftScorer(PredictedTtftParams(decode_weight=0.5))
+    busy, light = scorer.score(state, eps)
+    assert light == 1.0
+    # cost = TTFT (+ the floor) + 0.5 x 2000 steps x the pod's KV tokens x 4.9e-8 s
+    ttft = state.estimates["pod-0"].ttft_seconds + 0.02
+    assert busy == pytest.approx(
+        (ttft + 0.5 * 2000 * 20_000 * 4.9e-8) / (ttft + 0.5 * 2000 * 120_000 * 4.9e-8)
+    )
+    # no expectation of the answer's length (none learned yet): no decode price
+    unknown = cycle_state(request(1000), eps, {})
+    assert scorer.score(unknown, eps) == [1.0, 1.0]
+    # every pod has a prefill queue (saturated, compute bound): no decode price either
+    queued = [replace(e, pending_prefill_tokens=5_000) for e in eps]
+    state = cycle_state(request(1000, expected_output_tokens=2000.0), queued, {})
+    assert state.estimates["pod-0"].decode_seconds > state.estimates["pod-1"].decode_seconds
+    assert scorer.score(state, queued) == PredictedTtftScorer().score(state, queued)
+    # one pod without a queue: priced again
+    mixed = [queued[0], eps[1]]
+    state = cycle_state(request(1000, expected_output_tokens=2000.0), mixed, {})
+    assert scorer.score(state, mixed) != PredictedTtftScorer().score(state, mixed)
 
 
 def test_near_equal_randomises_among_near_equal_only() -> None:

@@ -31,6 +31,7 @@ from kvgate.directory.base import BlockIndex
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.metrics import RouterMetrics
 from kvgate.scoring.cost_model import CostModelParams
+from kvgate.scoring.output_length import OutputLengthEstimator
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,7 @@ class Learner:
         self,
         metrics: RouterMetrics,
         estimator: PrefillRateEstimator,
+        output_lengths: OutputLengthEstimator,
         indexes: Mapping[str, BlockIndex],
         directory_errors: Counter,
         *,
@@ -74,6 +76,7 @@ class Learner:
     ) -> None:
         self.metrics = metrics
         self.estimator = estimator
+        self.output_lengths = output_lengths
         self.indexes = indexes
         self.directory_errors = directory_errors
         self.ttl = approximate_ttl_seconds
@@ -142,6 +145,8 @@ class Learner:
             m.child(m.cached_tokens, pool, ep).inc(cached)
             rate = self.estimator.rate(ep) or self.prior
             m.child(m.saved_prefill_seconds, pool).inc(cached / rate)
+        if outcome.completed and outcome.status == 200:
+            self.output_lengths.observe(pool, usage.completion_tokens)
         if outcome.ttft_seconds is not None and outcome.status == 200:
             uncached = usage.prompt_tokens - cached if usage.cached_tokens is not None else None
             self.estimator.observe_ttft(

@@ -61,6 +61,7 @@ from kvgate.router.core.routing import RoutePlan, Router, RouterState
 from kvgate.router.core.sessions import SessionTracker
 from kvgate.router.core.warmup import Warmup
 from kvgate.router.metrics import RouterMetrics
+from kvgate.scoring.output_length import OutputLengthEstimator
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class RoutingCore:
         self.endpoints = endpoints
         self.accounting = Accounting()
         self.estimator = PrefillRateEstimator()
+        self.output_lengths = OutputLengthEstimator()
         self.warmup = Warmup(config.warmup, metrics, shared=config.warmup_sharing_enabled)
         self.peers = PeerLoads(config.load_sharing.ttl_seconds)
         self.router = Router(
@@ -110,6 +112,7 @@ class RoutingCore:
             indexes,
             accounting=self.accounting,
             estimator=self.estimator,
+            output_lengths=self.output_lengths,
             rng=rng,
             clock=clock,
             admits=self.warmup.admits,
@@ -119,6 +122,7 @@ class RoutingCore:
         self.learner = Learner(
             metrics,
             self.estimator,
+            self.output_lengths,
             indexes,
             directory_errors,
             approximate_ttl_seconds=config.directory.approximate_ttl_seconds,
@@ -141,6 +145,7 @@ class RoutingCore:
         """A new configuration (reload); requests in flight keep the plans they have."""
         config = state.config
         self.router.state = state
+        self.output_lengths.retain({pool.key for pool in config.pools})
         self.learner.ttl = config.directory.approximate_ttl_seconds
         self.learner.access_log = config.server.access_log
         self.warmup.configure(config.warmup, shared=config.warmup_sharing_enabled)

@@ -45,6 +45,7 @@ from kvgate.scoring.base import (
     Policy,
     RoutingRequest,
 )
+from kvgate.scoring.output_length import OutputLengthEstimator
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 
@@ -100,6 +101,7 @@ class Router:
         *,
         accounting: Accounting | None = None,
         estimator: PrefillRateEstimator | None = None,
+        output_lengths: OutputLengthEstimator | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         admits: Callable[[str, float, random.Random], bool] | None = None,
@@ -111,6 +113,7 @@ class Router:
         self.indexes = indexes  # pool key -> index (owned by the app)
         self.accounting = accounting or Accounting()  # owned by the routing core
         self.estimator = estimator or PrefillRateEstimator()
+        self.output_lengths = output_lengths or OutputLengthEstimator()
         self.history = ChoiceHistory()
         self.rng = rng or random.Random(state.config.policy.seed)
         self.clock = clock
@@ -168,6 +171,9 @@ class Router:
                 lora_adapter=lora.name if lora is not None else None,
                 prefix_sharers=sharers,
                 batch_waiting=self._batch_waiting(cls, pool),
+                expected_output_tokens=self.output_lengths.expected(
+                    pool.key, requested_max_tokens(body)
+                ),
             )
             snapshots = self.snapshots(members, now)
             try:
@@ -492,6 +498,16 @@ class Router:
                 if late_held.get(pod, 0) == len(late):
                     found[pod] = end
         return found
+
+
+def requested_max_tokens(body: Mapping[str, Any]) -> int | None:
+    """The answer's length limit the request sets (``max_completion_tokens``, else
+    ``max_tokens``), or None."""
+    for name in ("max_completion_tokens", "max_tokens"):
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
 
 
 def _lora(pool: PoolConfig, model: str) -> LoraKey | None:

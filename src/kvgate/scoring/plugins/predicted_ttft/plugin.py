@@ -12,6 +12,12 @@ the first chunk of this prefill, and that step lasts as long as the chunk takes.
 only on the candidates that hold the least of the prompt: it decides where a prefill that has to
 be computed anyway goes, and never pushes a request off a pod holding more of its prompt (a
 holder computes only the short rest; priced there too, agent sessions left their pods).
+``decode_weight`` > 0 adds the cost model's ``decode_seconds``: how much longer the answer's
+decode takes on the pod because of the KV cache its requests hold. It is not charged while
+every candidate has a prefill queue (longer than ``floor_seconds``): then the pool is saturated,
+its steps are bound by prefill compute rather than by reading the KV cache, and a cache hit
+(capacity) is worth more than a lighter decode (charged there too, the Mooncake trace at 130%
+lost a third of its hits and 13% of its mean TTFT; docs/scoring.md, *Decode*).
 """
 
 from __future__ import annotations
@@ -36,6 +42,9 @@ class PredictedTtftParams(StrictParams):
     pod that have no first token yet x the time of this prefill's first chunk (at most
     ``chunk_tokens`` of its uncached tokens), on the candidates holding the least of the prompt;
     0 = ignored."""
+    decode_weight: float = Field(default=0.0, ge=0)
+    """Weight of the predicted decode slowdown on the pod (``CostEstimate.decode_seconds``),
+    charged while some candidate has no prefill queue; 0 = ignored."""
     chunk_tokens: int = Field(default=8192, ge=1)
     """Prompt tokens an engine step prefills at most (vLLM ``--max-num-batched-tokens``)."""
 
@@ -50,13 +59,16 @@ class PredictedTtftScorer:
         est = state.estimates
         p = self.params
         w, a, q, chunk = p.work_weight, p.interference_weight, p.pending_weight, p.chunk_tokens
+        d = p.decode_weight
+        if d and min((est[e.id].queue_seconds for e in candidates), default=0.0) > p.floor_seconds:
+            d = 0.0  # every pod has a prefill queue: saturated, compute bound
         # the first-token price applies where the prefill is longest: to the candidates that
         # hold the least of the prompt
         coldest = max((est[e.id].uncached_tokens for e in candidates), default=0) if q else 0
         costs = []
         for e in candidates:
             x = est[e.id]
-            cost = x.ttft_seconds + (w + a * x.load) * x.prefill_seconds
+            cost = x.ttft_seconds + (w + a * x.load) * x.prefill_seconds + d * x.decode_seconds
             if q and e.pending_prefill_requests > 0 and x.uncached_tokens >= coldest:
                 first_chunk = min(x.uncached_tokens, chunk) / x.prefill_tokens_per_second
                 cost += q * e.pending_prefill_requests * first_chunk
