@@ -33,7 +33,7 @@ def _fleet(rng: random.Random) -> list[EndpointSnapshot]:
                 waiting=rng.randint(0, 6),
                 running=rng.randint(0, 64),
                 kv_cache_usage=rng.random(),
-                observed_at=99.95,
+                kv_capacity_tokens=400_000,
             ),
             prefill_tokens_per_second=rng.uniform(8_000, 14_000),
             max_num_seqs=256,
@@ -54,7 +54,9 @@ def _setup(policy_name: str, case: str):  # type: ignore[no-untyped-def]
     prompt, holders = CASES[case]
     rng = random.Random(0)
     eps = _fleet(rng)
-    req = RoutingRequest(model="llama", prompt_tokens=prompt, block_tokens=16)
+    req = RoutingRequest(
+        model="llama", prompt_tokens=prompt, block_tokens=16, expected_output_tokens=300.0
+    )
     matched = {eps[i].id: rng.randint(1, prompt // 16) for i in range(holders)}
     policy = build_policy(policy_name)
     history = ChoiceHistory()
