@@ -89,12 +89,12 @@ class CostModelParams(BaseModel):
     (``vllm:lora_requests_info``) and that did not use it among its last ``max_lora`` adapters:
     it has to load the adapter into a GPU slot first."""
     lora_slot_wait_seconds: float = Field(default=1.0, ge=0)
+    """Added when no running request of the pod uses the adapter and its batch already uses
+    ``max_lora`` others: vLLM keeps the request waiting until one of them has none left."""
     decode_seconds_per_kv_token: float = Field(default=4.9e-8, ge=0)
     """Time a decode step spends reading one token of KV cache: KV bytes per token over the
     memory bandwidth decode reaches. Default: Llama-3.1-8B's 128 KiB a token over 0.8 of an
     H100's 3.35 TB/s (docs/scoring.md)."""
-    """Added when no running request of the pod uses the adapter and its batch already uses
-    ``max_lora`` others: vLLM keeps the request waiting until one of them has none left."""
 
 
 class CostModel:

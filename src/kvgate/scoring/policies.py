@@ -101,8 +101,10 @@ class KvgateParams(StrictParams):
     1-6% more end-to-end time on the conversation-trace shape, docs/scoring.md)."""
     decode_weight: float = Field(default=0.0, ge=0)
     """Cost += decode_weight x the predicted decode slowdown on the pod: the answer's expected
-    output tokens (learned from the pool's answers) x the KV cache its running requests hold x
-    ``cost_model.decode_seconds_per_kv_token``."""
+    output tokens (learned from the pool's answers) x the KV cache its requests hold x
+    ``cost_model.decode_seconds_per_kv_token``, while some candidate has no prefill queue. 0
+    (off) by default: 0.25 puts kvgate below every peer on long-output traffic but costs 1-10%
+    of TTFT elsewhere (docs/benchmarks.md, *A decode price, opt-in*)."""
     ttft_floor_seconds: float = Field(default=0.02, gt=0)
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
     tie_break: TieBreak = "least-load"

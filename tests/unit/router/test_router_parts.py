@@ -126,6 +126,14 @@ def test_sse_tap_strips_only_the_usage_chunk_across_split_chunks():
 def test_usage_from_json_tolerates_garbage():
     assert usage_from_json_body(b"nope") is None
     assert usage_from_json_body(b'{"usage": {"prompt_tokens": 3}}').cached_tokens is None
+    # counts a float cannot hold (or negative, or booleans) are read as absent
+    huge = b"9" * 400
+    assert usage_from_json_body(b'{"usage": {"prompt_tokens": ' + huge + b"}}") is None
+    body = b'{"usage": {"prompt_tokens": 3, "completion_tokens": ' + huge + b","
+    body += b'"prompt_tokens_details": {"cached_tokens": -1}}}'
+    usage = usage_from_json_body(body)
+    assert usage is not None and usage.completion_tokens == 0 and usage.cached_tokens is None
+    assert usage_from_json_body(b'{"usage": {"prompt_tokens": true}}') is None
 
 
 def test_parse_load_sums_label_sets_and_ignores_others():

@@ -17,6 +17,16 @@ from typing import Any
 
 from kvgate.router.core.learn import Usage
 
+MAX_USAGE_TOKENS = 1 << 31
+"""A token count above this (or below 0) in a pod's `usage` is nonsense: read as absent. Counts
+feed metrics and estimates as floats, and JSON integers may have thousands of digits."""
+
+
+def _count(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_USAGE_TOKENS:
+        return value
+    return None
+
 
 def usage_from_obj(obj: Any) -> Usage | None:
     if not isinstance(obj, dict):
@@ -24,16 +34,15 @@ def usage_from_obj(obj: Any) -> Usage | None:
     usage = obj.get("usage")
     if not isinstance(usage, dict):
         return None
-    prompt = usage.get("prompt_tokens")
-    if not isinstance(prompt, int):
+    prompt = _count(usage.get("prompt_tokens"))
+    if prompt is None:
         return None
     details = usage.get("prompt_tokens_details")
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    completion = usage.get("completion_tokens")
+    cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
     return Usage(
         prompt_tokens=prompt,
-        cached_tokens=cached if isinstance(cached, int) else None,
-        completion_tokens=completion if isinstance(completion, int) else 0,
+        cached_tokens=cached,
+        completion_tokens=_count(usage.get("completion_tokens")) or 0,
     )
 
 
