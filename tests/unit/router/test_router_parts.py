@@ -194,6 +194,11 @@ def test_parse_load_reads_the_kv_cache_size_and_the_tokens_written_into_it():
     # before the cache is allocated, or without the counters: unknown
     early = parse_load('vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1', now=1.0)
     assert early.kv_capacity_tokens == 0 and early.kv_written_tokens is None
+    # a size no float holds (a pod may state 4,000 digits) is unknown too
+    huge = parse_load(
+        f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{"9" * 400}"}} 1', now=1.0
+    )
+    assert huge.kv_capacity_tokens == 0
     assert not early.kv_filled
     huge = 'vllm:cache_config_info{block_size="16",num_gpu_blocks="' + "9" * 5000 + '"} 1'
     assert parse_load(huge, now=1.0).kv_capacity_tokens == 0

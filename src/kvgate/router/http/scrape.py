@@ -50,6 +50,7 @@ CACHE_INFO = "vllm:cache_config_info"
 LORA_INFO = "vllm:lora_requests_info"
 MAX_LORA_ADAPTERS = 1024  # names kept per pod: a label is bounded by the page, this by count
 MAX_LORA_NAME_CHARS = 253
+MAX_KV_CAPACITY_TOKENS = 1 << 40  # one engine's cache beyond this is nonsense: read as unknown
 MAX_CACHED_LINE_CHARS = 4096  # vllm:cache_config_info lines parsed once (256 kept: <= 1 MiB)
 
 
@@ -111,7 +112,9 @@ def _line_capacity(line: str) -> int:
         except ValueError:  # "None", or too many digits for int()
             return 0
         if blocks > 0 and block_size > 0:
-            return blocks * block_size
+            capacity = blocks * block_size
+            # a float must hold it (policies divide by it and scale it)
+            return capacity if capacity <= MAX_KV_CAPACITY_TOKENS else 0
     return 0
 
 
