@@ -195,6 +195,16 @@ def test_parse_load_reads_the_kv_cache_size_and_the_tokens_written_into_it():
     early = parse_load('vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1', now=1.0)
     assert early.kv_capacity_tokens == 0 and early.kv_written_tokens is None
     # a size no float holds (a pod may state 4,000 digits) is unknown too
+    hostile = "\n".join(
+        f'vllm:{name}{{model_name="m"}} {value}'
+        for name, value in (
+            ("num_requests_waiting", "+Inf"),
+            ("num_requests_running", "-3"),
+            ("kv_cache_usage_perc", "7.5"),
+        )
+    )
+    bounded = parse_load(hostile, now=1.0)
+    assert (bounded.waiting, bounded.running, bounded.kv_cache_usage) == (1e6, 0.0, 1.0)
     huge = parse_load(
         f'vllm:cache_config_info{{block_size="16",num_gpu_blocks="{"9" * 400}"}} 1', now=1.0
     )

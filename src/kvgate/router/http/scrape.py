@@ -50,6 +50,7 @@ CACHE_INFO = "vllm:cache_config_info"
 LORA_INFO = "vllm:lora_requests_info"
 MAX_LORA_ADAPTERS = 1024  # names kept per pod: a label is bounded by the page, this by count
 MAX_LORA_NAME_CHARS = 253
+MAX_REQUESTS_GAUGE = 1e6  # requests one engine runs or queues, at most (beyond: this many)
 MAX_KV_CAPACITY_TOKENS = 1 << 40  # one engine's cache beyond this is nonsense: read as unknown
 MAX_CACHED_LINE_CHARS = 4096  # vllm:cache_config_info lines parsed once (256 kept: <= 1 MiB)
 
@@ -74,9 +75,9 @@ def parse_load(text: str, now: float) -> LoadSample:
     if _QUERIES in found and _HITS in found and _GENERATED in found:
         written = max(0.0, found[_QUERIES] - found[_HITS]) + max(0.0, found[_GENERATED])
     return LoadSample(
-        waiting=values["waiting"],
-        running=values["running"],
-        kv_cache_usage=values["kv_cache_usage"],
+        waiting=_gauge(values["waiting"], MAX_REQUESTS_GAUGE),
+        running=_gauge(values["running"], MAX_REQUESTS_GAUGE),
+        kv_cache_usage=_gauge(values["kv_cache_usage"], 1.0),
         scraped_at=now,
         running_lora_adapters=running,
         waiting_lora_adapters=waiting,
@@ -84,6 +85,12 @@ def parse_load(text: str, now: float) -> LoadSample:
         kv_capacity_tokens=kv_capacity_tokens(text),
         kv_written_tokens=written,
     )
+
+
+def _gauge(value: float, top: float) -> float:
+    """A gauge within [0, top] (NaN reads 0): routing turns request counts into ints and
+    prices usage as a fraction, and a pod may state +Inf."""
+    return min(max(value, 0.0), top) if value == value else 0.0
 
 
 def kv_capacity_tokens(text: str) -> int:
