@@ -6,15 +6,15 @@ metrics, and once the page was scraped every decision for the pool failed: `int(
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
-import pytest
 from tests.integration.router.edge_helpers import RouterProcess, router_config
 
 HUGE = int("9" * 400)  # JSON allows it; float(HUGE) raises OverflowError
@@ -61,27 +61,19 @@ def _pod_handler(metrics: bytes) -> type[BaseHTTPRequestHandler]:
     return Pod
 
 
-@pytest.fixture
-def router(tmp_path: Path) -> Iterator[Callable[[bytes], RouterProcess]]:
+@contextlib.contextmanager
+def _router_before_pod(metrics: bytes, tmp_path: Path) -> Iterator[RouterProcess]:
     """A router in front of one pod serving the given /metrics page."""
-    servers: list[ThreadingHTTPServer] = []
-    routers: list[RouterProcess] = []
-
-    def start(metrics: bytes) -> RouterProcess:
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _pod_handler(metrics))
-        servers.append(server)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        proc = RouterProcess(tmp_path, router_config([f"http://127.0.0.1:{server.server_port}"]))
-        routers.append(proc)
+    pod = ThreadingHTTPServer(("127.0.0.1", 0), _pod_handler(metrics))
+    threading.Thread(target=pod.serve_forever, daemon=True).start()
+    proc = RouterProcess(tmp_path, router_config([f"http://127.0.0.1:{pod.server_port}"]))
+    try:
         proc.wait_ready()
-        return proc
-
-    yield start
-    for proc in routers:
+        yield proc
+    finally:
         proc.stop()
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+        pod.shutdown()
+        pod.server_close()
 
 
 def _no_traceback(proc: RouterProcess) -> None:
@@ -89,9 +81,11 @@ def _no_traceback(proc: RouterProcess) -> None:
     assert "OverflowError" not in log and "Traceback" not in log, log
 
 
-def test_answers_with_absurd_token_counts_reach_the_client(router) -> None:
-    proc = router(b"")
-    with httpx.Client(base_url=proc.url, timeout=10) as client:
+def test_answers_with_absurd_token_counts_reach_the_client(tmp_path: Path) -> None:
+    with (
+        _router_before_pod(b"", tmp_path) as proc,
+        httpx.Client(base_url=proc.url, timeout=10) as client,
+    ):
         for _ in range(3):
             got = client.post("/v1/completions", json={"model": "m", "prompt": "hello"})
             assert got.status_code == 200
@@ -100,9 +94,11 @@ def test_answers_with_absurd_token_counts_reach_the_client(router) -> None:
     _no_traceback(proc)
 
 
-def test_absurd_load_gauges_and_cache_size_are_bounded(router) -> None:
-    proc = router(METRICS)
-    with httpx.Client(base_url=proc.url, timeout=10) as client:
+def test_absurd_load_gauges_and_cache_size_are_bounded(tmp_path: Path) -> None:
+    with (
+        _router_before_pod(METRICS, tmp_path) as proc,
+        httpx.Client(base_url=proc.url, timeout=10) as client,
+    ):
         deadline = time.monotonic() + 10
         while True:  # until /debug/route shows the scraped load (+Inf, bounded)
             got = client.post("/debug/route", json={"model": "m", "prompt": "hello"})
