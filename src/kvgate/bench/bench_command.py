@@ -173,7 +173,7 @@ def load_workload(args: argparse.Namespace) -> Workload:
             overrides["speedup"] = args.speedup
         if args.jitter is not None:
             overrides["jitter_s"] = args.jitter
-        return build_trace(args.trace, overrides)
+        return build_trace(args.trace, overrides, tokenizer=args.tokenizer)
     if args.speedup is not None or args.jitter is not None:
         raise ValueError("--speedup and --jitter apply to --trace only")
     api = str(overrides.get("api", "chat"))

@@ -18,7 +18,10 @@ which the most rows have exactly ``ceil(input_length / block)`` ids (converted t
 512). A trace with rows without a ``timestamp`` (multi-turn traces written for aiperf or Dynamo)
 is replayed in closed loop: each session's turns in trace order, one after the answer to the
 other plus the turn's ``delay`` (ms), each session from its first row's timestamp (0 without
-one).
+one). A row may carry its prompt itself instead of ``input_length`` and ``hash_ids``, as aiperf's
+traces do: ``messages`` (an OpenAI chat, sent as is to ``/v1/chat/completions`` with the row's
+``tools``) or ``text_input`` (a completion prompt); its tokens are what the pods' tokenizer makes
+of it (:func:`body_tokenizer`).
 
 Replay: each hash id maps to a deterministic block of token ids drawn from a PRNG seeded by
 (trace seed, hash id), so the same id is the same tokens in every request and every run. The
@@ -36,18 +39,21 @@ import json
 import math
 import random
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from kvgate.bench.workload import (
+    CHAT_COMPLETIONS,
+    COMPLETIONS,
     BenchRequest,
     Session,
     Workload,
     completion_request,
+    exact_output_fields,
     random_tokens,
 )
 
@@ -66,9 +72,14 @@ class TraceRow(BaseModel):
     timestamp: float | None = Field(
         default=None, ge=0, description="since the trace start: ms, or s in Bailian traces"
     )
-    input_length: int = Field(ge=1)
+    input_length: int | None = Field(default=None, ge=1)
     output_length: int = Field(ge=1)
     hash_ids: list[int] = Field(default_factory=list)
+    messages: list[dict[str, Any]] | None = Field(
+        default=None, min_length=1, description="aiperf traces: the chat sent, as is"
+    )
+    tools: list[dict[str, Any]] | None = Field(default=None, description="sent with `messages`")
+    text_input: str | None = Field(default=None, description="aiperf traces: a completion prompt")
     session_id: str | int | None = Field(default=None, description="aiperf and Dynamo traces")
     chat_id: int | None = Field(default=None, description="Bailian traces: this turn")
     parent_chat_id: int | None = Field(
@@ -77,6 +88,37 @@ class TraceRow(BaseModel):
     delay: float | None = Field(
         default=None, ge=0, description="ms after the session's previous answer (closed loop)"
     )
+
+    @model_validator(mode="after")
+    def _has_a_prompt(self) -> TraceRow:
+        if self.input_length is None and self.messages is None and self.text_input is None:
+            raise ValueError("a row needs input_length (with hash_ids), messages or text_input")
+        return self
+
+    @property
+    def has_text(self) -> bool:
+        """The row carries its prompt (``messages`` or ``text_input``), not token counts."""
+        return self.messages is not None or self.text_input is not None
+
+
+# Token ids of a request body (`path`, `body`) as the pods tokenize it.
+BodyTokenizer = Callable[[str, Mapping[str, Any]], list[int]]
+
+
+def body_tokenizer(tokenizer: str | None = None) -> BodyTokenizer:
+    """How the fleet's pods tokenize a chat or completion body: the ``tokenizer`` folder's
+    tokenizer and chat template, or the simulator's own codec (4 characters a token; it does
+    not render ``tools``)."""
+    from kvgate.sim.text import load_codec
+
+    codec = load_codec(tokenizer, "sim-model", 32000)
+
+    def tokenize(path: str, body: Mapping[str, Any]) -> list[int]:
+        if path == CHAT_COMPLETIONS:
+            return codec.chat_token_ids(body)
+        return codec.completion_token_ids(body)[0]
+
+    return tokenize
 
 
 class TraceParams(BaseModel):
@@ -150,7 +192,7 @@ def infer_block_tokens(rows: Iterable[TraceRow]) -> int:
     carry exactly ``ceil(input_length / block)`` ids (512, Mooncake's, on a tie or with no ids)."""
     votes: Counter[int] = Counter()
     for row in rows:
-        if row.hash_ids:
+        if row.hash_ids and row.input_length is not None:
             ids = len(row.hash_ids)
             votes.update(b for b in BLOCK_TOKEN_CHOICES if math.ceil(row.input_length / b) == ids)
     if not votes:
@@ -208,7 +250,8 @@ class BlockTokens:
 
 
 def prompt_tokens(row: TraceRow, index: int, blocks: BlockTokens, params: TraceParams) -> list[int]:
-    """The token-id prompt of one trace row."""
+    """The token-id prompt of one trace row with ``input_length``."""
+    assert row.input_length is not None
     length = row.input_length
     if params.max_input_len is not None:
         length = min(length, params.max_input_len)
@@ -224,19 +267,26 @@ def prompt_tokens(row: TraceRow, index: int, blocks: BlockTokens, params: TraceP
 
 
 def build_trace_workload(
-    rows: list[TraceRow], params: TraceParams, name: str = "mooncake"
+    rows: list[TraceRow],
+    params: TraceParams,
+    name: str = "mooncake",
+    tokenize: BodyTokenizer | None = None,
 ) -> Workload:
     """The trace as a workload: open loop (each row at its timestamp) when every replayed row
-    has one, else closed loop (each session's turns one after another)."""
+    has one, else closed loop (each session's turns one after another). ``tokenize``: for rows
+    that carry their prompt (default: the simulator's codec)."""
     if not rows:
         raise TraceError("the trace is empty")
     if params.skip_requests >= len(rows):
         raise TraceError(f"skip_requests={params.skip_requests} skips all {len(rows)} rows")
     bailian = is_bailian(rows, params.trace_format)
     block_tokens = params.block_tokens or infer_block_tokens(rows)
+    if tokenize is None and any(row.has_text for row in rows):
+        tokenize = body_tokenizer()
     replay = _Replay(
         params=params,
         blocks=BlockTokens(params.seed, params.vocab_size, block_tokens),
+        tokenize=tokenize,
         units_per_second=1.0 if bailian else 1000.0,
         sessions=(
             bailian_sessions(rows)
@@ -255,12 +305,15 @@ def build_trace_workload(
         sessions, requests = (), replay.open_loop(chosen)
         loop = f"{len(requests)} rows"
     kind = "Bailian" if bailian else "Mooncake"
+    texts = sum(row.has_text for _, row in chosen)
+    prompts = f"{texts} rows with their own prompts" if texts else ""
+    if texts < len(chosen):
+        prompts += (", " if prompts else "") + f"{block_tokens}-token hash ids"
     return Workload(
         name=name,
         requests=requests,
         sessions=sessions,
-        description=f"{kind} trace replay, {loop}, {block_tokens}-token hash ids, "
-        f"speed-up {params.speedup:g}",
+        description=f"{kind} trace replay, {loop}, {prompts}, speed-up {params.speedup:g}",
         params=params.model_dump(),
     )
 
@@ -269,6 +322,7 @@ def build_trace_workload(
 class _Replay:
     params: TraceParams
     blocks: BlockTokens
+    tokenize: BodyTokenizer | None
     units_per_second: float
     sessions: list[str | None]
     """Each row's session id (by its index in the trace)."""
@@ -277,11 +331,39 @@ class _Replay:
         output = row.output_length
         if self.params.max_output_len is not None:
             output = min(output, self.params.max_output_len)
-        tokens = prompt_tokens(row, index, self.blocks, self.params)
-        request = completion_request(
-            f"t{index}", tokens, output, arrival, session_id=self.sessions[index]
-        )
+        if row.has_text:
+            request = self.text_request(index, row, output, arrival)
+        else:
+            tokens = prompt_tokens(row, index, self.blocks, self.params)
+            request = completion_request(
+                f"t{index}", tokens, output, arrival, session_id=self.sessions[index]
+            )
         return replace(request, think_time_s=think) if think else request
+
+    def text_request(self, index: int, row: TraceRow, output: int, arrival: float) -> BenchRequest:
+        """A row that carries its prompt: its ``messages`` (and ``tools``) or ``text_input``,
+        sent as is (``max_input_len`` does not cut it)."""
+        assert self.tokenize is not None
+        body: dict[str, Any]
+        if row.messages is not None:
+            path, body = CHAT_COMPLETIONS, {"messages": row.messages}
+            if row.tools:
+                body["tools"] = row.tools
+        else:
+            path, body = COMPLETIONS, {"prompt": row.text_input}
+        try:
+            units = self.tokenize(path, body)
+        except ValueError as exc:  # what the pods would refuse
+            raise TraceError(f"trace row {index + 1}: {exc}") from exc
+        return BenchRequest(
+            request_id=f"t{index}",
+            path=path,
+            body={**body, **exact_output_fields(output)},
+            max_tokens=output,
+            prefix_units=tuple(units),
+            arrival_s=arrival,
+            session_id=self.sessions[index],
+        )
 
     def seconds(self, timestamp: float, start: float) -> float:
         return (timestamp - start) / self.units_per_second / self.params.speedup

@@ -27,6 +27,7 @@ from kvgate.bench.agent_sessions import AgentSessionParams, ChatTokenizer, build
 from kvgate.bench.long_agent import LongAgentParams, build_long_agent_sessions
 from kvgate.bench.mooncake import (
     TraceParams,
+    body_tokenizer,
     build_trace_workload,
     read_trace_file,
     rows_needed,
@@ -105,8 +106,12 @@ def build_workload(
     )
 
 
-def build_trace(path: Path, overrides: Mapping[str, Any] | None = None) -> Workload:
-    """Replay a Mooncake-format JSONL trace."""
+def build_trace(
+    path: Path, overrides: Mapping[str, Any] | None = None, tokenizer: str | None = None
+) -> Workload:
+    """Replay a Mooncake-format JSONL trace; rows that carry their prompt are tokenized with the
+    ``tokenizer`` folder's tokenizer (default: the simulator's codec)."""
     params = TraceParams.model_validate(_none_aware(overrides or {}))
     rows = read_trace_file(path, max_rows=rows_needed(params))
-    return build_trace_workload(rows, params, name=path.stem)
+    tokenize = body_tokenizer(tokenizer) if any(row.has_text for row in rows) else None
+    return build_trace_workload(rows, params, name=path.stem, tokenize=tokenize)

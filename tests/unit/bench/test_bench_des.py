@@ -2,6 +2,7 @@
 
 import asyncio
 import itertools
+import json
 from collections import Counter
 
 import pytest
@@ -85,6 +86,27 @@ def test_a_trace_without_timestamps_replays_each_session_turn_after_turn():
         turns.sort(key=lambda r: r.sent_s)
         for earlier, later in itertools.pairwise(turns):
             assert later.sent_s >= earlier.end_s + 0.04 - 1e-9
+
+
+def test_a_trace_of_chats_is_tokenized_and_its_later_turns_hit_the_cache():
+    """Rows that carry their prompt (aiperf's `messages`): each turn reaches the pods as the
+    simulator tokenizes it, and a later turn of a session reuses its earlier turns' blocks."""
+    system = {"role": "system", "content": "You are a careful coding agent. " * 40}
+    history = [system, {"role": "user", "content": "fix the failing test"}]
+    rows = []
+    for turn in range(4):
+        rows.append(
+            json.dumps({"session_id": "s", "messages": history, "output_length": 4, "delay": 10})
+        )
+        history = [
+            *history,
+            {"role": "assistant", "content": f"step {turn}: ran the tests " * 8},
+            {"role": "user", "content": f"output {turn} " * 30},
+        ]
+    result = run_des(build_trace_workload(read_trace(rows), TraceParams()), "kvgate", 2)
+    assert len(result.records) == 4 and all(r.ok for r in result.records)
+    later = sorted(result.records, key=lambda r: r.sent_s)[1:]
+    assert all(r.cached_tokens and r.cached_tokens > 0.5 * r.prompt_tokens for r in later)
 
 
 def test_the_kv_event_directory_matches_the_engines_caches():

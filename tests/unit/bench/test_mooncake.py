@@ -1,5 +1,6 @@
 """Mooncake trace parsing and replay."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -8,11 +9,13 @@ from kvgate.bench.mooncake import (
     MOONCAKE_BLOCK_TOKENS,
     TraceError,
     TraceParams,
+    body_tokenizer,
     build_trace_workload,
     infer_block_tokens,
     read_trace,
     read_trace_file,
 )
+from kvgate.bench.workload import CHAT_COMPLETIONS, COMPLETIONS
 from kvgate.bench.workloads import build_trace
 
 SAMPLE = Path(__file__).resolve().parents[2] / "data" / "bench" / "mooncake_sample.jsonl"
@@ -224,3 +227,46 @@ def test_a_window_reads_only_the_rows_it_replays(tmp_path: Path):
     assert len(read_trace_file(trace, max_rows=15)) == 15
     with pytest.raises(TraceError, match=r"big\.jsonl:51"):
         build_trace(trace, {"skip_requests": "10"})
+
+
+SYSTEM = {"role": "system", "content": "You are a tool agent. " * 20}
+TOOLS = [{"type": "function", "function": {"name": "grep", "parameters": {"type": "object"}}}]
+FIRST = [SYSTEM, {"role": "user", "content": "find the bug"}]
+SECOND = [*FIRST, {"role": "assistant", "content": "looking"}, {"role": "user", "content": "and?"}]
+PROMPT_ROWS = [
+    {"session_id": "a", "messages": FIRST, "tools": TOOLS, "output_length": 5},
+    {"session_id": "a", "messages": SECOND, "tools": TOOLS, "output_length": 7, "delay": 250},
+    {"session_id": "b", "text_input": "a plain completion prompt", "output_length": 3},
+]
+
+
+def test_rows_that_carry_their_prompt_are_sent_as_is():
+    """aiperf's traces: `messages` (with `tools`) or `text_input` instead of token counts."""
+    rows = read_trace(json.dumps(row) for row in PROMPT_ROWS)
+    w = build_trace_workload(rows, TraceParams())
+    tokenize = body_tokenizer()
+    sessions = {s.session_id: s.turns for s in w.sessions}
+    assert set(sessions) == {"a", "b"} and not w.requests
+    first, second = sessions["a"]
+    assert first.path == second.path == CHAT_COMPLETIONS
+    assert first.body["messages"] == FIRST and first.body["tools"] == TOOLS
+    assert first.max_tokens == first.body["max_tokens"] == 5 and second.max_tokens == 7
+    assert first.prefix_units == tuple(
+        tokenize(CHAT_COMPLETIONS, {"messages": FIRST, "tools": TOOLS})
+    )
+    assert first.think_time_s == pytest.approx(0.25)  # the next row's delay
+    # the later turn repeats the earlier one's prompt: the pods see the same leading tokens
+    shared = len(first.prefix_units) - 3  # all but the earlier turn's assistant tag
+    assert second.prefix_units[:shared] == first.prefix_units[:shared]
+    [plain] = sessions["b"]
+    assert plain.path == COMPLETIONS and plain.body["prompt"] == "a plain completion prompt"
+    assert plain.prefix_units == tuple(tokenize(COMPLETIONS, {"prompt": plain.body["prompt"]}))
+    assert "3 rows with their own prompts" in w.description
+    assert "hash ids" not in w.description
+
+
+def test_a_prompt_the_pods_would_refuse_names_its_row():
+    bad = {"messages": [{"role": "user", "content": 42}], "output_length": 1}
+    rows = read_trace([json.dumps(PROMPT_ROWS[2]), json.dumps(bad)])
+    with pytest.raises(TraceError, match="trace row 2: message content"):
+        build_trace_workload(rows, TraceParams())
