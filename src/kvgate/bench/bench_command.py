@@ -34,13 +34,14 @@ from kvgate.bench.agent_sessions import ChatTokenizer, Message, render_chat_text
 from kvgate.bench.context_compare import add_arguments as add_context_arguments
 from kvgate.bench.context_compare import run as run_context
 from kvgate.bench.harness import BenchResult, HarnessSettings, run_live, write_outputs
+from kvgate.bench.mooncake import body_tokenizer
 from kvgate.bench.plots import write_plots
 from kvgate.bench.processes import StartError
 from kvgate.bench.records import RequestRecord
 from kvgate.bench.sweep import add_arguments as add_sweep_arguments
 from kvgate.bench.sweep import run_sweep
 from kvgate.bench.targets import kvgate_policies, target_names, validate_targets
-from kvgate.bench.workload import Workload
+from kvgate.bench.workload import CHAT_COMPLETIONS, COMPLETIONS, Workload
 from kvgate.bench.workloads import (
     WORKLOAD_NAMES,
     build_trace,
@@ -184,14 +185,12 @@ def chat_tokenizer(tokenizer: str | None = None, api: str = "chat") -> ChatToken
     """How the fleet's pods tokenize an agent turn (for the ideal hit-rate bound): the
     simulator's own codec, or the ``--tokenizer`` folder's; for ``api=completions`` the turn is
     the rendered history sent as a completion prompt."""
-    from kvgate.sim.text import load_codec
-
-    codec = load_codec(tokenizer, "sim-model", 32000)
+    tokenize_body = body_tokenizer(tokenizer)
 
     def tokenize(messages: Sequence[Message]) -> list[int]:
         if api == "completions":
-            return codec.completion_token_ids({"prompt": render_chat_text(messages)})[0]
-        return codec.chat_token_ids({"messages": list(messages)})
+            return tokenize_body(COMPLETIONS, {"prompt": render_chat_text(messages)})
+        return tokenize_body(CHAT_COMPLETIONS, {"messages": list(messages)})
 
     return tokenize
 
