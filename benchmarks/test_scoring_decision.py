@@ -54,11 +54,16 @@ def _setup(policy_name: str, case: str):  # type: ignore[no-untyped-def]
     prompt, holders = CASES[case]
     rng = random.Random(0)
     eps = _fleet(rng)
+    if policy_name == "kvgate-decode":  # the opt-in decode price
+        policy = build_policy("kvgate", {"decode_weight": 0.25})
+    else:
+        policy = build_policy(policy_name)
+    # as the router passes it: an expected output only to a policy that prices the decode
+    output = 300.0 if policy.prices_decode else 0.0
     req = RoutingRequest(
-        model="llama", prompt_tokens=prompt, block_tokens=16, expected_output_tokens=300.0
+        model="llama", prompt_tokens=prompt, block_tokens=16, expected_output_tokens=output
     )
     matched = {eps[i].id: rng.randint(1, prompt // 16) for i in range(holders)}
-    policy = build_policy(policy_name)
     history = ChoiceHistory()
     decide_rng = random.Random(1)
 
@@ -71,7 +76,9 @@ def _setup(policy_name: str, case: str):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("policy_name", ["kvgate", "prefix", "least-load", "round-robin"])
+@pytest.mark.parametrize(
+    "policy_name", ["kvgate", "kvgate-decode", "prefix", "least-load", "round-robin"]
+)
 def test_decision_time_16_pods(benchmark, policy_name, case):  # type: ignore[no-untyped-def]
     one = _setup(policy_name, case)
     for _ in range(200):

@@ -249,7 +249,9 @@ class Filter(Protocol):
 
 
 class Scorer(Protocol):
-    """Scores every candidate in [0, 1], 1 is best. Returns one value per candidate, same order."""
+    """Scores every candidate in [0, 1], 1 is best. Returns one value per candidate, same order.
+    One that reads ``CostEstimate.decode_seconds`` also sets ``prices_decode = True`` (the router
+    learns and passes the expected output only for such policies)."""
 
     @property
     def name(self) -> str: ...
@@ -398,6 +400,13 @@ class Policy(Protocol):
         """Whether the router adds the blocks of its requests in flight on each pod to the
         directory's matches before deciding (kvgate's policies; the peers' re-implementations
         and the plain baselines see the directory only, as published)."""
+        ...
+
+    @property
+    def prices_decode(self) -> bool:
+        """Whether a scorer prices the answer's decode (``CostEstimate.decode_seconds``): only
+        then does the router fill ``RoutingRequest.expected_output_tokens`` (else it stays 0 and
+        no estimate carries a decode price)."""
         ...
 
     def decide(

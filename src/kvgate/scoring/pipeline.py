@@ -70,6 +70,7 @@ class PipelinePolicy:
         self.fixed_reason = fixed_reason
         self.no_hit_reason = no_hit_reason
         self.counts_inflight_blocks = counts_inflight_blocks
+        self.prices_decode = any(getattr(w.scorer, "prices_decode", False) for w in self.scorers)
         self._guard_reasons = {f.name: f.reason for f in self.filters}
         self._weight_sum = sum(w.weight for w in self.scorers)
 

@@ -416,8 +416,11 @@ async def test_a_pod_that_leaves_while_the_directory_answers_is_not_chosen():
 
 async def test_whole_answers_teach_the_pools_output_length_and_price_its_decode():
     """The answers' completion tokens teach the pool's expected output; a request's own
-    `max_tokens` caps it, and each pod's decode is priced on the KV its requests hold."""
-    core, now = await _core()
+    `max_tokens` caps it, and each pod's decode is priced on the KV its requests hold (only
+    for a policy that prices it: the default does not, and pays nothing for it)."""
+    now = [100.0]
+    config = make_config(2, policy={"seed": 1, "params": {"decode_weight": 0.25}})
+    core, _ = await routing_core(config, now, 2)
     for completed in (True,) * 8 + (False,):
         request = ClientRequest(BODY, {}, "completion")
         plan = await core.plan(request)
@@ -451,3 +454,10 @@ async def test_whole_answers_teach_the_pools_output_length_and_price_its_decode(
         assert lines[light.id]["decode_seconds"] == pytest.approx(
             output * 10_000 * seconds_per_token
         )
+    plain, _ = await routing_core(make_config(2), now, 2)
+    assert not plain.router.state.policy.prices_decode
+    for _ in range(8):
+        plain.output_lengths.observe(pool, 300)  # learned, but not asked for
+    plain.load_scraped(plain.endpoints.all()[0], sample)
+    explained = await plain.explain(ClientRequest(BODY, {}, "completion"))
+    assert all(c.to_dict()["decode_seconds"] == 0.0 for c in explained.decision.candidates)

@@ -171,8 +171,10 @@ class Router:
                 lora_adapter=lora.name if lora is not None else None,
                 prefix_sharers=sharers,
                 batch_waiting=self._batch_waiting(cls, pool),
-                expected_output_tokens=self.output_lengths.expected(
-                    pool.key, requested_max_tokens(body)
+                expected_output_tokens=(
+                    self.output_lengths.expected(pool.key, requested_max_tokens(body))
+                    if state.policy.prices_decode
+                    else 0.0
                 ),
             )
             snapshots = self.snapshots(members, now)

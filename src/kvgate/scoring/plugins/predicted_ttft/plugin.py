@@ -54,6 +54,7 @@ class PredictedTtftScorer:
 
     def __init__(self, params: PredictedTtftParams | None = None) -> None:
         self.params = params or PredictedTtftParams()
+        self.prices_decode = self.params.decode_weight > 0  # the policy asks for the output
 
     def score(self, state: CycleState, candidates: Sequence[EndpointSnapshot]) -> list[float]:
         est = state.estimates
