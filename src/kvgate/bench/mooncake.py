@@ -270,19 +270,19 @@ def build_trace_workload(
     rows: list[TraceRow],
     params: TraceParams,
     name: str = "mooncake",
-    tokenize: BodyTokenizer | None = None,
+    tokenizer: str | None = None,
 ) -> Workload:
     """The trace as a workload: open loop (each row at its timestamp) when every replayed row
-    has one, else closed loop (each session's turns one after another). ``tokenize``: for rows
-    that carry their prompt (default: the simulator's codec)."""
+    has one, else closed loop (each session's turns one after another). Rows that carry their
+    prompt are tokenized with the ``tokenizer`` folder's tokenizer (default: the simulator's
+    codec), loaded only when there are such rows."""
     if not rows:
         raise TraceError("the trace is empty")
     if params.skip_requests >= len(rows):
         raise TraceError(f"skip_requests={params.skip_requests} skips all {len(rows)} rows")
     bailian = is_bailian(rows, params.trace_format)
     block_tokens = params.block_tokens or infer_block_tokens(rows)
-    if tokenize is None and any(row.has_text for row in rows):
-        tokenize = body_tokenizer()
+    tokenize = body_tokenizer(tokenizer) if any(row.has_text for row in rows) else None
     replay = _Replay(
         params=params,
         blocks=BlockTokens(params.seed, params.vocab_size, block_tokens),

@@ -27,7 +27,6 @@ from kvgate.bench.agent_sessions import AgentSessionParams, ChatTokenizer, build
 from kvgate.bench.long_agent import LongAgentParams, build_long_agent_sessions
 from kvgate.bench.mooncake import (
     TraceParams,
-    body_tokenizer,
     build_trace_workload,
     read_trace_file,
     rows_needed,
@@ -113,5 +112,4 @@ def build_trace(
     ``tokenizer`` folder's tokenizer (default: the simulator's codec)."""
     params = TraceParams.model_validate(_none_aware(overrides or {}))
     rows = read_trace_file(path, max_rows=rows_needed(params))
-    tokenize = body_tokenizer(tokenizer) if any(row.has_text for row in rows) else None
-    return build_trace_workload(rows, params, name=path.stem, tokenize=tokenize)
+    return build_trace_workload(rows, params, name=path.stem, tokenizer=tokenizer)
