@@ -13,6 +13,7 @@ from kvgate._lazy import lazy_names
 from kvgate.prefix.approx import ApproxBlockHasher, request_text
 from kvgate.prefix.completion_prompt import PromptError, completion_prompts
 from kvgate.prefix.diff import (
+    FIELD_NAMES,
     FieldDifference,
     PrefixDiff,
     common_prefix_length,
@@ -59,6 +60,7 @@ __getattr__ = lazy_names(__name__, _LAZY)
 
 __all__ = [
     "DEFAULT_SEED",
+    "FIELD_NAMES",
     "HASH_ALGOS",
     "ApproxBlockHasher",
     "BlockHasher",

@@ -31,6 +31,11 @@ DiffKind = Literal["identical", "extends", "diverges"]
 _CHUNK = 256
 _MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "reasoning")
 _CHAT_TAIL_FIELDS = ("documents", "chat_template_kwargs", "add_generation_prompt")
+FIELD_NAMES = frozenset(
+    ("chat_template", "tools", "messages", *_MESSAGE_FIELDS, *_CHAT_TAIL_FIELDS, "prompt")
+)
+"""The field names a `FieldDifference.path` ends in (its `[index]` cut off), except a message's
+other keys: those the client chooses, so they are no bounded set (e.g. of metric labels)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,7 @@
 """Sessions, reload, directory fallback, disconnects: router state over time."""
 
 import asyncio
+import logging
 
 from tests.unit.router.fakes import FakePods, make_config
 
@@ -38,6 +39,29 @@ async def test_session_prefix_break_is_counted_with_its_field(router_app):
     await client.post("/v1/chat/completions", json=turn3, headers=headers)
     metrics = (await client.get("/metrics")).text
     assert 'kvgate_router_prefix_breaks_total{field="content",pool="default/p"} 1.0' in metrics
+
+
+async def test_prefix_break_in_a_message_key_of_the_clients_own_is_counted_as_other(
+    router_app, caplog
+):
+    client, _ = await router_app(make_config(2), FakePods())
+    headers = {"x-session-id": "s1"}
+    # A new salt changes every block key; role and content stay: the first difference is the
+    # key the client made up (one with "." and "]." in it: it must not pass for "content").
+    for turn, key in enumerate(("k0", "x].content", "k2" * 5000)):
+        message = {**SYSTEM, key: 1}
+        body = {"model": "m", "messages": [message], "cache_salt": str(turn)}
+        with caplog.at_level(logging.INFO, logger="kvgate.router.core.sessions"):
+            assert (
+                await client.post("/v1/chat/completions", json=body, headers=headers)
+            ).status_code == 200
+    metrics = (await client.get("/metrics")).text
+    name = "kvgate_router_prefix_breaks_total{"
+    series = [line for line in metrics.splitlines() if line.startswith(name)]
+    assert series == ['kvgate_router_prefix_breaks_total{field="other",pool="default/p"} 2.0']
+    breaks = [r.getMessage() for r in caplog.records if "prefix break" in r.getMessage()]
+    assert len(breaks) == 2
+    assert max(len(line) for line in breaks) < 400
 
 
 async def test_reload_adds_endpoints_and_keeps_state(router_app):

@@ -8,7 +8,9 @@ each) and a digest of every request field; on the next turn it finds the first d
 (the token position of the break) and, with `kvgate.prefix.first_difference` over the digests,
 the first differing message and field (the same answer `kvgate prefix diff` gives), counts the
 break in `kvgate_router_prefix_breaks_total{field}` and logs it. A break with no differing field
-is the chat template's doing ("template": e.g. one that rewrites earlier turns).
+is the chat template's doing ("template": e.g. one that rewrites earlier turns). A message key
+the client made up is counted as "other" and its path cut to `MAX_PATH_CHARS` in the log: the
+client chooses it, so as a label or a whole log line it would be unbounded.
 
 Memory is bounded: at most `max_sessions` sessions and `max_bytes` in all (least recently seen
 dropped first; a turn is counted as its session id, 8 bytes per block and ~120 bytes per
@@ -27,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate.prefix import first_difference
+from kvgate.prefix import FIELD_NAMES, first_difference
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.metrics import RouterMetrics
 
@@ -39,11 +41,12 @@ class PrefixBreak:
     session: str
     token_position: int  # first token (block-aligned) that differs from the previous turn
     previous_tokens: int
-    path: str  # the first differing field, e.g. "messages[0].content", "tools"
-    field: str  # its kind, a bounded metric label: "content", "tools", "role", ... or "template"
+    path: str  # the first differing field, e.g. "messages[0].content", "tools" (cut short)
+    field: str  # its kind, a bounded metric label: "content", "tools", ..., "template", "other"
 
 
 KEY_PREFIX_BYTES = 8
+MAX_PATH_CHARS = 200  # of a break's path, kept and logged: a message key may be megabytes long
 _DIGEST_FIELD_BYTES = 120  # a dict slot, a short key and a 16-character hex digest
 _TURN_OVERHEAD = 400
 
@@ -116,9 +119,11 @@ def digest_body(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _field_label(path: str) -> str:
-    """`messages[3].content` -> `content`; `tools` -> `tools` (bounded label values)."""
-    last = path.rsplit(".", 1)[-1]
-    return last.split("[", 1)[0] or "messages"
+    """`messages[3].content` -> `content`; `tools` -> `tools`; a message key of the client's
+    own -> `other` (label values from a fixed set)."""
+    _message, _, key = path.partition("].")  # a key may itself hold "." or "["
+    name = key or path.split("[", 1)[0]
+    return name if name in FIELD_NAMES else "other"
 
 
 class SessionTracker:
@@ -191,7 +196,7 @@ class SessionTracker:
             session=session,
             token_position=common * prev.block_tokens,
             previous_tokens=prev.blocks * prev.block_tokens,
-            path=path,
+            path=path[:MAX_PATH_CHARS],
             field=_field_label(path) if difference is not None else "template",
         )
         self._metrics.prefix_breaks.labels(plan.pool.key, brk.field).inc()
