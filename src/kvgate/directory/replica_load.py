@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from kvgate import untrusted_json
 from kvgate.directory.keys import DEFAULT_PREFIX, PoolKeys
 from kvgate.directory.redis import Client
 from kvgate.directory.replica_board import ReplicaBoard
@@ -58,8 +59,8 @@ def _parse(value: bytes) -> dict[str, PodLoad] | None:
     if len(value) > MAX_FIELD_BYTES:
         return None
     try:
-        data = json.loads(value)
-    except ValueError:
+        data = untrusted_json.loads(value)
+    except ValueError:  # nesting too deep included
         return None
     if not isinstance(data, dict):
         return None

@@ -26,6 +26,7 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Literal
 
+from kvgate import untrusted_json
 from kvgate.directory.keys import DEFAULT_PREFIX, PoolKeys
 from kvgate.directory.redis import Client
 from kvgate.directory.replica_board import ReplicaBoard
@@ -225,8 +226,8 @@ def parse_counts(value: bytes) -> dict[bytes, float]:
     if len(value) > MAX_HOT_FIELD_BYTES:
         return {}
     try:
-        data = json.loads(value)
-    except ValueError:
+        data = untrusted_json.loads(value)
+    except ValueError:  # nesting too deep included
         return {}
     if not isinstance(data, dict):
         return {}

@@ -134,6 +134,12 @@ def test_usage_from_json_tolerates_garbage():
     usage = usage_from_json_body(body)
     assert usage is not None and usage.completion_tokens == 0 and usage.cached_tokens is None
     assert usage_from_json_body(b'{"usage": {"prompt_tokens": true}}') is None
+    # nested past what Python's parser can recurse: absent, and the event passes through
+    deep = b"[" * 100_000 + b"]" * 100_000
+    assert usage_from_json_body(b'{"choices": [], "usage": ' + deep + b"}") is None
+    event = b'data: {"choices": [], "usage": ' + deep + b"}\n\n"
+    tap = SseUsageTap(strip_usage_chunk=True)
+    assert tap.feed(event) == event and tap.usage is None
 
 
 def test_parse_load_sums_label_sets_and_ignores_others():

@@ -368,6 +368,9 @@ def test_counts_read_back_from_redis_are_checked_and_bounded():
     huge = b'{"0a": 1' + b"0" * 400 + b', "0b": 2}'
     assert parse_counts(huge) == {b"\x0b": 2.0}
     assert parse_counts(b'{"0c": 1' + b"0" * 5000 + b"}") == {}  # past int()'s digit limit
+    # nested past what Python's parser can recurse: unreadable, not a RecursionError that
+    # fails the warm-sharing operation
+    assert parse_counts(b'{"0d": ' + b"[" * 100_000 + b"]" * 100_000 + b"}") == {}
     assert parse_counts(b"not json") == {} and parse_counts(b"[1]") == {}
     assert parse_counts(b"{" + b" " * MAX_HOT_FIELD_BYTES + b"}") == {}
     many = {f"{i:08x}": 1.0 for i in range(MAX_SHARED_PREFIXES + 10)}

@@ -11,10 +11,10 @@ a network chunk is held back until the rest of it arrives.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
+from kvgate import untrusted_json
 from kvgate.router.core.learn import Usage
 
 MAX_USAGE_TOKENS = 1 << 31
@@ -46,7 +46,6 @@ def usage_from_obj(obj: Any) -> Usage | None:
     )
 
 
-_DECODER = json.JSONDecoder()
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
 
 
@@ -57,15 +56,15 @@ def usage_from_json_body(body: bytes) -> Usage | None:
     if at > 0 and body[at - 1 : at] != b"\\":
         colon = body.find(b":", at + 7)
         try:
-            value, _ = _DECODER.raw_decode(body[colon + 1 :].decode().lstrip())
-        except (ValueError, UnicodeDecodeError):
+            value, _ = untrusted_json.raw_decode(body[colon + 1 :].decode().lstrip())
+        except ValueError:  # UnicodeDecodeError and nesting too deep included
             value = None
         found = usage_from_obj({"usage": value})
         if found is not None:
             return found
     try:
-        return usage_from_obj(json.loads(body))
-    except (ValueError, UnicodeDecodeError):
+        return usage_from_obj(untrusted_json.loads(body))
+    except ValueError:
         return None
 
 
@@ -112,8 +111,8 @@ class SseUsageTap:
             line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
         )
         try:
-            obj = json.loads(payload)
-        except (ValueError, UnicodeDecodeError):
+            obj = untrusted_json.loads(payload)
+        except ValueError:
             return False
         usage = usage_from_obj(obj)
         if usage is None:
