@@ -46,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import secrets
 import time
 from collections import Counter
@@ -71,6 +72,11 @@ from kvgate.kvevents import MEDIUM_CPU
 from kvgate.prefix import BlockKey
 
 log = logging.getLogger(__name__)
+
+MAX_EVENT_LAG_SECONDS = 1e12
+"""A batch timestamp that is not a number, or one this far in the past, is the pod's nonsense, not
+lag: observing it would leave the histogram's sum at +Inf (or NaN) for good. The batch still
+applies; only its lag is not observed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +269,9 @@ class PodSubscriber:
         for rejected in batch.rejected:
             self._bad(rejected.reason, rejected.detail)
         if self._metrics:  # engine clock to ours: wall clocks, so lag includes any skew
-            self._metrics.event_lag.labels(self._pool).observe(max(0.0, time.time() - batch.ts))
+            lag = time.time() - batch.ts
+            if math.isfinite(lag) and lag <= MAX_EVENT_LAG_SECONDS:
+                self._metrics.event_lag.labels(self._pool).observe(max(0.0, lag))
             # One `labels()` per event type, not per event: it costs more than the update.
             for kind, count in Counter(type(e).__name__ for e in batch.events).items():
                 self._metrics.events.labels(self._pool, kind).inc(count)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import AsyncIterator, Sequence
 
@@ -394,3 +395,21 @@ async def test_an_empty_topic_is_a_topic_too(registry: CollectorRegistry) -> Non
     assert await index.lookup([h(1)]) == {"p": 1}
     assert bad(registry, "wrong_topic") == 1
     ctx.destroy(linger=0)
+
+
+async def test_a_batch_timestamp_that_is_no_time_is_not_observed_as_lag(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
+    """-inf would make the lag +Inf, NaN would make it NaN: either leaves the histogram's sum
+    useless for the pool for good. The batches still apply."""
+    for seq, ts in enumerate((float("-inf"), float("nan"), float("inf"), -1e308, -1e308)):
+        await sub.handle(
+            [b"t", seq.to_bytes(8, "big"), encode_batch(EventBatch(ts, [stored(h(seq))]))]
+        )
+    assert await index_of(sub).lookup([h(0), h(1), h(2), h(3), h(4)]) == {"p": 5}
+    labels = {"pool": "pool"}
+    assert not registry.get_sample_value("kvgate_directory_event_lag_seconds_count", labels)
+    await sub.handle(msg(5, stored(h(5))))  # a real one still counts
+    assert registry.get_sample_value("kvgate_directory_event_lag_seconds_count", labels) == 1
+    lag_sum = registry.get_sample_value("kvgate_directory_event_lag_seconds_sum", labels)
+    assert lag_sum is not None and math.isfinite(lag_sum)

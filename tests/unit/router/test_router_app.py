@@ -142,6 +142,24 @@ async def test_access_log_has_one_line_per_request_with_its_id(router_app, caplo
     assert "request_id=abc-1" in lines[0] and "cached_tokens=3" in lines[0]
 
 
+async def test_a_pods_status_is_a_label_only_if_it_is_a_registered_one(router_app):
+    """The pod chooses its status: other three-digit numbers are counted by class, so a pod
+    cannot add a series per number (the dashboards' `code!~"2.."` still tells errors apart)."""
+    pods = FakePods()
+    client, _ = await router_app(make_config(1), pods)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 200
+    for status in (404, 418, 429, 299, 460, 461, 498):
+        pods.status["pod0:8000"] = status
+        assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == status
+    text = (await client.get("/metrics")).text
+    codes = sorted(
+        line.split('code="')[1].split('"')[0]
+        for line in text.splitlines()
+        if line.startswith("kvgate_router_requests_total{")
+    )
+    assert codes == ["200", "2xx", "404", "418", "429", "4xx"]
+
+
 async def test_a_stream_broken_mid_way_ends_with_an_error_event():
     import httpx
 

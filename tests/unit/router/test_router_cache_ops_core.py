@@ -19,6 +19,7 @@ from kvgate.router.core.cache_policy import added_cache_ops
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keys import Keyer
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
+from kvgate.router.core.routing import Router
 from kvgate.router.core.tokenize import load_request_tokenizer
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.runtime import build_state
@@ -255,3 +256,21 @@ async def test_a_pod_that_still_holds_its_latest_dropped_blocks_restores_its_his
     matched, _on_gpu = await core.router._lookup(keys, endpoints.in_pool(pool.key))
     assert matched == {"pod0:8000": 17, "pod1:8000": 3}
     core.router.keying.close()
+
+
+class _OverstatingIndex(MemoryBlockIndex):
+    """A directory that answers more blocks than it was asked for (a fake Redis, say)."""
+
+    async def lookup(self, keys, pods=None, *, medium=None):  # type: ignore[no-untyped-def]
+        return {"pod0": len(keys) + 5, "pod1": -3}
+
+
+async def test_a_directory_count_past_the_requests_keys_is_cut_to_them() -> None:
+    keys = Keyer(EngineConfig(cache_ops=True)).keys(
+        {"prompt": _prompt(400), "cache": {"segments": [100, 100, 100], "drop": {"2": [1]}}},
+        "completion",
+        None,
+    )
+    assert keys.lookup is not None
+    held = await Router._held(_OverstatingIndex(), keys, ["pod0", "pod1"])  # was an IndexError
+    assert held == {"pod0": len(keys.block_keys), "pod1": 0}

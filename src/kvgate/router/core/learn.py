@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from http import HTTPStatus
 
 from prometheus_client import Counter
 
@@ -36,6 +37,17 @@ from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)
 request_log = logging.getLogger("kvgate.router.requests")
+
+_REGISTERED_STATUSES = frozenset(status.value for status in HTTPStatus)
+
+
+def status_label(status: int) -> str:
+    """The `code` label of a pod's answer: a registered HTTP status as itself ("200", "429"),
+    any other as its class ("2xx" ... "5xx"; "other" outside 100-599). The pod chooses the
+    status: every three-digit number as a label would be ~900 series per pod and decision."""
+    if status in _REGISTERED_STATUSES:
+        return str(status)
+    return f"{status // 100}xx" if 100 <= status <= 599 else "other"
 
 
 @dataclass(frozen=True)
@@ -127,7 +139,8 @@ class Learner:
         pool, ep = plan.pool.key, plan.endpoint.id
         cls = plan.classification.request_class
         m = self.metrics
-        m.child(m.requests, pool, ep, cls, plan.decision.reason, str(outcome.status)).inc()
+        code = status_label(outcome.status)
+        m.child(m.requests, pool, ep, cls, plan.decision.reason, code).inc()
         m.child(m.decision_latency, pool).observe(plan.decision_seconds)
         m.child(m.predicted_hit_tokens, pool, ep).inc(plan.decision.predicted_hit_tokens)
         m.child(m.duration, pool, cls).observe(outcome.duration_seconds)

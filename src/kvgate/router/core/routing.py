@@ -473,7 +473,9 @@ class Router:
         index: BlockIndex, keys: RequestKeys, pods: list[str], medium: str | None = None
     ) -> dict[str, int]:
         """Each pod's leading path blocks in one pool's index (in `medium` only, if given)."""
-        found = dict(await index.lookup(keys.block_keys, pods, medium=medium))
+        found = _within(
+            await index.lookup(keys.block_keys, pods, medium=medium), len(keys.block_keys)
+        )
         plan = keys.lookup
         if plan is None:
             return found
@@ -482,7 +484,7 @@ class Router:
         # block; and up to the next needed block it lacks if it still holds the dropped blocks
         # whose drop comes after that point (a session's latest drops: one more lookup per
         # distinct end).
-        needed = await index.lookup(plan.keys, pods, medium=medium)
+        needed = _within(await index.lookup(plan.keys, pods, medium=medium), len(plan.keys))
         candidates: dict[int, list[str]] = {}
         for pod, held in needed.items():
             blocks = plan.path_blocks[held]
@@ -500,6 +502,12 @@ class Router:
                 if late_held.get(pod, 0) == len(late):
                     found[pod] = end
         return found
+
+
+def _within(held: Mapping[str, int], blocks: int) -> dict[str, int]:
+    """A directory's counts, each cut to [0, blocks asked for]: a Redis that answers more (a
+    fake server, say) must not make the lookup plan index past the request's keys."""
+    return {pod: min(max(count, 0), blocks) for pod, count in held.items()}
 
 
 def requested_max_tokens(body: Mapping[str, Any]) -> int | None:
