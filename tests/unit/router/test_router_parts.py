@@ -10,6 +10,7 @@ from kvgate.router.core.classify import Classifier
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keys import Keyer
 from kvgate.router.http.scrape import parse_load
+from kvgate.router.http.upstream import UpstreamError
 from kvgate.router.http.usage import SseUsageTap, usage_from_json_body
 
 
@@ -359,6 +360,22 @@ def test_sse_tap_handles_crlf_event_separators():
     out = first + tap.feed(stream[20:]) + tap.flush()
     assert out == b'data: {"choices":[{"delta":{"content":"a"}}]}\r\n\r\ndata: [DONE]\r\n\r\n'
     assert tap.usage is not None and tap.usage.prompt_tokens == 7
+
+
+def test_sse_tap_finds_an_event_end_split_byte_by_byte_after_a_long_event():
+    tap = SseUsageTap(strip_usage_chunk=True)
+    event = b"data: " + b"x" * 5000 + b"\r\n\r\n"
+    out = b"".join(tap.feed(event[i : i + 1]) for i in range(len(event)))
+    assert out == event and tap.flush() == b""
+
+
+def test_sse_tap_fails_an_event_that_never_ends_past_its_bound():
+    tap = SseUsageTap(strip_usage_chunk=False, max_event_bytes=1000)
+    assert tap.feed(b"data: a\n\n" + b"data: " + b"x" * 900) == b"data: a\n\n"
+    with pytest.raises(UpstreamError) as failed:
+        for _ in range(10):
+            tap.feed(b"x" * 50)
+    assert failed.value.kind == "stream"
 
 
 async def test_lora_adapter_requests_are_hashed_with_the_adapter_key():

@@ -32,7 +32,7 @@ from kvgate.router.core.errors import RouterError, error_bytes
 from kvgate.router.core.learn import Outcome, Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
-from kvgate.router.http.upstream import Upstream, UpstreamError, read_all
+from kvgate.router.http.upstream import Upstream, UpstreamError, paced, read_all
 from kvgate.router.http.usage import SseUsageTap, usage_from_json_body
 
 log = logging.getLogger(__name__)
@@ -200,29 +200,25 @@ class Proxy:
         send: Send,
         plan: RoutePlan,
     ) -> bool:
-        read_timeout = self.limits.read_timeout_seconds
-        out = tap.feed(first)
-        if out:
-            await send({"type": "http.response.body", "body": out, "more_body": True})
-        while True:
-            try:
-                async with asyncio.timeout(read_timeout):
-                    chunk = await anext(chunks)
-            except StopAsyncIteration:
-                break
-            except (TimeoutError, UpstreamError) as exc:
-                kind = "timeout" if isinstance(exc, TimeoutError) else "stream"
-                self.core.broke(plan, kind)
-                log.warning("stream from %s broke after the first byte: %r", plan.endpoint.id, exc)
-                # Too late to retry (output was sent); tell the client in the stream itself.
-                message = f"the model server failed mid-stream ({kind})"
-                error = b"data: " + error_bytes(message, "upstream_error", kind) + b"\n\n"
-                with contextlib.suppress(Exception):
-                    await send({"type": "http.response.body", "body": tap.flush() + error})
-                return False
-            out = tap.feed(chunk)
+        try:
+            out = tap.feed(first)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
+            async for chunk in paced(chunks, self.limits.read_timeout_seconds):
+                out = tap.feed(chunk)
+                if out:
+                    await send({"type": "http.response.body", "body": out, "more_body": True})
+        except UpstreamError as exc:  # a broken read, a stall, an event that never ends
+            self.core.broke(plan, exc.kind)
+            log.warning("stream from %s broke after the first byte: %r", plan.endpoint.id, exc)
+            # Too late to retry (output was sent); tell the client in the stream itself. An
+            # unfinished event is dropped (a client would discard it too, and it would run into
+            # the error event).
+            message = f"the model server failed mid-stream ({exc.kind})"
+            error = b"data: " + error_bytes(message, "upstream_error", exc.kind) + b"\n\n"
+            with contextlib.suppress(Exception):
+                await send({"type": "http.response.body", "body": error})
+            return False
         await send({"type": "http.response.body", "body": tap.flush()})
         return True
 

@@ -404,9 +404,24 @@ class RoutingUpstream:
 
 
 # A body the router reads whole (a pod's /metrics, a warm request's answer, an error body it
-# drops) is at most this big: a pod that sends more fails that read, and the router's memory stays
-# bounded whatever the pod does.
+# drops), or one event of a stream it holds until the event ends (`usage.SseUsageTap`), is at most
+# this big: a pod that sends more fails that read, and the router's memory stays bounded whatever
+# the pod does.
 MAX_READ_ALL_BYTES = 16 << 20
+
+
+async def paced(chunks: AsyncIterator[bytes], gap_seconds: float) -> AsyncIterator[bytes]:
+    """`chunks`, failing with UpstreamError("timeout") once the pod sends nothing for
+    `gap_seconds`: a pod that stalls mid-body must not hold the request (and its client) forever."""
+    while True:
+        try:
+            async with asyncio.timeout(gap_seconds):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError as exc:
+            raise UpstreamError("timeout", f"nothing from the pod for {gap_seconds} s") from exc
+        yield chunk
 
 
 async def read_all(response: UpstreamResponse, max_bytes: int = MAX_READ_ALL_BYTES) -> bytes:

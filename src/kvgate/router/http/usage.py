@@ -7,6 +7,11 @@ ground truth of its predictions), so when a streaming client did not ask for usa
 asks for it and `SseUsageTap` strips that extra chunk back out: the client sees exactly the stream
 it asked for. Events pass through as soon as they are complete; only a partial event at the end of
 a network chunk is held back until the rest of it arrives.
+
+A pod decides how long an event is, so the tap costs O(bytes fed) whatever it sends: each chunk is
+searched for an event's end together with only the last 3 bytes held before it (a `\r\n\r\n` may
+straddle two chunks), and an event still unfinished past `max_event_bytes` fails the stream
+(`UpstreamError`, handled as any stream that breaks) instead of growing without end.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Any
 
 from kvgate import untrusted_json
 from kvgate.router.core.learn import Usage
+from kvgate.router.http.upstream import MAX_READ_ALL_BYTES, UpstreamError
 
 MAX_USAGE_TOKENS = 1 << 31
 """A token count above this (or below 0) in a pod's `usage` is nonsense: read as absent. Counts
@@ -47,6 +53,7 @@ def usage_from_obj(obj: Any) -> Usage | None:
 
 
 _EVENT_END = re.compile(rb"\r?\n\r?\n")
+_EVENT_END_OVERLAP = len(b"\r\n\r\n") - 1  # bytes of an event end that may precede a chunk
 
 
 def usage_from_json_body(body: bytes) -> Usage | None:
@@ -71,22 +78,40 @@ def usage_from_json_body(body: bytes) -> Usage | None:
 class SseUsageTap:
     """Feed upstream SSE bytes, forward what `feed` returns; `usage` holds the last usage seen."""
 
-    __slots__ = ("_pending", "strip_usage_chunk", "usage")
+    __slots__ = (
+        "_held",
+        "_held_bytes",
+        "_held_tail",
+        "max_event_bytes",
+        "strip_usage_chunk",
+        "usage",
+    )
 
-    def __init__(self, *, strip_usage_chunk: bool) -> None:
+    def __init__(
+        self, *, strip_usage_chunk: bool, max_event_bytes: int = MAX_READ_ALL_BYTES
+    ) -> None:
         self.strip_usage_chunk = strip_usage_chunk
+        self.max_event_bytes = max_event_bytes
         self.usage: Usage | None = None
-        self._pending = b""
+        self._held: list[bytes] = []  # the unfinished event, as it arrived
+        self._held_bytes = 0
+        self._held_tail = b""  # its last bytes, where an event end may begin
 
     def feed(self, chunk: bytes) -> bytes:
-        data = self._pending + chunk if self._pending else chunk
-        # Events end with a blank line: "\n\n" (vLLM) or "\r\n\r\n" (other servers).
-        lf, crlf = data.rfind(b"\n\n"), data.rfind(b"\r\n\r\n")
-        end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0)
-        if end == 0:
-            self._pending = data
+        """The events that `chunk` completes; UpstreamError past `max_event_bytes` unfinished."""
+        overlap = self._held_tail
+        window = overlap + chunk
+        # Events end with a blank line: "\n\n" (vLLM) or "\r\n\r\n" (other servers). The bytes
+        # held contain no complete end, so any end found finishes inside `chunk`.
+        lf, crlf = window.rfind(b"\n\n"), window.rfind(b"\r\n\r\n")
+        end = max(lf + 2 if lf >= 0 else 0, crlf + 4 if crlf >= 0 else 0) - len(overlap)
+        if end <= 0:
+            self._hold(chunk)
             return b""
-        complete, self._pending = data[:end], data[end:]
+        complete = b"".join((*self._held, chunk[:end])) if self._held else chunk[:end]
+        self._held, self._held_bytes, self._held_tail = [], 0, b""
+        if end < len(chunk):
+            self._hold(chunk[end:])
         if b'"usage"' not in complete:
             return complete
         out: list[bytes] = []
@@ -102,8 +127,16 @@ class SseUsageTap:
 
     def flush(self) -> bytes:
         """What is left at the end of the stream (an unterminated last event)."""
-        rest, self._pending = self._pending, b""
+        rest = b"".join(self._held)
+        self._held, self._held_bytes, self._held_tail = [], 0, b""
         return rest
+
+    def _hold(self, part: bytes) -> None:
+        self._held_bytes += len(part)
+        if self._held_bytes > self.max_event_bytes:
+            raise UpstreamError("stream", f"an event over {self.max_event_bytes} bytes")
+        self._held.append(part)
+        self._held_tail = (self._held_tail + part[-_EVENT_END_OVERLAP:])[-_EVENT_END_OVERLAP:]
 
     def _inspect(self, event: bytes) -> bool:
         """Record usage from one event; True when the event should be dropped."""

@@ -1,0 +1,159 @@
+"""A real `kvgate router` process in front of a real HTTP pod that answers in ways no engine
+should: a stream event that never ends. Each answer costs the router bounded time and memory,
+ends with a clear error for its client, and leaves the router serving a good pod meanwhile."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socketserver
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from tests.integration.router.edge_helpers import RouterProcess, router_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+MIB = 1 << 20
+ANSWER = json.dumps(
+    {
+        "id": "cmpl-1",
+        "object": "text_completion",
+        "model": "good",
+        "choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+    }
+).encode()
+
+
+class Pod(socketserver.StreamRequestHandler):
+    """One request per connection. `POST` answers as its prompt says: `endless-event` streams
+    64 MiB of one SSE event that never ends; any other prompt gets a normal answer."""
+
+    def handle(self) -> None:
+        head = [self.rfile.readline()]
+        while head[-1] not in (b"\r\n", b""):
+            head.append(self.rfile.readline())
+        length = next(
+            (
+                int(line.split(b":")[1])
+                for line in head
+                if line.lower().startswith(b"content-length")
+            ),
+            0,
+        )
+        prompt = json.loads(self.rfile.read(length)).get("prompt") if length else None
+        try:
+            if prompt == "endless-event":
+                self._endless(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n",
+                    b"data: " + b"x" * (64 * 1024 - 6),
+                    total_bytes=64 * MIB,
+                    chunked=True,
+                )
+            else:
+                body = ANSWER if head[0].startswith(b"POST") else b""
+                self.wfile.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                    b"content-length: %d\r\n\r\n%s" % (len(body), body)
+                )
+        except OSError:
+            pass  # the router hung up: what a hostile answer should come to
+
+    def _endless(self, head: bytes, piece: bytes, *, total_bytes: int, chunked: bool) -> None:
+        """`head`, then `piece` until `total_bytes` were sent, then silence until the router
+        closes the connection (a pod cannot tell the router more than it already did)."""
+        self.wfile.write(head)
+        sent = 0
+        while sent < total_bytes:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+            sent += len(piece)
+        self.rfile.read(1)
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+@contextlib.contextmanager
+def _pod() -> Iterator[str]:
+    server = _Server(("127.0.0.1", 0), Pod)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def router(tmp_path: Path) -> Iterator[RouterProcess]:
+    """A router with pool `hostile` (model `hostile`) and pool `good` (model `good`)."""
+    with _pod() as hostile, _pod() as good:
+        pools = [
+            {"name": name, "model": name, "endpoints": {"static": [{"url": url}]}}
+            for name, url in (("hostile", hostile), ("good", good))
+        ]
+        proc = RouterProcess(tmp_path, router_config([], pools=pools))
+        try:
+            proc.wait_ready()
+            yield proc
+        finally:
+            proc.stop()
+
+
+def _rss_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field}")
+
+
+async def _good_latencies(client: httpx.AsyncClient, until: asyncio.Event) -> list[float]:
+    """Seconds each good request took, sent one after another until `until` (at least 5)."""
+    latencies: list[float] = []
+    while not until.is_set() or len(latencies) < 5:
+        started = time.perf_counter()
+        got = await client.post("/v1/completions", json={"model": "good", "prompt": "hello"})
+        assert got.status_code == 200, got.text
+        latencies.append(time.perf_counter() - started)
+    return latencies
+
+
+async def test_a_stream_event_that_never_ends_fails_the_stream_in_bounded_time_and_memory(
+    router: RouterProcess,
+) -> None:
+    rss_before = _rss_kib(router.proc.pid, "VmRSS")
+    done = asyncio.Event()
+    async with httpx.AsyncClient(base_url=router.url, timeout=30) as client:
+
+        async def hostile_stream() -> tuple[int, bytes, float]:
+            started = time.perf_counter()
+            try:
+                body = {"model": "hostile", "prompt": "endless-event", "stream": True}
+                async with client.stream("POST", "/v1/completions", json=body) as got:
+                    return got.status_code, await got.aread(), time.perf_counter() - started
+            finally:
+                done.set()
+
+        (status, text, seconds), latencies = await asyncio.gather(
+            hostile_stream(), _good_latencies(client, done)
+        )
+    # The stream had started (200), so the client learns of the failure in the stream itself,
+    # without the 16 MiB of the unfinished event.
+    assert status == 200
+    assert b'"type": "upstream_error"' in text and b"[DONE]" not in text, text[:300]
+    assert len(text) < MIB
+    assert seconds < 20, f"the error came after {seconds:.1f} s"
+    assert max(latencies) < 2.0, f"good requests took up to {max(latencies):.2f} s"
+    grown_mib = (_rss_kib(router.proc.pid, "VmHWM") - rss_before) / 1024
+    assert grown_mib < 64, f"router RSS peaked {grown_mib:.0f} MiB above its start"
+    assert router.metric("kvgate_router_upstream_errors_total") >= 1
+    assert not router.error_lines(), router.error_lines()
