@@ -187,7 +187,11 @@ class LimitsConfig(ConfigModel):
     max_json_depth: int = Field(default=64, ge=2, le=256)
     connect_timeout_seconds: float = Field(default=2.0, gt=0)
     first_byte_timeout_seconds: float = Field(default=600.0, gt=0)  # includes queue + prefill
-    read_timeout_seconds: float = Field(default=120.0, gt=0)  # between chunks once streaming
+    # Between chunks of a pod's answer once it started (a stream, or a whole answer being read).
+    read_timeout_seconds: float = Field(default=120.0, gt=0)
+    # A whole (non-stream) answer is held until its end before it goes to the client: past this
+    # many bytes it is a failure before the first byte (a 502 if no other pod answers).
+    max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     max_retries: int = Field(default=2, ge=0)  # other pods tried when one fails before a byte
     max_connections_per_endpoint: int = Field(default=512, ge=1)
     # Passive health: this many consecutive failures ejects a pod for eject_seconds.

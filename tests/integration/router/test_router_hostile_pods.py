@@ -1,6 +1,7 @@
 """A real `kvgate router` process in front of a real HTTP pod that answers in ways no engine
-should: a stream event that never ends. Each answer costs the router bounded time and memory,
-ends with a clear error for its client, and leaves the router serving a good pod meanwhile."""
+should: a stream event that never ends, a whole answer that never ends, one byte then silence,
+headers that never end. Each answer costs the router bounded time and memory, ends with a clear
+error for its client, and leaves the router serving a good pod meanwhile."""
 
 from __future__ import annotations
 
@@ -31,9 +32,33 @@ ANSWER = json.dumps(
 ).encode()
 
 
+CHUNKED_JSON = (
+    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n"
+)
+HOSTILE: dict[str, tuple[bytes, bytes, int, bool]] = {
+    # prompt: (head, piece repeated, bytes of pieces before silence, pieces chunk-framed)
+    "endless-event": (  # one SSE event, 64 MiB and never finished
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+        b"data: " + b"x" * (64 * 1024 - 6),
+        64 * MIB,
+        True,
+    ),
+    # a whole answer past the router's 64 MiB default (before: all of it held, then a hang)
+    "endless-json": (CHUNKED_JSON + b"\r\n", b'{"x": "' + b"a" * (64 * 1024 - 7), 160 * MIB, True),
+    "one-byte": (  # one byte of a 100-byte answer, then silence
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n",
+        b"{",
+        1,
+        False,
+    ),
+    # 2 MiB of headers (~350,000 of them), then silence: the head never ends
+    "endless-head": (b"HTTP/1.1 200 OK\r\n", b"x: y\r\n" * 10_000, 2 * MIB, False),
+}
+
+
 class Pod(socketserver.StreamRequestHandler):
-    """One request per connection. `POST` answers as its prompt says: `endless-event` streams
-    64 MiB of one SSE event that never ends; any other prompt gets a normal answer."""
+    """One request per connection. `POST` answers as its prompt says (`HOSTILE`); any other
+    prompt gets a normal answer."""
 
     def handle(self) -> None:
         head = [self.rfile.readline()]
@@ -49,14 +74,9 @@ class Pod(socketserver.StreamRequestHandler):
         )
         prompt = json.loads(self.rfile.read(length)).get("prompt") if length else None
         try:
-            if prompt == "endless-event":
-                self._endless(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                    b"transfer-encoding: chunked\r\n\r\n",
-                    b"data: " + b"x" * (64 * 1024 - 6),
-                    total_bytes=64 * MIB,
-                    chunked=True,
-                )
+            if prompt in HOSTILE:
+                head, piece, total_bytes, chunked = HOSTILE[prompt]
+                self._endless(head, piece, total_bytes=total_bytes, chunked=chunked)
             else:
                 body = ANSWER if head[0].startswith(b"POST") else b""
                 self.wfile.write(
@@ -101,7 +121,8 @@ def router(tmp_path: Path) -> Iterator[RouterProcess]:
             {"name": name, "model": name, "endpoints": {"static": [{"url": url}]}}
             for name, url in (("hostile", hostile), ("good", good))
         ]
-        proc = RouterProcess(tmp_path, router_config([], pools=pools))
+        config = router_config([], pools=pools, limits={"read_timeout_seconds": 2})
+        proc = RouterProcess(tmp_path, config)
         try:
             proc.wait_ready()
             yield proc
@@ -155,5 +176,28 @@ async def test_a_stream_event_that_never_ends_fails_the_stream_in_bounded_time_a
     assert max(latencies) < 2.0, f"good requests took up to {max(latencies):.2f} s"
     grown_mib = (_rss_kib(router.proc.pid, "VmHWM") - rss_before) / 1024
     assert grown_mib < 64, f"router RSS peaked {grown_mib:.0f} MiB above its start"
+    assert router.metric("kvgate_router_upstream_errors_total") >= 1
+    assert not router.error_lines(), router.error_lines()
+
+
+@pytest.mark.parametrize(
+    ("prompt", "status", "rss_bound_mib"),
+    [("endless-json", 502, 128), ("one-byte", 504, 32), ("endless-head", 502, 32)],
+)
+async def test_a_whole_answer_that_never_ends_is_a_clear_error_in_bounded_time_and_memory(
+    router: RouterProcess, prompt: str, status: int, rss_bound_mib: int
+) -> None:
+    rss_before = _rss_kib(router.proc.pid, "VmRSS")
+    async with httpx.AsyncClient(base_url=router.url, timeout=30) as client:
+        started = time.perf_counter()
+        got = await client.post("/v1/completions", json={"model": "hostile", "prompt": prompt})
+        seconds = time.perf_counter() - started
+        assert got.status_code == status, got.text[:300]
+        assert got.json()["error"]["type"] == "upstream_error"
+        assert seconds < 20, f"the error came after {seconds:.1f} s"
+        good = await client.post("/v1/completions", json={"model": "good", "prompt": "hello"})
+        assert good.status_code == 200 and good.json()["choices"][0]["text"] == "hi"
+    grown_mib = (_rss_kib(router.proc.pid, "VmHWM") - rss_before) / 1024
+    assert grown_mib < rss_bound_mib, f"router RSS peaked {grown_mib:.0f} MiB above its start"
     assert router.metric("kvgate_router_upstream_errors_total") >= 1
     assert not router.error_lines(), router.error_lines()

@@ -7,7 +7,12 @@ import asyncio
 import pytest
 from tests.integration.conftest import free_port
 
-from kvgate.router.http.upstream import RawUpstream, UpstreamError, read_all
+from kvgate.router.http.upstream import (
+    MAX_RESPONSE_HEAD_BYTES,
+    RawUpstream,
+    UpstreamError,
+    read_all,
+)
 
 
 class Server:
@@ -48,6 +53,14 @@ class Server:
                     await writer.drain()
                     writer.close()
                     return
+                elif self.mode == "big-head":  # 32 KiB of headers: within the limit
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n")
+                    writer.write(b"x-a: " + b"a" * (32 << 10) + b"\r\n\r\nok")
+                elif self.mode == "endless-head":  # headers that never end
+                    writer.write(b"HTTP/1.1 200 OK\r\n")
+                    while not writer.is_closing():
+                        writer.write(b"x: y\r\n" * 1000)
+                        await writer.drain()
                 elif self.mode == "silent":
                     await asyncio.sleep(10)
                 elif self.mode == "slow-body":
@@ -132,4 +145,16 @@ async def test_forgetting_a_pod_closes_its_idle_connections(server):
     assert await read_all(await _get(up, server.port)) == b"hello"
     up.forget(f"http://127.0.0.1:{server.port}")
     await asyncio.wait_for(server.closed.wait(), 2)
+    await up.aclose()
+
+
+async def test_a_response_head_is_bounded(server):
+    up = RawUpstream()
+    server.mode = "big-head"
+    assert await read_all(await _get(up, server.port)) == b"ok"
+    server.mode = "endless-head"
+    with pytest.raises(UpstreamError) as exc:
+        await _get(up, server.port, head_seconds=5.0)
+    assert exc.value.kind == "stream" and str(MAX_RESPONSE_HEAD_BYTES) in str(exc.value)
+    await asyncio.wait_for(server.closed.wait(), 2)  # the connection was dropped
     await up.aclose()

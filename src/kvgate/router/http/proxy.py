@@ -7,9 +7,11 @@ The proxy is I/O only: every decision and every piece of endpoint state is the r
    `first_byte_timeout`). Nothing has reached the client yet, so a connection failure, a timeout
    or a 5xx from the pod is retried on another pod: `core.failed`, then `core.plan` again (the
    core excludes the pods already tried), up to `max_retries` times.
-3. At the first body byte: `core.first_byte`; the response head goes to the client with the
-   `x-kvgate-*` headers.
-4. The rest streams through as it arrives (each gap bounded by `read_timeout`). Usage is read on
+3. At the first body byte: `core.first_byte`. An event stream's head goes to the client at once
+   with the `x-kvgate-*` headers; a whole answer (JSON, any error status) is first read to its end
+   (each gap bounded by `read_timeout`, at most `max_response_bytes`): a failure while reading it
+   has sent the client nothing, so it is retried as in 2.
+4. A stream passes through as it arrives (each gap bounded by `read_timeout`). Usage is read on
    the way (`usage.py`). A pod failing after the first byte cannot be retried without
    duplicating output: a stream ends with an OpenAI error event instead of `[DONE]`. Then
    `core.finished` learns from the outcome.
@@ -32,7 +34,13 @@ from kvgate.router.core.errors import RouterError, error_bytes
 from kvgate.router.core.learn import Outcome, Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
-from kvgate.router.http.upstream import Upstream, UpstreamError, paced, read_all
+from kvgate.router.http.upstream import (
+    MAX_READ_ALL_BYTES,
+    Upstream,
+    UpstreamError,
+    join_chunks,
+    paced,
+)
 from kvgate.router.http.usage import SseUsageTap, usage_from_json_body
 
 log = logging.getLogger(__name__)
@@ -153,8 +161,10 @@ class Proxy:
             raise _Retryable(exc.kind, str(exc)) from exc
         try:
             if response.status >= 500:
-                with contextlib.suppress(UpstreamError):
-                    await read_all(response)
+                with contextlib.suppress(UpstreamError):  # read to reuse the connection
+                    await join_chunks(
+                        paced(response.chunks(), limits.read_timeout_seconds), MAX_READ_ALL_BYTES
+                    )
                 raise _Retryable("status", f"HTTP {response.status}", response.status)
             chunks = response.chunks()
             try:
@@ -175,13 +185,12 @@ class Proxy:
                 )
                 completed = await self._stream(first, chunks, tap, send, plan)
                 return _Answer(response.status, tap.usage, completed, streamed=True)
-            parts = [first]
-            try:
-                async for chunk in chunks:
-                    parts.append(chunk)
+            try:  # nothing reached the client yet: a failure here is retried
+                payload = await join_chunks(
+                    paced(chunks, limits.read_timeout_seconds), limits.max_response_bytes, first
+                )
             except UpstreamError as exc:
                 raise _Retryable(exc.kind, str(exc)) from exc
-            payload = b"".join(parts)
             usage = usage_from_json_body(payload) if response.status == 200 else None
             headers.append((b"content-length", str(len(payload)).encode()))
             await send(

@@ -108,6 +108,11 @@ class _Connection:
         self.writer.close()
 
 
+# A pod's status line and headers are at most this big (the router's own limit for a client's
+# head, `server.max_header_bytes`): the parser keeps every header, and the proxy forwards them.
+MAX_RESPONSE_HEAD_BYTES = 64 << 10
+
+
 class _Parser:
     """httptools callbacks collecting one response."""
 
@@ -278,7 +283,7 @@ class RawUpstream:
         state = _Parser()
         parser = httptools.HttpResponseParser(state)
         conn.writer.write(payload)
-        received = False
+        received = 0
         try:
             async with asyncio.timeout(limit_seconds):
                 while not state.headers_done:
@@ -287,8 +292,12 @@ class RawUpstream:
                         if not received:
                             raise _StaleConnection
                         raise UpstreamError("stream", "connection closed in the response head")
-                    received = True
+                    received += len(data)
                     parser.feed_data(data)
+                    if not state.headers_done and received > MAX_RESPONSE_HEAD_BYTES:
+                        raise UpstreamError(
+                            "stream", f"response head over {MAX_RESPONSE_HEAD_BYTES} bytes"
+                        )
         except TimeoutError as exc:
             raise UpstreamError("timeout", f"no response within {limit_seconds} s") from exc
         except (ConnectionResetError, BrokenPipeError) as exc:
@@ -426,14 +435,20 @@ async def paced(chunks: AsyncIterator[bytes], gap_seconds: float) -> AsyncIterat
 
 async def read_all(response: UpstreamResponse, max_bytes: int = MAX_READ_ALL_BYTES) -> bytes:
     """The whole body, then release the connection; UpstreamError("stream") past `max_bytes`."""
-    chunks: list[bytes] = []
-    size = 0
     try:
-        async for chunk in response.chunks():
-            size += len(chunk)
-            if size > max_bytes:
-                raise UpstreamError("stream", f"body over {max_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await join_chunks(response.chunks(), max_bytes)
     finally:
         await response.aclose()
+
+
+async def join_chunks(chunks: AsyncIterator[bytes], max_bytes: int, first: bytes = b"") -> bytes:
+    """`first` (a chunk already read) and the rest of `chunks`, joined; UpstreamError("stream")
+    once they pass `max_bytes`, before more is kept."""
+    parts = [first]
+    size = len(first)
+    async for chunk in chunks:
+        size += len(chunk)
+        if size > max_bytes:
+            raise UpstreamError("stream", f"body over {max_bytes} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
