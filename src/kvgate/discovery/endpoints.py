@@ -14,6 +14,7 @@ that the indexer subscribes/unsubscribes and the directory clears departed pods 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -77,8 +78,10 @@ class Endpoint:
     ejected_until: float = 0.0  # monotonic seconds
     # LoRA adapters the pod used last (sent by this router or seen running), oldest first, at
     # most its max_lora: vLLM keeps adapters in max_lora GPU slots and evicts the least recently
-    # used, so these are the ones it most likely has loaded.
-    recent_lora_adapters: list[str] = field(default_factory=list)
+    # used, so these are the ones it most likely has loaded. An ordered set: a pod names up to
+    # max_lora of them each scrape, so each name costs O(1) to note.
+    _recent_lora: OrderedDict[str, None] = field(default_factory=OrderedDict, init=False)
+    _recent_lora_set: frozenset[str] = field(default=frozenset(), init=False)
 
     @property
     def id(self) -> str:
@@ -94,13 +97,26 @@ class Endpoint:
     def load_fresh(self, now: float, stale_after: float) -> bool:
         return self.load.scraped_at > 0 and now - self.load.scraped_at <= stale_after
 
+    @property
+    def recent_lora_adapters(self) -> frozenset[str]:
+        """The adapters `note_lora_adapters` keeps, as every routing decision reads them: built
+        when they change (at most once a scrape or a request), not per decision."""
+        return self._recent_lora_set
+
     def note_lora_adapters(self, names: Iterable[str]) -> None:
-        recent = self.recent_lora_adapters
+        recent = self._recent_lora
+        changed = False
         for name in names:
             if name in recent:
-                recent.remove(name)
-            recent.append(name)
-        del recent[: max(0, len(recent) - max(1, self.load.max_lora))]
+                recent.move_to_end(name)
+            else:
+                recent[name] = None
+                changed = True
+        for _ in range(len(recent) - max(1, self.load.max_lora)):
+            recent.popitem(last=False)
+            changed = True
+        if changed:
+            self._recent_lora_set = frozenset(recent)
 
     def record_success(self) -> None:
         self.consecutive_failures = 0

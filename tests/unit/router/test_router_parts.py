@@ -9,7 +9,7 @@ from kvgate.router.command import add_arguments, config_from_args
 from kvgate.router.core.classify import Classifier
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keys import Keyer
-from kvgate.router.http.scrape import parse_load
+from kvgate.router.http.scrape import MAX_LORA_ADAPTERS, parse_load
 from kvgate.router.http.upstream import UpstreamError
 from kvgate.router.http.usage import SseUsageTap, usage_from_json_body
 
@@ -178,6 +178,13 @@ def test_parse_load_reads_the_newest_lora_requests_info():
     assert plain.max_lora == 0 and not plain.running_lora_adapters
     bad = parse_load('vllm:lora_requests_info{max_lora="x",running_lora_adapters="a"} 1', now=1.0)
     assert bad.max_lora == 0 and bad.running_lora_adapters == {"a"}
+
+
+def test_parse_load_bounds_a_pods_max_lora():
+    """A pod stating 10^9 adapter slots would make the router remember every adapter name it
+    ever reports as possibly loaded there."""
+    text = 'vllm:lora_requests_info{max_lora="1000000000",running_lora_adapters="a"} 1'
+    assert parse_load(text, now=1.0).max_lora == MAX_LORA_ADAPTERS
 
 
 def test_parse_load_reads_the_kv_cache_size_and_the_tokens_written_into_it():

@@ -185,13 +185,26 @@ def test_an_adapter_the_pod_used_last_is_taken_as_still_loaded() -> None:
     ep.note_lora_adapters(["sql", "chat"])
     ep.note_lora_adapters(["sql"])
     ep.note_lora_adapters(["code"])  # two GPU slots: chat, the least recently used, is out
-    assert ep.recent_lora_adapters == ["sql", "code"]
+    assert ep.recent_lora_adapters == {"sql", "code"}
     m = model(lora_load_seconds=0.2)
-    engine = EngineLoad(0, 0, 0.0, frozenset(), frozenset(), 2, frozenset(ep.recent_lora_adapters))
+    engine = EngineLoad(0, 0, 0.0, frozenset(), frozenset(), 2, ep.recent_lora_adapters)
     snapshot = endpoint(0, engine=engine)
     warm = m.estimate(request(1024, lora_adapter="sql"), snapshot, 0)
     cold = m.estimate(request(1024, lora_adapter="chat"), snapshot, 0)
     assert warm.queue_seconds == 0.0 and cold.queue_seconds == pytest.approx(0.2)
+
+
+def test_a_pod_keeps_at_most_max_lora_recent_adapters_however_many_it_names() -> None:
+    from kvgate.discovery.endpoints import Endpoint, EndpointSpec, LoadSample
+
+    ep = Endpoint(EndpointSpec(id="p", pool="ns/p", url="http://p"), LoadSample(max_lora=1024))
+    for scrape in range(20):
+        ep.note_lora_adapters(f"{scrape}-{i}" for i in range(1024))
+    assert ep.recent_lora_adapters == {f"19-{i}" for i in range(1024)}
+    ep.note_lora_adapters(["19-0"])  # named again: now the most recent, kept longest
+    ep.note_lora_adapters(["new"])
+    assert "19-0" in ep.recent_lora_adapters and "19-1" not in ep.recent_lora_adapters
+    assert len(ep.recent_lora_adapters) == 1024
 
 
 def test_decode_is_priced_by_the_kv_the_pods_requests_hold() -> None:

@@ -302,7 +302,7 @@ class Router:
                         load.running_lora_adapters,
                         load.waiting_lora_adapters,
                         load.max_lora,
-                        frozenset(ep.recent_lora_adapters),
+                        ep.recent_lora_adapters,
                         ep.pending_at_scrape,
                         load.kv_capacity_tokens,
                         load.kv_filled,

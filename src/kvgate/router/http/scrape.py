@@ -48,7 +48,10 @@ _QUERIES, _HITS, _GENERATED = (
 )
 CACHE_INFO = "vllm:cache_config_info"
 LORA_INFO = "vllm:lora_requests_info"
-MAX_LORA_ADAPTERS = 1024  # names kept per pod: a label is bounded by the page, this by count
+# LoRA adapter names kept per pod: a label's length is bounded by the page, its names by this
+# count, and so is max_lora (the adapters the router remembers a pod used last: vLLM's
+# --max-loras is a few, the operator allows 256).
+MAX_LORA_ADAPTERS = 1024
 MAX_LORA_NAME_CHARS = 253
 MAX_REQUESTS_GAUGE = 1e6  # requests one engine runs or queues, at most (beyond: this many)
 MAX_KV_CAPACITY_TOKENS = 1 << 40  # one engine's cache beyond this is nonsense: read as unknown
@@ -70,7 +73,7 @@ def parse_load(text: str, now: float) -> LoadSample:
         running = _adapter_names(info.labels.get("running_lora_adapters", ""))
         waiting = _adapter_names(info.labels.get("waiting_lora_adapters", ""))
         with contextlib.suppress(ValueError):
-            max_lora = max(0, int(info.labels.get("max_lora", "0")))
+            max_lora = min(max(0, int(info.labels.get("max_lora", "0"))), MAX_LORA_ADAPTERS)
     written = None
     if _QUERIES in found and _HITS in found and _GENERATED in found:
         written = max(0.0, found[_QUERIES] - found[_HITS]) + max(0.0, found[_GENERATED])

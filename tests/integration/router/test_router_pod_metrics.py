@@ -1,0 +1,131 @@
+"""A real `kvgate router` process in front of a pod (a real HTTP server) whose `/metrics` page is
+hostile, scraped as fast as the router does by default or faster. The router keeps answering
+other requests promptly, and what it keeps of the page stays bounded.
+
+- LoRA: `vllm:lora_requests_info` states `max_lora="1000000000"` and names 1,024 adapters never
+  seen before on every scrape. Before the bound the router remembered every name as possibly
+  loaded on the pod (tens of thousands within seconds) and checked each new one against all of
+  them: each scrape stalled the event loop for longer than the last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import httpx
+from tests.integration.router.edge_helpers import RouterProcess, router_config
+
+ADAPTER = "a0"  # the one adapter the router is configured with
+LORA_LOAD_SECONDS = 0.05  # cost_model's default: a pod that may not hold the adapter costs this
+NAMES_PER_SCRAPE = 1024
+# Long names sharing all but their ends: each one compared against those held costs the most.
+NAME_PREFIX = "x" * 200
+
+
+def _pod_handler(metrics: Callable[[], bytes]) -> type[BaseHTTPRequestHandler]:
+    class Pod(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive, as vLLM serves
+
+        def do_GET(self) -> None:
+            self._send(metrics() if self.path == "/metrics" else b"", "text/plain")
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", "0")))
+            answer = b'{"id":"c","object":"text_completion","model":"a0","choices":[]}'
+            self._send(answer, "application/json")
+
+        def _send(self, body: bytes, content_type: str) -> None:
+            self.send_response(200)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Pod
+
+
+@contextlib.contextmanager
+def _router_before_pod(metrics: Callable[[], bytes], tmp_path: Path) -> Iterator[RouterProcess]:
+    """A router serving the adapter, in front of one pod whose /metrics page `metrics()`
+    returns, scraped every 50 ms."""
+    pod = ThreadingHTTPServer(("127.0.0.1", 0), _pod_handler(metrics))
+    threading.Thread(target=pod.serve_forever, daemon=True).start()
+    config = router_config(
+        [f"http://127.0.0.1:{pod.server_port}"], load_metrics={"scrape_interval_seconds": 0.05}
+    )
+    config["pools"][0]["lora_adapters"] = [{"name": ADAPTER, "path": f"/adapters/{ADAPTER}"}]
+    proc = RouterProcess(tmp_path, config)
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+        pod.shutdown()
+        pod.server_close()
+
+
+class NewAdaptersEveryScrape:
+    """A /metrics page naming `NAMES_PER_SCRAPE` adapters not named before, each time it is read."""
+
+    def __init__(self) -> None:
+        self._scrapes = itertools.count()
+        self.served = 0
+
+    def __call__(self) -> bytes:
+        scrape = next(self._scrapes)
+        names = ",".join(f"{NAME_PREFIX}-{scrape}-{i}" for i in range(NAMES_PER_SCRAPE))
+        self.served = scrape + 1
+        return (
+            f'vllm:lora_requests_info{{max_lora="1000000000",running_lora_adapters="{names}",'
+            f'waiting_lora_adapters=""}} {time.time()}\n'
+        ).encode()
+
+
+def _route_adapter(client: httpx.Client) -> tuple[float, dict[str, Any]]:
+    """(seconds the router took to answer, the candidate pod's line) of a /debug/route for the
+    adapter."""
+    started = time.monotonic()
+    got = client.post("/debug/route", json={"model": ADAPTER, "prompt": "hello"})
+    elapsed = time.monotonic() - started
+    assert got.status_code == 200, got.text
+    [candidate] = got.json()["decision"]["candidates"]
+    return elapsed, candidate
+
+
+def test_a_pod_naming_new_adapters_every_scrape_is_remembered_within_bounds(
+    tmp_path: Path,
+) -> None:
+    page = NewAdaptersEveryScrape()
+    with (
+        _router_before_pod(page, tmp_path) as proc,
+        httpx.Client(base_url=proc.url, timeout=30) as client,
+    ):
+        # the router sent the adapter there: it counts it as loaded on the pod for now
+        sent = client.post("/v1/completions", json={"model": ADAPTER, "prompt": "hello"})
+        assert sent.status_code == 200, sent.text
+        scrapes_before = page.served
+        latencies = []
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            elapsed, candidate = _route_adapter(client)
+            latencies.append(elapsed)
+            time.sleep(0.01)
+        scrapes = page.served - scrapes_before
+    assert scrapes >= 20, f"only {scrapes} scrapes in 8 s"
+    # 1,024 names newer than the adapter were seen: at most that many are kept, so the router
+    # no longer assumes the pod holds it (the pod's max_lora of 10^9 is not believed)
+    assert candidate["queue_seconds"] >= LORA_LOAD_SECONDS, candidate
+    p99 = statistics.quantiles(latencies, n=100)[98]
+    assert p99 < 0.4, f"/debug/route p99 {p99:.3f} s, max {max(latencies):.3f} s"
+    assert not proc.error_lines(), proc.log_text()
