@@ -206,6 +206,9 @@ class LoadMetricsConfig(ConfigModel):
     scrape_timeout_seconds: float = Field(default=0.5, gt=0)
     stale_after_seconds: float = Field(default=2.0, gt=0)  # older load data counts as unknown
     path: str = "/metrics"
+    # A larger page is a failed scrape, never parsed: pages are parsed on the event loop every
+    # scrape (a 16 MiB one took seconds), and vLLM's is about 100 KiB.
+    max_page_bytes: int = Field(default=2 * 1024 * 1024, ge=64 * 1024)
 
 
 class ServerConfig(ConfigModel):

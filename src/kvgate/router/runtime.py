@@ -146,6 +146,7 @@ class RouterRuntime:
             interval=config.load_metrics.scrape_interval_seconds,
             timeout=config.load_metrics.scrape_timeout_seconds,
             path=config.load_metrics.path,
+            max_page_bytes=config.load_metrics.max_page_bytes,
             clock=clock,
         )
         self.discoveries: dict[str, Discovery] = {}
