@@ -140,9 +140,15 @@ class KvEventsConfig(ConfigModel):
     replay_max_bytes: int = Field(default=128 * 1024 * 1024, ge=1)
     # A larger ZMQ message drops the connection (ZMQ_MAXMSGSIZE); vLLM batches are ~10-1000 KB.
     max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    # Messages queued per subscription before ZMQ drops new ones (ZMQ_RCVHWM); a drop is a seq
-    # gap, which the replay buffer covers.
-    receive_queue_messages: int = Field(default=1000, ge=1)
+    # Bytes queued per subscription before ZMQ drops new messages; a drop is a seq gap, which
+    # the replay buffer covers. ZMQ bounds its queue in messages (ZMQ_RCVHWM), so this allows
+    # as many as fit at `max_message_bytes` each (16 by default, at least 1).
+    receive_queue_bytes: int = Field(default=128 * 1024 * 1024, ge=1024)
+
+    @property
+    def receive_queue_messages(self) -> int:
+        """ZMQ_RCVHWM: `receive_queue_bytes` of messages as large as allowed."""
+        return max(1, self.receive_queue_bytes // self.max_message_bytes)
 
 
 class DirectoryConfig(DirectorySettings[SecretRef, SecretRef]):

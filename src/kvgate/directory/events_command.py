@@ -54,4 +54,7 @@ def decode(files: list[str]) -> int:
             print(f"kvgate events decode: {name}: event skipped: {rejected.reason}: "
                   f"{rejected.detail}", file=sys.stderr)  # fmt: skip
             status = 1
+        if batch.unread_events:
+            print(f"kvgate events decode: {name}: {batch.unread_events} events after "
+                  f"{len(batch.rejected)} rejected ones not read", file=sys.stderr)  # fmt: skip
     return status

@@ -25,9 +25,11 @@ Algorithm, with `expected` = the next seq this subscriber needs (None before the
 * seq < expected: the engine restarted (seq went back, normally to 0): new generation, which
   clears the pod at once, then seq > 0 is handled as a first message.
 * Payloads that do not decode, frames that are not `[topic, seq, payload]`, rejected events:
-  counted, logged once, skipped. Only events of full-attention KV cache groups count (hybrid
-  models, `cache_groups.py`): those of sliding-window or mamba groups are skipped quietly,
-  those of a group of unknown kind other than `kv_cache_group` are counted and skipped.
+  counted, logged once, skipped (a batch is read up to its 64th rejected event, the rest of it
+  counted once as `too_many_rejects`: `kvgate.kvevents.decode`). Only events of
+  full-attention KV cache groups count (hybrid models, `cache_groups.py`): those of
+  sliding-window or mamba groups are skipped quietly, those of a group of unknown kind other
+  than `kv_cache_group` are counted and skipped.
   Events of vLLM's CPU offloading tier (medium `CPU`) are indexed only with `offload_tier`
   (the pool's `engine.cpu_offload`), and other media (a disk tier) never, so that an unpriced
   tier never passes for GPU hits.
@@ -37,8 +39,8 @@ Algorithm, with `expected` = the next seq this subscriber needs (None before the
   second copy): the pod restarts instead (a new generation, then the late-start replay).
 
 Messages that queued up while the previous ones were written are drained together (up to
-`drain_messages`) and consecutive events of the same kind and medium are coalesced: under load,
-one directory call covers many batches.
+`drain_messages`, holding at most the receive queue's bytes) and consecutive events of the same
+kind and medium are coalesced: under load, one directory call covers many batches.
 """
 
 from __future__ import annotations
@@ -155,11 +157,14 @@ class PodSubscriber:
             await self.open()
             while True:
                 messages = [await sock.recv_multipart()]
-                while len(messages) < self._drain:  # what queued up meanwhile: one write for all
+                held = sum(map(len, messages[0]))
+                # what queued up meanwhile: one write for all, holding no more than the queue
+                while len(messages) < self._drain and held < self._limits.receive_queue_bytes:
                     try:
                         messages.append(await sock.recv_multipart(flags=zmq.NOBLOCK))
                     except zmq.Again:
                         break
+                    held += sum(map(len, messages[-1]))
                 try:
                     await self.handle_many(messages)
                 except Exception as exc:  # the directory failed mid-way: start over cleanly
@@ -268,6 +273,9 @@ class PodSubscriber:
             return
         for rejected in batch.rejected:
             self._bad(rejected.reason, rejected.detail)
+        if unread := batch.unread_events:
+            detail = f"{unread} events after {len(batch.rejected)} rejected ones not read"
+            self._bad("too_many_rejects", detail, unread)
         if self._metrics:  # engine clock to ours: wall clocks, so lag includes any skew
             lag = time.time() - batch.ts
             if math.isfinite(lag) and lag <= MAX_EVENT_LAG_SECONDS:
@@ -361,8 +369,8 @@ class PodSubscriber:
         if self._metrics:
             self._metrics.pod_clears.labels(self._pool, reason).inc()
 
-    def _bad(self, reason: str, detail: str) -> None:
+    def _bad(self, reason: str, detail: str, count: int = 1) -> None:
         if self._metrics:
-            self._metrics.bad_events.labels(self._pool, reason).inc()
+            self._metrics.bad_events.labels(self._pool, reason).inc(count)
         self._log.warning((reason, self.endpoint.pod), "pod %s: skipped (%s): %s",
                           self.endpoint.pod, reason, detail)  # fmt: skip

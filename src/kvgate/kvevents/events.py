@@ -104,6 +104,8 @@ class EventBatch:
     events: list[KVEvent]
     data_parallel_rank: int | None = None
     rejected: list[RejectedEvent] = field(default_factory=list)
+    # Events after the decoder's `MAX_REJECTED_EVENTS`-th rejection: neither decoded nor kept.
+    unread_events: int = 0
 
 
 def _keys(hashes: list[BlockHash]) -> list[BlockKey]:

@@ -1,15 +1,19 @@
 """Hostile or broken KV-event streams against a real ZMQ publisher and replay socket: a seq jump
 of 2^62 costs O(1) memory, a replay socket that never ends its replay cannot hold the subscriber
-past its deadline, and seqs no vLLM counter reaches are counted and skipped."""
+past its deadline, seqs no vLLM counter reaches are counted and skipped, and megabytes of junk
+events cost milliseconds, not seconds."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
+import resource
 import time
 import tracemalloc
 from collections.abc import AsyncIterator
 
+import msgpack
 import pytest
 import zmq
 import zmq.asyncio
@@ -28,6 +32,7 @@ from kvgate.directory.events import EventBatch, encode_batch
 from kvgate.directory.indexer import SubscriptionManager
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.kvevents.decode import MAX_REJECTED_EVENTS
 
 REPLAY_TIMEOUT_SECONDS = 1.0
 
@@ -161,4 +166,34 @@ async def test_negative_seqs_are_counted_and_skipped(
     assert bad(registry, "bad_seq") == 3
     assert bad(registry, "directory_error") == 0
     assert counter(registry, "kvgate_directory_event_seq_gaps_total") == 0
+    await engine.close()
+
+
+async def test_megabytes_of_junk_events_cost_milliseconds_and_later_events_apply(
+    manager: SubscriptionManager, ctx: zmq.asyncio.Context, registry: CollectorRegistry
+) -> None:
+    """Each junk event is one byte (msgpack 0, no event at all): before the decoder stopped at a
+    batch's 64th rejection, each cost a rejection object and a log check on the event loop,
+    seconds and hundreds of MB a message."""
+    junk_events = 2 << 20
+    junk = msgpack.packb([0.0, [0] * junk_events, 0])
+    engine = FakeEngine(ctx, "kv@10.0.0.1@m")
+    index: MemoryBlockIndex = manager.index  # type: ignore[attr-defined]
+    await manager.reconcile([engine.endpoint("p1")])
+    await connected(manager, engine, "p1")
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    slowest = 0.0
+    for i in range(3):
+        started = time.monotonic()
+        await engine.publish(payload=junk)
+        await engine.publish(stored(h(i)))
+        await until(functools.partial(lookup_is, index, [h(i)], {"p1": 1}))
+        slowest = max(slowest, time.monotonic() - started)
+    peak_growth = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before) * 1024
+    print(f"\n2 MiB of junk events: {slowest:.3f} s, peak RSS {peak_growth / 2**20:+.0f} MiB")
+    assert slowest < 1.0
+    assert peak_growth < 256 * 1024 * 1024
+    assert bad(registry, "malformed_event") == 3 * MAX_REJECTED_EVENTS
+    assert bad(registry, "too_many_rejects") == 3 * (junk_events - MAX_REJECTED_EVENTS)
+    assert await index.lookup([h(0), h(1), h(2)]) == {"p1": 3}
     await engine.close()

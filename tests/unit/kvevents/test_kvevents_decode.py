@@ -19,6 +19,7 @@ from kvgate.kvevents import (
     encode_batch,
     event_to_json,
 )
+from kvgate.kvevents.decode import MAX_REJECTED_EVENTS
 
 DATA = Path(__file__).parents[2] / "data" / "events"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
@@ -143,6 +144,22 @@ def test_bad_events_are_rejected_and_the_rest_kept(event: Any, reason: str) -> N
     batch = decode_batch(_payload([GOOD, event, GOOD]))
     assert [r.reason for r in batch.rejected] == [reason]
     assert batch.events == [BlockRemoved([b"\x03" * 32], "GPU")] * 2
+
+
+def test_a_batch_is_read_up_to_its_64th_bad_event() -> None:
+    """Past it the events are only counted: rejecting one costs an exception, and a pod can
+    send a megabyte of them in one message."""
+    batch = decode_batch(_payload([GOOD, *[17] * 100, GOOD]))
+    assert len(batch.rejected) == MAX_REJECTED_EVENTS == 64
+    assert batch.unread_events == 100 - 64 + 1  # the good event after the junk too
+    assert batch.events == [BlockRemoved([b"\x03" * 32], "GPU")]
+
+
+def test_a_rejection_shows_what_the_pod_sent_in_short() -> None:
+    [rejected] = decode_batch(_payload([list(range(100_000))])).rejected  # no tag
+    assert rejected.reason == "malformed_event" and "a list of 100000" in rejected.detail
+    [rejected] = decode_batch(_payload([{"type": "y" * 10_000}])).rejected
+    assert rejected.reason == "unknown_type" and len(rejected.detail) < 100
 
 
 def test_optional_trailing_fields_may_be_absent() -> None:

@@ -2,6 +2,7 @@ import pytest
 from pydantic import ValidationError
 
 from kvgate.api.router_config import (
+    KvEventsConfig,
     RouterConfig,
     SecretRef,
     StaticEndpoint,
@@ -32,6 +33,16 @@ def test_minimal_config_gets_documented_defaults():
     ep = pool.endpoints.static[0]
     assert ep.url == "http://127.0.0.1:8001"
     assert ep.endpoint_id == "127.0.0.1:8001"
+
+
+def test_a_pods_kv_event_queue_is_bounded_in_bytes():
+    """ZMQ counts its receive queue in messages: 1,000 of up to 8 MiB held 8 GiB a pod."""
+    default = KvEventsConfig()
+    held = default.receive_queue_messages * default.max_message_bytes
+    assert held <= default.receive_queue_bytes == 128 * 1024 * 1024
+    small = KvEventsConfig(max_message_bytes=1024 * 1024, receive_queue_bytes=64 * 1024 * 1024)
+    assert small.receive_queue_messages == 64
+    assert KvEventsConfig(receive_queue_bytes=1024).receive_queue_messages == 1  # never 0
 
 
 def test_unknown_keys_are_rejected():
