@@ -169,7 +169,7 @@ def test_a_page_just_under_the_size_limit_is_parsed_off_the_event_loop(tmp_path:
             latencies.append(elapsed)
             time.sleep(0.01)
         p99 = statistics.quantiles(latencies, n=100)[98]
-        assert p99 < 0.2, f"/debug/route p99 {p99:.3f} s, max {max(latencies):.3f} s"
+        assert p99 < 0.4, f"/debug/route p99 {p99:.3f} s, max {max(latencies):.3f} s"
         assert candidate["load"] >= 7, candidate  # the page was read
         assert proc.metric("kvgate_router_scrape_errors_total") == 0
     assert not proc.error_lines(), proc.log_text()
