@@ -200,7 +200,8 @@ class LimitsConfig(ConfigModel):
     max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     max_retries: int = Field(default=2, ge=0)  # other pods tried when one fails before a byte
     max_connections_per_endpoint: int = Field(default=512, ge=1)
-    # Passive health: this many consecutive failures ejects a pod for eject_seconds.
+    # Health: this many failures in a row eject a pod for eject_seconds, counted apart for its
+    # answers (failed before the first byte, or a stream broken after it) and its /metrics.
     eject_after_failures: int = Field(default=3, ge=1)
     eject_seconds: float = Field(default=5.0, gt=0)
 

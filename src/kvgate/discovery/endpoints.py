@@ -1,8 +1,9 @@
 """Endpoints (engine pods) the router knows, and their live state.
 
 An `EndpointSpec` is what discovery reports: identity, URLs, generation. An `Endpoint` adds what
-the router observes of the pod itself: load scraped from its /metrics, and health (consecutive
-failures eject a pod for a while). Only the router's routing core changes that state
+the router observes of the pod itself: load scraped from its /metrics, and health: failures in a
+row eject a pod for a while, counted apart for its answers and for its /metrics (`FailureStreak`).
+Only the router's routing core changes that state
 (`kvgate.router.core.lifecycle`); the requests the router has in flight to each endpoint are its
 own accounting (`kvgate.router.core.accounting`).
 
@@ -67,6 +68,35 @@ class LoadSample:
 
 
 @dataclass
+class FailureStreak:
+    """One health signal's failures in a row: `eject_after` of them put the pod out of rotation
+    for `eject_seconds`, and each failure while it is out keeps it out that much longer."""
+
+    failures_in_a_row: int = 0
+    out_until: float = 0.0  # monotonic seconds
+
+    def succeeded(self) -> None:
+        self.failures_in_a_row = 0
+
+    def recovered(self) -> None:
+        """The pod is fine again now: the streak and any ejection it caused end."""
+        self.failures_in_a_row = 0
+        self.out_until = 0.0
+
+    def failed(self, now: float, eject_after: int, eject_seconds: float) -> bool:
+        """Count a failure; returns True when this failure ejects a pod that was in rotation."""
+        if now < self.out_until:  # already out: keep it out, do not announce it again
+            self.out_until = now + eject_seconds
+            return False
+        self.failures_in_a_row += 1
+        if self.failures_in_a_row >= eject_after:
+            self.out_until = now + eject_seconds
+            self.failures_in_a_row = 0
+            return True
+        return False
+
+
+@dataclass
 class Endpoint:
     spec: EndpointSpec
     load: LoadSample = field(default_factory=LoadSample)
@@ -74,8 +104,13 @@ class Endpoint:
     # The router's requests on the pod with no first byte yet when `load` was scraped: the
     # engine's waiting count then included them, not the ones sent or answered since.
     pending_at_scrape: int = 0
-    consecutive_failures: int = 0
-    ejected_until: float = 0.0  # monotonic seconds
+    # Passive health: the pod's answers. A failed attempt and a stream that broke are failures;
+    # only a complete answer ends the streak, and only time ends the ejection (a pod whose
+    # /metrics answers may still break every answer it starts).
+    answers: FailureStreak = field(default_factory=FailureStreak)
+    # Active health: its /metrics. An answer ends the streak and the ejection at once (a pod
+    # that restarted is back as soon as it answers).
+    scrapes: FailureStreak = field(default_factory=FailureStreak)
     # LoRA adapters the pod used last (sent by this router or seen running), oldest first, at
     # most its max_lora: vLLM keeps adapters in max_lora GPU slots and evicts the least recently
     # used, so these are the ones it most likely has loaded. An ordered set: a pod names up to
@@ -90,6 +125,11 @@ class Endpoint:
     @property
     def pool(self) -> str:
         return self.spec.pool
+
+    @property
+    def ejected_until(self) -> float:
+        """Monotonic seconds until which either health signal keeps the pod out of rotation."""
+        return max(self.answers.out_until, self.scrapes.out_until)
 
     def healthy(self, now: float) -> bool:
         return now >= self.ejected_until
@@ -117,21 +157,6 @@ class Endpoint:
             changed = True
         if changed:
             self._recent_lora_set = frozenset(recent)
-
-    def record_success(self) -> None:
-        self.consecutive_failures = 0
-
-    def record_failure(self, now: float, eject_after: int, eject_seconds: float) -> bool:
-        """Count a failure; returns True when this failure ejects a pod that was in rotation."""
-        if now < self.ejected_until:  # already out: keep it out, do not announce it again
-            self.ejected_until = now + eject_seconds
-            return False
-        self.consecutive_failures += 1
-        if self.consecutive_failures >= eject_after:
-            self.ejected_until = now + eject_seconds
-            self.consecutive_failures = 0
-            return True
-        return False
 
 
 Listener = Callable[[list[Endpoint], list[Endpoint]], Awaitable[None]]

@@ -277,9 +277,66 @@ async def test_failures_before_the_first_byte_eject_and_the_retry_avoids_the_pod
     retry = await core.plan(request)
     assert retry.endpoint.id != bad.id
     assert all(n == 0 for n in core.endpoint_load().values())
-    # An answer to /metrics brings it back into rotation.
+    # /metrics answering says nothing of its answers: it stays out its eject_seconds.
     core.load_scraped(bad, LoadSample(scraped_at=now[0]))
+    assert not bad.healthy(now[0])
+    now[0] += limits.eject_seconds
     assert bad.healthy(now[0])
+
+
+def _stream_that_breaks(core: RoutingCore, plan: RoutePlan) -> None:
+    """A stream that starts (its first byte) and then breaks, as the proxy reports it."""
+    request = ClientRequest(BODY, {}, "completion")
+    attempt = core.sent(request, plan, streaming=True)
+    core.first_byte(plan, attempt, streamed=True)
+    core.broke(plan, "stream")
+    core.finished(request, plan, attempt, status=200, usage=None, completed=False, streamed=True)
+
+
+def _complete_stream(core: RoutingCore, plan: RoutePlan, *, cancelled: bool = False) -> None:
+    request = ClientRequest(BODY, {}, "completion")
+    attempt = core.sent(request, plan, streaming=True)
+    core.first_byte(plan, attempt, streamed=True)
+    if cancelled:
+        core.cancelled(plan, attempt)
+    else:
+        core.finished(request, plan, attempt, status=200, usage=None, completed=True, streamed=True)
+
+
+async def test_streams_that_break_after_their_first_byte_eject_the_pod():
+    """A pod that starts every answer and breaks it fails as one that fails at once: a first
+    byte is no success, a complete answer is (it starts the count again), and a client that
+    hangs up counts for nothing."""
+    core, now = await _core()
+    limits = core.state.config.limits
+    plan = await core.plan(ClientRequest(BODY, {}, "completion"))
+    pod = plan.endpoint
+    for _ in range(limits.eject_after_failures - 1):
+        _stream_that_breaks(core, plan)
+        _complete_stream(core, plan, cancelled=True)
+    assert pod.healthy(now[0])
+    _complete_stream(core, plan)  # the count starts again
+    for _ in range(limits.eject_after_failures - 1):
+        _stream_that_breaks(core, plan)
+    assert pod.healthy(now[0])
+    _stream_that_breaks(core, plan)
+    assert not pod.healthy(now[0])
+    core.load_scraped(pod, LoadSample(scraped_at=now[0]))  # its /metrics still answers
+    assert not pod.healthy(now[0])
+    now[0] += limits.eject_seconds
+    assert pod.healthy(now[0])
+    assert all(n == 0 for n in core.endpoint_load().values())
+
+
+async def test_failed_scrapes_eject_until_metrics_answer_again():
+    core, now = await _core()
+    limits = core.state.config.limits
+    [pod, *_] = core.endpoints.all()
+    for _ in range(limits.eject_after_failures):
+        core.scrape_failed(pod, TimeoutError())
+    assert not pod.healthy(now[0])
+    core.load_scraped(pod, LoadSample(scraped_at=now[0]))  # it restarted: back at once
+    assert pod.healthy(now[0])
 
 
 async def test_a_scrape_remembers_which_waiting_requests_were_ours():

@@ -15,11 +15,15 @@
   without KV events (before the request is sent, so the next request of a burst already sees
   where this one went), the session's prefix-break check (first try only), the retry counter.
 - `sent(plan, streaming)`: the request is counted on its endpoint (`accounting.py`).
-- `first_byte(attempt)`: passive health success; a stream's prefill is over.
-- `finished(attempt, ...)`: the attempt ends; metrics and prefill-rate learning (`learn.py`).
+- `first_byte(attempt)`: a stream's prefill is over.
+- `finished(attempt, ...)`: the attempt ends; metrics and prefill-rate learning (`learn.py`); a
+  complete answer is a passive health success (the pod's failures in a row start again from 0).
 - `failed(attempt, kind)`: the endpoint failed before the first byte: a passive health failure
   (enough in a row eject it for a while), counted; the caller may plan again.
-- `cancelled(attempt)`: the client went away; nothing is learned.
+- `broke(plan, kind)`: a stream broke after its first byte: a passive health failure as well (a
+  pod that starts every answer and breaks it must leave rotation as one that fails at once);
+  never retried (output was sent); `finished` follows.
+- `cancelled(attempt)`: the client went away; nothing is learned, nothing counts against the pod.
 - `load_scraped` / `scrape_failed`: the load scraper's findings (engine load, active health).
 - `peers.update(...)`: the other router replicas' load on each pod (`peer_load.py`), added to
   this replica's own counts in every decision while it is fresh.
@@ -363,7 +367,6 @@ class RoutingCore:
         """The endpoint answered. `streamed`: the answer is an event stream (its first byte
         follows the prefill); otherwise it is whole, and its prefill is over too."""
         attempt.first_byte_at = self.clock()
-        plan.endpoint.record_success()
         if streamed or not attempt.streaming:
             self.accounting.prefill_done(attempt)
             self.flow.pump()
@@ -379,8 +382,13 @@ class RoutingCore:
         completed: bool,
         streamed: bool,
     ) -> Outcome:
-        """The attempt ended with an answer (whole, or a stream that broke after its start)."""
+        """The attempt ended with an answer (whole, or a stream that broke after its start:
+        `completed` False, and `broke` counted the failure). Only a complete answer is a health
+        success: counted at the first byte, a pod that starts every answer and then breaks it
+        would never have two failures in a row."""
         self._close(plan, attempt)
+        if completed:
+            plan.endpoint.answers.succeeded()
         now = self.clock()
         first = attempt.first_byte_at
         outcome = Outcome(
@@ -399,15 +407,18 @@ class RoutingCore:
     def failed(self, plan: RoutePlan, attempt: Attempt, kind: str) -> None:
         """The endpoint failed before the first byte (connect, timeout, 5xx, broken)."""
         self._close(plan, attempt)
-        ep = plan.endpoint
-        self.metrics.upstream_errors.labels(plan.pool.key, ep.id, kind).inc()
-        limits = self.state.config.limits
-        if ep.record_failure(self.clock(), limits.eject_after_failures, limits.eject_seconds):
-            log.warning("endpoint %s ejected after repeated failures", ep.id)
+        self._answer_failed(plan, kind)
 
     def broke(self, plan: RoutePlan, kind: str) -> None:
         """A stream broke after its first byte (too late to retry; `finished` follows)."""
-        self.metrics.upstream_errors.labels(plan.pool.key, plan.endpoint.id, kind).inc()
+        self._answer_failed(plan, kind)
+
+    def _answer_failed(self, plan: RoutePlan, kind: str) -> None:
+        ep = plan.endpoint
+        self.metrics.upstream_errors.labels(plan.pool.key, ep.id, kind).inc()
+        limits = self.state.config.limits
+        if ep.answers.failed(self.clock(), limits.eject_after_failures, limits.eject_seconds):
+            log.warning("endpoint %s ejected after repeated failures", ep.id)
 
     def cancelled(self, plan: RoutePlan, attempt: Attempt) -> None:
         """The client went away (or the request was abandoned): nothing to learn."""
@@ -423,21 +434,23 @@ class RoutingCore:
     # -- load and membership ---------------------------------------------------------------
 
     def load_scraped(self, ep: Endpoint, sample: LoadSample) -> None:
-        """A fresh /metrics scrape: engine load, and active health (an ejected endpoint that
-        answers is back in rotation)."""
+        """A fresh /metrics scrape: engine load, and active health: an endpoint ejected for
+        failed scrapes is back in rotation. One ejected for failed answers stays out its time:
+        /metrics answering says nothing of whether its answers do."""
+        now = self.clock()
         ep.load = sample
-        ep.pending_at_scrape = self.router.pending_prefill_requests(ep.id, self.clock())
+        ep.pending_at_scrape = self.router.pending_prefill_requests(ep.id, now)
         ep.note_lora_adapters(sorted(sample.running_lora_adapters))
-        if not ep.healthy(self.clock()):
-            log.info("endpoint %s answers again; back in rotation", ep.id)
-            ep.ejected_until = 0.0
-        ep.record_success()
+        was_healthy = ep.healthy(now)
+        ep.scrapes.recovered()
+        if not was_healthy and ep.healthy(now):
+            log.info("endpoint %s answers /metrics again; back in rotation", ep.id)
         self.flow.pump()
 
     def scrape_failed(self, ep: Endpoint, reason: object) -> None:
         self.metrics.scrape_errors.labels(ep.pool, ep.id).inc()
         limits = self.state.config.limits
-        if ep.record_failure(self.clock(), limits.eject_after_failures, limits.eject_seconds):
+        if ep.scrapes.failed(self.clock(), limits.eject_after_failures, limits.eject_seconds):
             log.warning("endpoint %s ejected: /metrics failing (%r)", ep.id, reason)
 
     def endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:

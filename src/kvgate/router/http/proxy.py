@@ -13,7 +13,8 @@ The proxy is I/O only: every decision and every piece of endpoint state is the r
    has sent the client nothing, so it is retried as in 2.
 4. A stream passes through as it arrives (each gap bounded by `read_timeout`). Usage is read on
    the way (`usage.py`). A pod failing after the first byte cannot be retried without
-   duplicating output: a stream ends with an OpenAI error event instead of `[DONE]`. Then
+   duplicating output: a stream ends with an OpenAI error event instead of `[DONE]`, and
+   `core.broke` counts it against the pod as a failure before the first byte is. Then
    `core.finished` learns from the outcome.
 
 Cancellation (the client went away) propagates into the upstream request, which closes the
