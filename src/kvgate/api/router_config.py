@@ -142,8 +142,9 @@ class KvEventsConfig(ConfigModel):
     max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     # Bytes queued per subscription before ZMQ drops new messages; a drop is a seq gap, which
     # the replay buffer covers. ZMQ bounds its queue in messages (ZMQ_RCVHWM), so this allows
-    # as many as fit at `max_message_bytes` each (16 by default, at least 1).
-    receive_queue_bytes: int = Field(default=128 * 1024 * 1024, ge=1024)
+    # as many as fit at `max_message_bytes` each (at least 1): 128 by default, more than an
+    # engine publishes (one batch a step, ~100 a second) while one directory call times out.
+    receive_queue_bytes: int = Field(default=1024 * 1024 * 1024, ge=1024)
 
     @property
     def receive_queue_messages(self) -> int:
