@@ -1,5 +1,6 @@
-"""A real `kvgate router` process for edge tests, and a raw HTTP/1.1 client that can send what
-no well-behaved library would (huge or endless headers, wrong lengths, broken chunking)."""
+"""A real `kvgate router` process for edge tests, a pod (a real HTTP server) that answers with
+canned bytes, and a raw HTTP/1.1 client that can send what no well-behaved library would (huge
+or endless headers, wrong lengths, broken chunking)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -120,6 +123,63 @@ def router_config(pod_urls: list[str], **overrides: Any) -> dict[str, Any]:
     for key, value in overrides.items():
         data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
     return data
+
+
+PodAnswer = Callable[[dict[str, Any]], tuple[bytes, str]]
+"""What a canned pod answers a POST with: (body, content type) for the request's JSON body."""
+
+
+def canned_pod(
+    answer: PodAnswer, metrics: Callable[[], bytes] = lambda: b""
+) -> type[BaseHTTPRequestHandler]:
+    """A pod's HTTP handler: a POST gets `answer(body)`, `GET /metrics` the page `metrics()`
+    returns, any other GET an empty page; keep-alive, as vLLM serves."""
+
+    class Pod(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_GET(self) -> None:
+            self._send(metrics() if self.path == "/metrics" else b"", "text/plain")
+
+        def do_POST(self) -> None:
+            self._send(*answer(json.loads(self.rfile.read(int(self.headers["content-length"])))))
+
+        def _send(self, body: bytes, content_type: str) -> None:
+            self.send_response(200)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            with contextlib.suppress(ConnectionError):  # the router stopped reading (a bound)
+                self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Pod
+
+
+@contextlib.contextmanager
+def router_before_pod(
+    pod: type[BaseHTTPRequestHandler],
+    tmp_path: Path,
+    edit: Callable[[dict[str, Any]], None] = lambda config: None,
+    **overrides: Any,
+) -> Iterator[tuple[RouterProcess, str]]:
+    """A real router (`router_config(..., **overrides)`, then `edit`ed) in front of one pod
+    served by `pod` on a free port; yields the router and the pod's endpoint id."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), pod)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    endpoint_id = f"127.0.0.1:{server.server_port}"
+    config = router_config([f"http://{endpoint_id}"], **overrides)
+    edit(config)
+    proc = RouterProcess(tmp_path, config)
+    try:
+        proc.wait_ready()
+        yield proc, endpoint_id
+    finally:
+        proc.stop()
+        server.shutdown()
+        server.server_close()
 
 
 @dataclass

@@ -8,19 +8,17 @@ malformed: the client gets the pod's bytes, the router learns nothing from them,
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from tests.integration.router.edge_helpers import RouterProcess, router_config
+from tests.integration.router.edge_helpers import (
+    canned_pod,
+    router_before_pod,
+)
 
 from kvgate.directory.replica_load import ReplicaLoadBoard
 
@@ -41,42 +39,11 @@ STREAM = (
 TOKEN = "s3cret"
 
 
-class _Pod(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self._send(b"", "text/plain")
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("content-length", "0"))))
-        if body.get("stream"):
-            self._send(STREAM, "text/event-stream")
-        else:
-            self._send(ANSWER, "application/json")
-
-    def _send(self, body: bytes, content_type: str) -> None:
-        self.send_response(200)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+def _answer(body: dict[str, Any]) -> tuple[bytes, str]:
+    return (STREAM, "text/event-stream") if body.get("stream") else (ANSWER, "application/json")
 
 
-@contextlib.contextmanager
-def _router_before_pod(tmp_path: Path, **overrides: Any) -> Iterator[tuple[RouterProcess, str]]:
-    """A router in front of one pod; the pod's endpoint id."""
-    pod = ThreadingHTTPServer(("127.0.0.1", 0), _Pod)
-    threading.Thread(target=pod.serve_forever, daemon=True).start()
-    endpoint_id = f"127.0.0.1:{pod.server_port}"
-    proc = RouterProcess(tmp_path, router_config([f"http://{endpoint_id}"], **overrides))
-    try:
-        proc.wait_ready()
-        yield proc, endpoint_id
-    finally:
-        proc.stop()
-        pod.shutdown()
-        pod.server_close()
+_POD = canned_pod(_answer)
 
 
 def test_a_pods_deeply_nested_usage_reaches_the_client_as_sent(tmp_path: Path) -> None:
@@ -84,7 +51,7 @@ def test_a_pods_deeply_nested_usage_reaches_the_client_as_sent(tmp_path: Path) -
     token_file.write_text(TOKEN)
     admin = {"token": {"file": str(token_file)}}
     with (
-        _router_before_pod(tmp_path, admin=admin) as (proc, _),
+        router_before_pod(_POD, tmp_path, admin=admin) as (proc, _),
         httpx.Client(base_url=proc.url, timeout=10) as client,
     ):
         for _ in range(3):
@@ -118,7 +85,7 @@ async def test_load_sharing_reads_past_a_deeply_nested_replica_field(
     }
     redis = aioredis.Redis.from_url(redis_url)
     try:
-        with _router_before_pod(tmp_path, **overrides) as (proc, pod):
+        with router_before_pod(_POD, tmp_path, **overrides) as (proc, pod):
             board = ReplicaLoadBoard(redis, "default/p")
             await board.exchange("peer", {pod: (3, 0, 0, 0)}, ttl_seconds=60.0, max_replicas=8)
             seconds, micros = await redis.time()

@@ -17,15 +17,13 @@ from __future__ import annotations
 import contextlib
 import itertools
 import statistics
-import threading
 import time
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
-from tests.integration.router.edge_helpers import RouterProcess, router_config
+from tests.integration.router.edge_helpers import RouterProcess, canned_pod, router_before_pod
 
 ADAPTER = "a0"  # the one adapter the router is configured with
 LORA_LOAD_SECONDS = 0.05  # cost_model's default: a pod that may not hold the adapter costs this
@@ -34,50 +32,21 @@ NAMES_PER_SCRAPE = 1024
 NAME_PREFIX = "x" * 200
 
 
-def _pod_handler(metrics: Callable[[], bytes]) -> type[BaseHTTPRequestHandler]:
-    class Pod(BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"  # keep-alive, as vLLM serves
+_ANSWER = b'{"id":"c","object":"text_completion","model":"a0","choices":[]}'
 
-        def do_GET(self) -> None:
-            self._send(metrics() if self.path == "/metrics" else b"", "text/plain")
 
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length", "0")))
-            answer = b'{"id":"c","object":"text_completion","model":"a0","choices":[]}'
-            self._send(answer, "application/json")
-
-        def _send(self, body: bytes, content_type: str) -> None:
-            self.send_response(200)
-            self.send_header("content-type", content_type)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            with contextlib.suppress(ConnectionError):  # the router stops reading a huge page
-                self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    return Pod
+def _add_adapter(config: dict[str, Any]) -> None:
+    config["pools"][0]["lora_adapters"] = [{"name": ADAPTER, "path": f"/adapters/{ADAPTER}"}]
 
 
 @contextlib.contextmanager
 def _router_before_pod(metrics: Callable[[], bytes], tmp_path: Path) -> Iterator[RouterProcess]:
     """A router serving the adapter, in front of one pod whose /metrics page `metrics()`
     returns, scraped every 50 ms."""
-    pod = ThreadingHTTPServer(("127.0.0.1", 0), _pod_handler(metrics))
-    threading.Thread(target=pod.serve_forever, daemon=True).start()
-    config = router_config(
-        [f"http://127.0.0.1:{pod.server_port}"], load_metrics={"scrape_interval_seconds": 0.05}
-    )
-    config["pools"][0]["lora_adapters"] = [{"name": ADAPTER, "path": f"/adapters/{ADAPTER}"}]
-    proc = RouterProcess(tmp_path, config)
-    try:
-        proc.wait_ready()
+    pod = canned_pod(lambda body: (_ANSWER, "application/json"), metrics)
+    scrapes = {"scrape_interval_seconds": 0.05}
+    with router_before_pod(pod, tmp_path, _add_adapter, load_metrics=scrapes) as (proc, _):
         yield proc
-    finally:
-        proc.stop()
-        pod.shutdown()
-        pod.server_close()
 
 
 class NewAdaptersEveryScrape:

@@ -6,16 +6,13 @@ metrics, and once the page was scraped every decision for the pool failed: `int(
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import time
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import httpx
-from tests.integration.router.edge_helpers import RouterProcess, router_config
+from tests.integration.router.edge_helpers import RouterProcess, canned_pod, router_before_pod
 
 HUGE = int("9" * 400)  # JSON allows it; float(HUGE) raises OverflowError
 METRICS = (
@@ -39,41 +36,9 @@ ANSWER = json.dumps(
 ).encode()
 
 
-def _pod_handler(metrics: bytes) -> type[BaseHTTPRequestHandler]:
-    class Pod(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self._send(metrics if self.path == "/metrics" else b"", "text/plain")
-
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("content-length", "0")))
-            self._send(ANSWER, "application/json")
-
-        def _send(self, body: bytes, content_type: str) -> None:
-            self.send_response(200)
-            self.send_header("content-type", content_type)
-            self.send_header("content-length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    return Pod
-
-
-@contextlib.contextmanager
-def _router_before_pod(metrics: bytes, tmp_path: Path) -> Iterator[RouterProcess]:
-    """A router in front of one pod serving the given /metrics page."""
-    pod = ThreadingHTTPServer(("127.0.0.1", 0), _pod_handler(metrics))
-    threading.Thread(target=pod.serve_forever, daemon=True).start()
-    proc = RouterProcess(tmp_path, router_config([f"http://127.0.0.1:{pod.server_port}"]))
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
-        pod.shutdown()
-        pod.server_close()
+def _pod(metrics: bytes) -> type[BaseHTTPRequestHandler]:
+    """A pod whose `/metrics` page is `metrics` and whose answers state absurd token counts."""
+    return canned_pod(lambda body: (ANSWER, "application/json"), lambda: metrics)
 
 
 def _no_traceback(proc: RouterProcess) -> None:
@@ -83,7 +48,7 @@ def _no_traceback(proc: RouterProcess) -> None:
 
 def test_answers_with_absurd_token_counts_reach_the_client(tmp_path: Path) -> None:
     with (
-        _router_before_pod(b"", tmp_path) as proc,
+        router_before_pod(_pod(b""), tmp_path) as (proc, _),
         httpx.Client(base_url=proc.url, timeout=10) as client,
     ):
         for _ in range(3):
@@ -96,7 +61,7 @@ def test_answers_with_absurd_token_counts_reach_the_client(tmp_path: Path) -> No
 
 def test_absurd_load_gauges_and_cache_size_are_bounded(tmp_path: Path) -> None:
     with (
-        _router_before_pod(METRICS, tmp_path) as proc,
+        router_before_pod(_pod(METRICS), tmp_path) as (proc, _),
         httpx.Client(base_url=proc.url, timeout=10) as client,
     ):
         deadline = time.monotonic() + 10

@@ -7,16 +7,12 @@ series per request, never removed) and was logged whole in the break's INFO line
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
 import pytest
-from tests.integration.router.edge_helpers import RouterProcess, router_config
+from tests.integration.router.edge_helpers import canned_pod, router_before_pod
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -33,37 +29,7 @@ ANSWER = json.dumps(
 ).encode()
 
 
-class _Pod(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self._send(b"", "text/plain")
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", "0")))
-        self._send(ANSWER, "application/json")
-
-    def _send(self, body: bytes, content_type: str) -> None:
-        self.send_response(200)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@contextlib.contextmanager
-def _router_before_pod(tmp_path: Path) -> Iterator[RouterProcess]:
-    pod = ThreadingHTTPServer(("127.0.0.1", 0), _Pod)
-    threading.Thread(target=pod.serve_forever, daemon=True).start()
-    proc = RouterProcess(tmp_path, router_config([f"http://127.0.0.1:{pod.server_port}"]))
-    try:
-        proc.wait_ready()
-        yield proc
-    finally:
-        proc.stop()
-        pod.shutdown()
-        pod.server_close()
+_POD = canned_pod(lambda body: (ANSWER, "application/json"))
 
 
 def test_client_chosen_message_keys_do_not_become_labels_or_long_log_lines(
@@ -71,7 +37,7 @@ def test_client_chosen_message_keys_do_not_become_labels_or_long_log_lines(
 ) -> None:
     content = "Tell me about the weather in a few sentences, please. " * 4
     with (
-        _router_before_pod(tmp_path) as proc,
+        router_before_pod(_POD, tmp_path) as (proc, _),
         httpx.Client(base_url=proc.url, timeout=10) as client,
     ):
         for turn in range(TURNS):
