@@ -172,14 +172,23 @@ def router_before_pod(
     endpoint_id = f"127.0.0.1:{server.server_port}"
     config = router_config([f"http://{endpoint_id}"], **overrides)
     edit(config)
+    try:
+        with running_router(tmp_path, config) as proc:
+            yield proc, endpoint_id
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def running_router(tmp_path: Path, config: dict[str, Any]) -> Iterator[RouterProcess]:
+    """A real router with `config`, ready; stopped on the way out."""
     proc = RouterProcess(tmp_path, config)
     try:
         proc.wait_ready()
-        yield proc, endpoint_id
+        yield proc
     finally:
         proc.stop()
-        server.shutdown()
-        server.server_close()
 
 
 @dataclass

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.integration.router.edge_helpers import RouterProcess, router_config
+from tests.integration.router.edge_helpers import RouterProcess, router_config, running_router
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -122,12 +122,8 @@ def router(tmp_path: Path) -> Iterator[RouterProcess]:
             for name, url in (("hostile", hostile), ("good", good))
         ]
         config = router_config([], pools=pools, limits={"read_timeout_seconds": 2})
-        proc = RouterProcess(tmp_path, config)
-        try:
-            proc.wait_ready()
+        with running_router(tmp_path, config) as proc:
             yield proc
-        finally:
-            proc.stop()
 
 
 def _rss_kib(pid: int, field: str) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.integration.router.edge_helpers import RouterProcess, router_config
+from tests.integration.router.edge_helpers import RouterProcess, router_config, running_router
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -109,12 +109,8 @@ def _router(tmp_path: Path, *pods: Pod) -> Iterator[RouterProcess]:
             "eject_seconds": EJECT_SECONDS,
         },
     )
-    proc = RouterProcess(tmp_path, config)
-    try:
-        proc.wait_ready()
+    with running_router(tmp_path, config) as proc:
         yield proc
-    finally:
-        proc.stop()
 
 
 async def _stream(client: httpx.AsyncClient) -> tuple[str, bytes]:
