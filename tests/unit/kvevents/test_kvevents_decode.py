@@ -19,7 +19,7 @@ from kvgate.kvevents import (
     encode_batch,
     event_to_json,
 )
-from kvgate.kvevents.decode import MAX_REJECTED_EVENTS
+from kvgate.kvevents.decode import MAX_REJECTED_EVENTS, BatchDecoder
 
 DATA = Path(__file__).parents[2] / "data" / "events"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
@@ -153,6 +153,36 @@ def test_a_batch_is_read_up_to_its_64th_bad_event() -> None:
     assert len(batch.rejected) == MAX_REJECTED_EVENTS == 64
     assert batch.unread_events == 100 - 64 + 1  # the good event after the junk too
     assert batch.events == [BlockRemoved([b"\x03" * 32], "GPU")]
+
+
+def _in_slices(payload: bytes, slice_bytes: int) -> EventBatch:
+    decoder = BatchDecoder(payload)
+    for _ in range(len(payload) // slice_bytes + 1):
+        if (batch := decoder.step(slice_bytes)) is not None:
+            return batch
+    raise AssertionError("the payload was read to its end without a batch")
+
+
+@pytest.mark.parametrize("slice_bytes", [1, 7, 64, 1 << 20])
+def test_a_payload_decoded_in_slices_is_the_same_batch(slice_bytes: int) -> None:
+    """Slices end anywhere, inside a header or a long list, and the parse resumes there."""
+    payload = _payload([GOOD, 17, {"type": "BlockStored", "block_hashes": [b"\x05" * 16],
+                                   "parent_block_hash": None, "token_ids": list(range(300)),
+                                   "block_size": 300}, ["AllBlocksCleared"]])  # fmt: skip
+    assert _in_slices(payload, slice_bytes) == decode_batch(payload)
+    junk = _payload([GOOD, *[17] * 100, GOOD])
+    assert _in_slices(junk, slice_bytes) == decode_batch(junk)
+
+
+@pytest.mark.parametrize("slice_bytes", [1, 64])
+def test_a_payload_cut_short_is_truncated_whatever_the_slices(slice_bytes: int) -> None:
+    for events in ([GOOD] * 10, [*[17] * 100, GOOD]):  # the second cut among skipped events
+        with pytest.raises(EventDecodeError) as exc:
+            _in_slices(_payload(events)[:-5], slice_bytes)
+        assert exc.value.reason == "truncated"
+    with pytest.raises(EventDecodeError) as exc:
+        _in_slices(_payload([GOOD]) + b"\x00", slice_bytes)
+    assert exc.value.reason == "malformed"
 
 
 def test_a_rejection_shows_what_the_pod_sent_in_short() -> None:
