@@ -195,9 +195,12 @@ class RouterDriver(FleetDriver):
     def _complete(coroutine: Coroutine[Any, Any, T]) -> T:
         """Run one of the core's coroutines to its end. With the memory directory they never
         wait on anything, so no event loop is needed (and a caller's running loop is no
-        obstacle); one that does wait is an error here, not a silent stall."""
+        obstacle); one that does wait is an error here, not a silent stall. A bare yield
+        (`asyncio.sleep(0)`: the KV-event subscriber's turn between two slices of a large
+        batch) waits on nothing and is resumed at once."""
         try:
-            coroutine.send(None)
+            while coroutine.send(None) is None:
+                pass
         except StopIteration as done:
             return done.value  # type: ignore[no-any-return]
         coroutine.close()
