@@ -100,7 +100,7 @@ class SseUsageTap:
     def feed(self, chunk: bytes) -> bytes:
         """The events that `chunk` completes; UpstreamError past `max_event_bytes` unfinished."""
         overlap = self._held_tail
-        window = overlap + chunk
+        window = overlap + chunk if overlap else chunk  # no copy: a chunk of whole events
         # Events end with a blank line: "\n\n" (vLLM) or "\r\n\r\n" (other servers). The bytes
         # held contain no complete end, so any end found finishes inside `chunk`.
         lf, crlf = window.rfind(b"\n\n"), window.rfind(b"\r\n\r\n")
