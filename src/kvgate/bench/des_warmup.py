@@ -127,7 +127,7 @@ class DesWarmups:
             warmup, queue = core.warmup, self._queues[k]
             while queue and self._in_flight[k] < warmup.config.concurrency:
                 request = queue.pop(0)
-                deadline = warmup.deadline(request.endpoint_id)
+                deadline = warmup.request_deadline(request)
                 if deadline is None or deadline <= now:  # its warm-up ended while this waited
                     warmup.request_done(request, now, ok=False)
                     continue

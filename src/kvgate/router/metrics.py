@@ -221,6 +221,13 @@ class RouterMetrics:
             ["pool", "result"],
             registry=r,
         )
+        self.prefix_copies = Counter(
+            "kvgate_router_prefix_copies_total",
+            "Copies of a prefix hot on its holder that the router computed on another pod by "
+            "itself, by result (ok, error; skipped: one of that prefix or too many in flight)",
+            ["pool", "result"],
+            registry=r,
+        )
         self.warm_prefill_tokens = Counter(
             "kvgate_router_warm_prefill_tokens_total",
             "Prompt tokens of the warm requests pods answered",

@@ -126,6 +126,7 @@ class RouterRuntime:
         )
         self.proxy = Proxy(self.upstream, self.core, limits)
         self.warmer = Warmer(self.core, self.upstream, lambda: self.config.limits, clock=clock)
+        self.core.warm_requests_ready = self.warmer.dispatch
         self.replica_redis = SharedRedis()  # one client for both exchanges with the replicas
         self.load_sharer = LoadSharer(
             self.core, lambda: self.config, self.metrics, redis=self.replica_redis, clock=clock

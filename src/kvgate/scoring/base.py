@@ -271,6 +271,27 @@ class Picker(Protocol):
     ) -> EndpointSnapshot: ...
 
 
+class PrefixCopy(NamedTuple):
+    """A prefix the router should copy onto another pod by itself, no client request waiting
+    for it: the first ``blocks`` blocks of the request's prompt, to ``endpoint_id``."""
+
+    endpoint_id: str
+    blocks: int
+    tokens: int  # prompt tokens the copy computes there (what the pod lacks of the prefix)
+    seconds: float  # predicted time until the copy is computed there (queue + prefill)
+
+
+class Copier(Protocol):
+    """Proposes, after the pick, a copy of the request's prefix onto another pod (or None)."""
+
+    def copy(
+        self,
+        state: CycleState,
+        candidates: Sequence[EndpointSnapshot],
+        chosen: EndpointSnapshot,
+    ) -> PrefixCopy | None: ...
+
+
 @runtime_checkable
 class ExplainsTies(Protocol):
     """A picker that can say, after the fact, which rule chose among near-equal candidates."""
@@ -368,6 +389,7 @@ class Decision:
     predicted_hit_tokens: int
     predicted_ttft_seconds: float
     explanation: Explanation | None = None
+    copy: PrefixCopy | None = None  # a copy of the prefix the router should start (`Copier`)
 
     @property
     def candidates(self) -> tuple[CandidateExplanation, ...]:
@@ -386,6 +408,13 @@ class Decision:
             "tie_break": None if self.explanation is None else self.explanation.tie_break(),
             "batch_waiting": 0 if self.explanation is None else self.explanation.batch_waiting,
             "candidates": [c.to_dict() for c in self.candidates],
+            "copy": None
+            if self.copy is None
+            else {
+                "endpoint": self.copy.endpoint_id,
+                "tokens": self.copy.tokens,
+                "predicted_seconds": round(self.copy.seconds, 6),
+            },
         }
 
 

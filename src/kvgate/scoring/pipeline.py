@@ -6,7 +6,8 @@
    empty candidate list raises :class:`~kvgate.scoring.base.NoEligibleEndpointError`.
 3. Each scorer scores the survivors in [0, 1]; the total is the weighted mean
    (``sum(w * s) / sum(w)``, so it is in [0, 1] too; 1.0 for everyone without scorers).
-4. The picker chooses one survivor.
+4. The picker chooses one survivor; the policy's copier, if any, may then propose a copy of
+   the request's prefix onto another pod (``Decision.copy``), looking at every endpoint.
 5. The reason: the policy's fixed reason if it has one (``round-robin``, ``least-load``); else,
    among endpoints not dropped by a hard filter, if none holds any of the prompt, the policy's
    no-hit reason; if the chosen one holds the longest prefix, ``prefix-hit``; if every holder of
@@ -25,6 +26,7 @@ from kvgate.scoring.base import (
     REASON_NO_HIT_SPREAD,
     REASON_PREFIX_HIT,
     ChoiceHistory,
+    Copier,
     CycleState,
     Decision,
     EndpointSnapshot,
@@ -59,6 +61,7 @@ class PipelinePolicy:
         fixed_reason: str | None = None,
         no_hit_reason: str = REASON_NO_HIT_SPREAD,
         counts_inflight_blocks: bool = False,
+        copier: Copier | None = None,
     ) -> None:
         if any(not w.weight > 0 for w in scorers):
             raise ValueError("scorer weights must be > 0")
@@ -70,6 +73,7 @@ class PipelinePolicy:
         self.fixed_reason = fixed_reason
         self.no_hit_reason = no_hit_reason
         self.counts_inflight_blocks = counts_inflight_blocks
+        self.copier = copier
         self.prices_decode = any(getattr(w.scorer, "prices_decode", False) for w in self.scorers)
         self._guard_reasons = {f.name: f.reason for f in self.filters}
         self._weight_sum = sum(w.weight for w in self.scorers)
@@ -128,6 +132,7 @@ class PipelinePolicy:
             policy=self.name,
             predicted_hit_tokens=est.hit_tokens,
             predicted_ttft_seconds=est.ttft_seconds,
+            copy=None if self.copier is None else self.copier.copy(state, endpoints, chosen),
             explanation=Explanation(
                 estimates=estimates,
                 dropped=dropped,

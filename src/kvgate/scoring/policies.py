@@ -10,7 +10,9 @@
   queue longer than ``max_affinity_wait_seconds`` while a pod within it would answer sooner, an
   online request leaves the pods batch work borrowed when that costs it little, a holder of its
   prefix running far more requests than the least-loaded pod takes no more of it (a hot prefix
-  with short suffixes queues no prefill there, so nothing else sees the load), a request stays
+  with short suffixes queues no prefill there, so nothing else sees the load; a long one, a
+  shared document, stays there and the decision proposes to copy it to the least-loaded pod
+  by a request of the router's own, ``Decision.copy``), a request stays
   on the pods holding most of its prompt (``affinity.affinity_threshold`` of its blocks) until
   they are saturated (llm-d's "sticky until saturated" rule, with its defaults), and among what is left
   goes where the predicted TTFT (queue delay + prefill of the tokens the pod lacks) plus
@@ -188,6 +190,7 @@ def prefix_policy(params: BaselineParams) -> PipelinePolicy:
 
 
 def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
+    holder_load = HolderLoadFilter(params.holder_load) if params.holder_load is not None else None
     return PipelinePolicy(
         "kvgate",
         cost_model=CostModel(params.cost_model),
@@ -203,7 +206,7 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
                 if params.class_isolation is not None
                 else []
             ),
-            *([HolderLoadFilter(params.holder_load)] if params.holder_load is not None else []),
+            *([holder_load] if holder_load is not None else []),
             PrefixAffinityFilter(params.affinity),
         ],
         scorers=[
@@ -232,4 +235,5 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
             )
         ),
         counts_inflight_blocks=params.inflight_blocks,
+        copier=holder_load,
     )

@@ -10,7 +10,13 @@ from dataclasses import replace
 import pytest
 from scoring_helpers import cycle_state, endpoint, fleet, random_case, request
 
-from kvgate.scoring.base import ChoiceHistory, EndpointSnapshot, EngineLoad, RoutingRequest
+from kvgate.scoring.base import (
+    ChoiceHistory,
+    EndpointSnapshot,
+    EngineLoad,
+    PrefixCopy,
+    RoutingRequest,
+)
 from kvgate.scoring.plugins.affinity_cap import AffinityCapFilter, AffinityCapParams
 from kvgate.scoring.plugins.class_isolation import ClassIsolationFilter, ClassIsolationParams
 from kvgate.scoring.plugins.healthy import HealthyFilter
@@ -185,6 +191,50 @@ def test_holder_load_copies_a_prefix_hot_on_its_holder_sooner() -> None:
     assert len(flt.filter(cycle_state(document, eps, {"pod-0": 2048}), eps)) == 3
     cheap = HolderLoadFilter(HolderLoadParams(hot_max_copy_seconds=5.0))
     assert len(cheap.filter(cycle_state(document, eps, {"pod-0": 2048}), eps)) == 2
+
+
+def test_holder_load_copies_a_long_hot_prefix_in_the_background() -> None:
+    """A shared document (32k tokens, ~3 s to compute elsewhere) hot on its holder keeps its
+    requests there (the filter above), and the copier proposes to compute it on the least-loaded
+    pod that lacks it: the holder's matched blocks, the tokens that pod lacks, its predicted
+    time. Nothing when the prefix is cheap to copy (the filter moves a request instead), not hot,
+    not held by the chosen pod, held everywhere, keyed approximately, or switched off."""
+    eps = [endpoint(0, in_flight=9), endpoint(1, in_flight=4), endpoint(2, in_flight=3)]
+    flt = HolderLoadFilter()
+    document = request(32_768, prefix_sharers={"pod-0": 9})
+
+    def proposed(
+        req: RoutingRequest = document,
+        matched: dict[str, int] | None = None,
+        chosen: int = 0,
+        plugin: HolderLoadFilter = flt,
+        eps: list[EndpointSnapshot] = eps,
+    ) -> PrefixCopy | None:
+        state = cycle_state(req, eps, {"pod-0": 2048} if matched is None else matched)
+        return plugin.copy(state, eps, eps[chosen])
+
+    copy = proposed()
+    assert copy is not None and copy.endpoint_id == "pod-2" and copy.blocks == 2048
+    assert copy.tokens == 32_768 and copy.seconds > 0.5
+    # a pod holding part of it computes the rest only
+    part = proposed(matched={"pod-0": 2048, "pod-2": 1024})
+    assert part is not None and part.endpoint_id == "pod-2" and part.tokens == 16_384
+    assert proposed(request(prefix_sharers={"pod-0": 9}), {"pod-0": 256}) is None
+    assert proposed(request(32_768, prefix_sharers={"pod-0": 2})) is None
+    assert proposed(chosen=1) is None
+    everywhere = {"pod-0": 2048, "pod-1": 2048, "pod-2": 2048}
+    assert proposed(matched=everywhere) is None
+    approximate = request(32_768, prefix_sharers={"pod-0": 9}, keys_exact=False)
+    assert proposed(approximate) is None
+    off = HolderLoadFilter(HolderLoadParams(background_copies=False))
+    assert proposed(plugin=off) is None
+    # within the hot bounds (3 above the least-loaded pod) nothing is copied
+    within = [endpoint(0, in_flight=6), endpoint(1, in_flight=3)]
+    assert proposed(eps=within) is None
+    # an unhealthy or draining pod is no target
+    sick = [eps[0], eps[1], endpoint(2, in_flight=3, healthy=False)]
+    retry = proposed(eps=sick)
+    assert retry is not None and retry.endpoint_id == "pod-1"
 
 
 def test_holder_load_copies_a_burst_on_a_prefix_to_an_idle_pod() -> None:

@@ -22,13 +22,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from http import HTTPStatus
 
 from prometheus_client import Counter
 
 from kvgate.directory.base import BlockIndex
+from kvgate.discovery.endpoints import Endpoint
+from kvgate.prefix import BlockKey
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.metrics import RouterMetrics
 from kvgate.scoring.cost_model import CostModelParams
@@ -100,15 +102,26 @@ class Learner:
         with them when `share_in_flight` (other replicas share the directory). Awaited on the
         request path (memory: microseconds; Redis: one round trip) so that the next request of
         a burst already sees it; a failing directory is counted, never fails the request."""
-        ep = plan.endpoint
+        await self._history(plan, plan.endpoint, plan.keys.lookup_keys, share_in_flight)
+
+    async def copied(
+        self, plan: RoutePlan, target: Endpoint, blocks: int, *, share_in_flight: bool = False
+    ) -> None:
+        """A copy of the plan's first `blocks` blocks was sent to `target` (`prefix_copies.py`):
+        its routing history, as `routed` records a request's."""
+        await self._history(plan, target, plan.keys.lookup_keys[:blocks], share_in_flight)
+
+    async def _history(
+        self, plan: RoutePlan, ep: Endpoint, keys: Sequence[BlockKey], share_in_flight: bool
+    ) -> None:
         exact_events = plan.pool.engine.kv_events and ep.spec.kv_events is not None
         if exact_events and plan.keys.exact and not share_in_flight:
             return
         index = self.indexes.get(plan.pool.key)
-        if index is None or not plan.keys.lookup_keys:
+        if index is None or not keys:
             return
         try:
-            await index.add_approximate(ep.id, plan.keys.lookup_keys, self.ttl)
+            await index.add_approximate(ep.id, keys, self.ttl)
         except Exception as exc:
             self.directory_errors.labels("add_approximate").inc()
             log.warning("routing history for %s not recorded: %r", ep.id, exc)

@@ -61,6 +61,7 @@ from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keys import RequestKeys
 from kvgate.router.core.learn import Learner, Outcome, Usage
 from kvgate.router.core.peer_load import PeerLoads
+from kvgate.router.core.prefix_copies import PrefixCopies
 from kvgate.router.core.routing import RoutePlan, Router, RouterState
 from kvgate.router.core.sessions import SessionTracker
 from kvgate.router.core.warmup import Warmup
@@ -108,7 +109,13 @@ class RoutingCore:
         self.accounting = Accounting()
         self.estimator = PrefillRateEstimator()
         self.output_lengths = OutputLengthEstimator()
-        self.warmup = Warmup(config.warmup, metrics, shared=config.warmup_sharing_enabled)
+        self.copies = PrefixCopies(self.accounting, metrics)
+        self.warmup = Warmup(
+            config.warmup, metrics, self.copies, shared=config.warmup_sharing_enabled
+        )
+        # Called when warm requests wait to be sent (a copy was queued); the live router sets
+        # its warmer's `dispatch`, the discrete-event bench takes them at its next tick.
+        self.warm_requests_ready: Callable[[], None] = lambda: None
         self.peers = PeerLoads(config.load_sharing.ttl_seconds)
         self.router = Router(
             state,
@@ -313,11 +320,26 @@ class RoutingCore:
         if not first_try:
             self.metrics.child(self.metrics.retries, plan.pool.key).inc()
         await self.learner.routed(plan, share_in_flight=self._shares_in_flight_blocks())
+        if first_try and plan.decision.copy is not None:
+            await self._copy(plan)
         if first_try:
             self.warmup.hot.observe(plan, self.clock())
             if plan.classification.session_id is not None:
                 self.sessions.observe(plan, request.body)
         return plan
+
+    async def _copy(self, plan: RoutePlan) -> None:
+        """Start the copy of the prefix the decision proposes, if it may start."""
+        request = self.copies.start(plan, self.clock())
+        if request is None:
+            return
+        target = self.endpoints.get(request.endpoint_id)
+        if target is not None:
+            blocks = plan.decision.copy.blocks if plan.decision.copy is not None else 0
+            await self.learner.copied(
+                plan, target, blocks, share_in_flight=self._shares_in_flight_blocks()
+            )
+        self.warm_requests_ready()
 
     def _shares_in_flight_blocks(self) -> bool:
         """Other replicas route to the same pods and the policy counts blocks in flight: they

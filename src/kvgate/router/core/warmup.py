@@ -20,6 +20,9 @@ pod is warmed once for all replicas: it is held back while its claim is decided,
 it is `claims`' (`warmup_claims.py`). The pods and their phases are `pods`'
 (`warmup_pods.py`); this module is the routing core's one entry point to both.
 
+The copies of hot prefixes the routing core starts (`prefix_copies.py`) go out the same way:
+`take` hands them out with the warm requests, `request_done` ends them.
+
 Phases advance lazily against the core's clock (when the router next looks), so the same code
 runs in real time and in simulated time. Plain synchronous code, one event loop.
 """
@@ -34,6 +37,7 @@ from kvgate.api.fleet import WarmupConfig
 from kvgate.discovery.endpoints import Endpoint
 from kvgate.router.core.hot_prefixes import HotPrefixes
 from kvgate.router.core.peer_prefixes import PeerPrefixCounts, shared_counts_ttl_seconds
+from kvgate.router.core.prefix_copies import PrefixCopies
 from kvgate.router.core.warmup_claims import WarmClaims
 from kvgate.router.core.warmup_pods import PodWarmup, WarmPods, WarmRequest
 from kvgate.router.metrics import RouterMetrics
@@ -43,9 +47,15 @@ class Warmup:
     """Every joining pod's warm-up (see the module docstring). Owned by the routing core."""
 
     def __init__(
-        self, config: WarmupConfig, metrics: RouterMetrics, *, shared: bool = False
+        self,
+        config: WarmupConfig,
+        metrics: RouterMetrics,
+        copies: PrefixCopies,
+        *,
+        shared: bool = False,
     ) -> None:
         self.config = config
+        self.copies = copies
         self.metrics = metrics
         self.shared = shared  # warm-ups are claimed and followed across replicas
         self.peer_counts = PeerPrefixCounts(shared_counts_ttl_seconds(config))
@@ -88,13 +98,16 @@ class Warmup:
             self.claims.left(pod)
 
     def take(self) -> list[WarmRequest]:
-        """Warm requests to send now (each exactly once)."""
-        return self.pods.take()
+        """Warm requests and prefix copies to send now (each exactly once)."""
+        return self.pods.take() + self.copies.take()
 
     def request_done(
         self, request: WarmRequest, now: float, *, ok: bool, prompt_tokens: int = 0
     ) -> None:
         """A warm request was answered (`ok`: a 200) or failed, timed out or was abandoned."""
+        if request.copy:
+            self.copies.done(request, ok=ok)
+            return
         result = "ok" if ok else "error"
         self.metrics.child(self.metrics.warm_requests, request.pool, result).inc()
         pod = self.pods.active.get(request.endpoint_id)
@@ -110,6 +123,12 @@ class Warmup:
         if pod.pending <= 0:
             self.metrics.child(self.metrics.warmups, pod.pool, "warmed").inc()
             self.pods.start_ramp(pod, now)
+
+    def request_deadline(self, request: WarmRequest) -> float | None:
+        """When the request is no longer worth sending (None: never, or its warm-up ended)."""
+        if request.deadline is not None:
+            return request.deadline
+        return self.deadline(request.endpoint_id)
 
     def deadline(self, endpoint_id: str) -> float | None:
         """When the pod's warm-up gives up (None: it is not warming)."""

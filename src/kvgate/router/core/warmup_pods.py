@@ -35,6 +35,8 @@ class WarmRequest:
     pool: str
     prefix: HotPrefix
     joined_at: float = 0.0  # its pod's join (a pod that left and came back is another warm-up)
+    deadline: float | None = None  # when it is no longer worth sending (None: its pod's warm-up's)
+    copy: bool = False  # a copy of a hot prefix (`prefix_copies.py`), not part of a warm-up
 
     def body(self) -> dict[str, Any]:
         prefix = self.prefix

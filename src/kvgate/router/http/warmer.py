@@ -1,9 +1,10 @@
 """Send warm requests: a prefix, `max_tokens: 1`, to one pod, so it computes and caches it.
 
 `send_warm` is one request (the admin API's `/admin/warm` and the warmer share it). `Warmer` is
-the live router's background side of `core/warmup.py`: after the endpoint set changes it takes
-the core's warm requests and sends them, at most `warmup.concurrency` at a time across every
-pod, each bounded by the pod's warm-up deadline and `limits.first_byte_timeout_seconds`, and
+the live router's background side of `core/warmup.py`: after the endpoint set changes, and when
+the core queued a copy of a hot prefix (`core/prefix_copies.py`), it takes the core's warm
+requests and sends them, at most `warmup.concurrency` at a time across every pod, each bounded
+by its deadline (its pod's warm-up's, or the copy's own) and `limits.first_byte_timeout_seconds`, and
 reports each answer (or failure) back to the core. Its tasks are owned: `stop()` cancels and
 awaits them, and a `dispatch` after it starts none.
 """
@@ -85,8 +86,8 @@ class Warmer:
         self._stopped = False
 
     def dispatch(self) -> None:
-        """Start sending whatever the core has to warm (call after the endpoint set changed);
-        nothing once stopped (the upstream is closing: a task made now would outlive `stop`)."""
+        """Start sending whatever the core has to warm (call after the endpoint set changed, and
+        when the core queued a copy); nothing once stopped (the upstream is closing: a task made now would outlive `stop`)."""
         if self._stopped:
             return
         concurrency = self.core.warmup.config.concurrency
@@ -103,10 +104,10 @@ class Warmer:
         try:
             async with self._slots:
                 ep = self.core.endpoints.get(request.endpoint_id)
-                deadline = warmup.deadline(request.endpoint_id)
+                deadline = warmup.request_deadline(request)
                 remaining = None if deadline is None else deadline - self._clock()
                 if ep is None or remaining is None or remaining <= 0:
-                    return  # left, or its warm-up ended (timed out) while this one waited
+                    return  # left, or its warm-up (or copy) ended while this one waited
                 payload = json.dumps(request.body(), separators=(",", ":")).encode()
                 result = await send_warm(
                     self.upstream,

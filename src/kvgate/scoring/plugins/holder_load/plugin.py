@@ -35,6 +35,15 @@ computing the prefix on the idle pod; the idle pod gains a copy without delaying
 the hot bounds would make it later, one pod at a time, while requests queue. One request in
 flight on the prefix (a session's next turn, a second request of a group) keeps it.
 
+A prefix hot on its holder whose copy would take longer (``hot_max_copy_seconds``: a shared
+document) is *copied in the background* (``background_copies``): the filter keeps the holder,
+and ``copy`` proposes, after the pick, to compute the prefix alone on the least-loaded pod that
+lacks it (``Decision.copy``; the router sends it as a ``max_tokens: 1`` request, no client
+waiting for it, ``kvgate.router.core.prefix_copies``). The prefix's requests stay on the holder
+until the copy is there; then the pods share them. Moving a client request instead would make
+it, and the burst that follows it (its blocks in flight), wait for seconds of prefill where the
+holder answers in a few steps.
+
 The ratio decides only while every candidate runs more than ``max_gap_requests / (max_ratio -
 1)`` requests (32 at the defaults; below, the gap is the larger bound): then each pod is busy,
 and a move recomputes the prefix with capacity the fleet does not have spare (a hit saves
@@ -55,8 +64,8 @@ from collections.abc import Sequence
 
 from pydantic import Field
 
-from kvgate.scoring.base import REASON_LOAD_BOUND, CycleState, EndpointSnapshot
-from kvgate.scoring.block_counts import split_holders
+from kvgate.scoring.base import REASON_LOAD_BOUND, CycleState, EndpointSnapshot, PrefixCopy
+from kvgate.scoring.block_counts import held_blocks, request_blocks, split_holders
 from kvgate.scoring.params import StrictParams
 
 
@@ -81,7 +90,11 @@ class HolderLoadParams(StrictParams):
     Above ``hot_gap_requests`` the rule is off (the hot bounds, looser then, apply)."""
     hot_max_copy_seconds: float = Field(default=0.5, ge=0)
     """...while a pod without the prefix would compute the request in at most this long (a
-    longer prefix, such as a shared document, is copied at the wide bounds only)."""
+    longer prefix, such as a shared document, is copied in the background, or at the wide
+    bounds without ``background_copies``)."""
+    background_copies: bool = True
+    """A hot prefix longer than ``hot_max_copy_seconds`` to copy is computed on the least-loaded
+    pod that lacks it by a request of the router's own, while the holder keeps its requests."""
 
 
 class HolderLoadFilter:
@@ -98,19 +111,12 @@ class HolderLoadFilter:
             return candidates
         p = self.params
         est = state.estimates
-        targets = candidates
-        if state.request.request_class == "online":
-            targets = [e for e in candidates if e.batch_in_flight == 0]
-            if not targets:
-                return candidates
+        targets = _targets(state, candidates)
+        if not targets:
+            return candidates
         least = min(est[e.id].load for e in targets)
         bound = max(least + p.max_gap_requests, p.max_ratio * least)
-        hot_sharers = p.hot_gap_requests
-        hot_bound = max(least + hot_sharers, p.hot_ratio * least)
-        if least == 0 and p.idle_copy_sharers <= hot_sharers:
-            # an idle pod: a burst on the prefix is copied there at once
-            hot_sharers = p.idle_copy_sharers
-            hot_bound = hot_sharers - 1
+        hot_sharers, hot_bound = self._hot_bounds(least)
         lowest = min(bound, hot_bound)
         if all(est[e.id].load <= lowest for e in candidates):  # the usual case
             return candidates
@@ -132,3 +138,66 @@ class HolderLoadFilter:
         if not overloaded:
             return candidates
         return [e for e in candidates if e.id not in overloaded]
+
+    def copy(
+        self,
+        state: CycleState,
+        candidates: Sequence[EndpointSnapshot],
+        chosen: EndpointSnapshot,
+    ) -> PrefixCopy | None:
+        """A background copy of the prefix the chosen holder is hot with (see the module
+        docstring): to the least-loaded healthy pod of its pool that lacks it, when every such
+        pod would take longer than ``hot_max_copy_seconds`` to compute the request (shorter
+        copies are made by moving a request: ``filter``). `candidates`: every endpoint given to
+        the policy."""
+        p = self.params
+        sharers = state.request.prefix_sharers
+        if not p.background_copies or not sharers or not state.request.keys_exact:
+            return None
+        est = state.estimates
+        usable = [e for e in candidates if e.healthy and not e.draining and e.pool == chosen.pool]
+        if len(usable) < 2:
+            return None
+        targets = _targets(state, usable)
+        if not targets:
+            return None
+        least = min(est[e.id].load for e in targets)
+        hot_sharers, hot_bound = self._hot_bounds(least)
+        mine = est[chosen.id]
+        if mine.load <= hot_bound or sharers.get(chosen.id, 0) < hot_sharers:
+            return None
+        total = request_blocks(state.request)
+        matched = state.matched_blocks
+        depth = held_blocks(matched, chosen.id, total)
+        if total <= 0 or depth < p.affinity_threshold * total:
+            return None  # not a holder: it was chosen for another reason
+        lacking = [
+            e for e in targets if held_blocks(matched, e.id, total) < p.affinity_threshold * depth
+        ]
+        if not lacking or min(est[e.id].prefill_seconds for e in lacking) <= p.hot_max_copy_seconds:
+            return None
+        target = min(lacking, key=lambda e: (est[e.id].load, est[e.id].queue_seconds))
+        t = est[target.id]
+        tokens = (depth - held_blocks(matched, target.id, total)) * state.request.block_tokens
+        rate = t.prefill_tokens_per_second
+        seconds = t.queue_seconds + (tokens / rate if rate > 0 else 0.0)
+        return PrefixCopy(target.id, depth, tokens, seconds)
+
+    def _hot_bounds(self, least: int) -> tuple[int, float]:
+        """(sharers, load): a holder with at least that many requests in flight carrying the
+        prefix and a load above that is hot, next to a least-loaded candidate at `least`."""
+        p = self.params
+        if least == 0 and p.idle_copy_sharers <= p.hot_gap_requests:
+            # an idle pod: a burst on the prefix is copied there at once
+            return p.idle_copy_sharers, p.idle_copy_sharers - 1
+        return p.hot_gap_requests, max(least + p.hot_gap_requests, p.hot_ratio * least)
+
+
+def _targets(
+    state: CycleState, candidates: Sequence[EndpointSnapshot]
+) -> Sequence[EndpointSnapshot]:
+    """The pods whose load is the bounds' base (see the module docstring): for an online
+    request those hosting no batch request (none: the guard is off)."""
+    if state.request.request_class == "online":
+        return [e for e in candidates if e.batch_in_flight == 0]
+    return candidates

@@ -1,0 +1,109 @@
+"""Copies of a hot prefix that the router makes by itself: a decision's `copy` as a warm request.
+
+A policy may propose, with a decision, to compute the request's prefix on another pod
+(`Decision.copy`: `holder-load`'s background copies of a long prefix hot on its holder). The
+client request goes where it was routed; the copy is a warm request (`/v1/completions`, the
+prefix as token ids, `max_tokens: 1`, the request's model and cache salt) that the I/O side sends
+like a joining pod's (`core/warmup.py` hands both out: the live router's `http/warmer.py`, or the
+discrete-event bench).
+
+    proposed ──(token ids known, this prefix not being copied, room)──> queued ──> sent ──> done
+
+- At most `MAX_COPIES_IN_FLIGHT` per pool, and one per prefix (named by its pool and last block
+  key) at a time: a burst proposes the same copy with each of its requests.
+- While in flight the copy counts on its pod like a request (`accounting.py`): one more request,
+  its prefill tokens pending, and its blocks in flight, so the next decisions see the pod as
+  holding the prefix once computed (queued behind that prefill) and propose no second copy there.
+- A copy not sent within `COPY_DEADLINE_SECONDS` is dropped (the I/O side was busy: the burst
+  it was for is likely over). Answered or not, the pod's count ends with `done`.
+
+Plain synchronous code on the core's clock, like the rest of the core.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+from kvgate.prefix import BlockKey
+from kvgate.router.core.accounting import Accounting, Attempt
+from kvgate.router.core.hot_prefixes import HotPrefix
+from kvgate.router.core.routing import RoutePlan
+from kvgate.router.core.warmup_pods import WarmRequest
+from kvgate.router.metrics import RouterMetrics
+
+MAX_COPIES_IN_FLIGHT = 2
+"""Per pool: each copy is seconds of prefill on a pod the router chose to take load off."""
+COPY_DEADLINE_SECONDS = 30.0
+
+
+@dataclass(slots=True)
+class _Copy:
+    request: WarmRequest
+    attempt: Attempt
+
+
+class PrefixCopies:
+    """The copies proposed and in flight (see the module docstring). Owned by the routing core."""
+
+    def __init__(self, accounting: Accounting, metrics: RouterMetrics) -> None:
+        self.accounting = accounting
+        self.metrics = metrics
+        self._in_flight: dict[tuple[str, BlockKey], _Copy] = {}
+        self._queue: list[WarmRequest] = []
+
+    def __len__(self) -> int:
+        return len(self._in_flight)
+
+    def start(self, plan: RoutePlan, now: float) -> WarmRequest | None:
+        """Queue the copy the plan's decision proposes, if it may start (else None)."""
+        copy = plan.decision.copy
+        keys = plan.keys
+        tokens = keys.token_ids
+        if copy is None or tokens is None or not keys.exact or keys.lookup is not None:
+            return None
+        block = keys.block_tokens
+        if not 0 < copy.blocks <= min(len(keys.block_keys), len(tokens) // block):
+            return None
+        pool = plan.pool.key
+        name = (pool, keys.block_keys[copy.blocks - 1])
+        if name in self._in_flight or self.in_pool(pool) >= MAX_COPIES_IN_FLIGHT:
+            self.metrics.child(self.metrics.prefix_copies, pool, "skipped").inc()
+            return None
+        cls = plan.classification
+        prefix = HotPrefix(
+            pool, cls.model, cls.tenant, cls.cache_salt, name[1],
+            array("I", tokens[: copy.blocks * block]), 1.0, now,
+        )  # fmt: skip
+        request = WarmRequest(
+            copy.endpoint_id, pool, prefix, deadline=now + COPY_DEADLINE_SECONDS, copy=True
+        )
+        attempt = self.accounting.sent(
+            copy.endpoint_id,
+            now,
+            uncached_tokens=copy.tokens,
+            predicted_ttft_seconds=copy.seconds,
+            streaming=False,
+            block_keys=keys.block_keys[: copy.blocks],
+        )
+        self._in_flight[name] = _Copy(request, attempt)
+        self._queue.append(request)
+        return request
+
+    def in_pool(self, pool: str) -> int:
+        return sum(1 for p, _ in self._in_flight if p == pool)
+
+    def take(self) -> list[WarmRequest]:
+        """The copies to send now (each exactly once)."""
+        out, self._queue = self._queue, []
+        return out
+
+    def done(self, request: WarmRequest, *, ok: bool) -> None:
+        """A copy was answered (`ok`: a 200), failed, timed out or was abandoned."""
+        name = (request.pool, request.prefix.key)
+        copy = self._in_flight.get(name)
+        if copy is None or copy.request is not request:
+            return
+        del self._in_flight[name]
+        self.accounting.done(copy.attempt)
+        self.metrics.child(self.metrics.prefix_copies, request.pool, "ok" if ok else "error").inc()

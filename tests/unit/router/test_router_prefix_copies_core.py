@@ -1,0 +1,89 @@
+"""The routing core's copies of a long prefix hot on its holder (`core/prefix_copies.py`)."""
+
+from __future__ import annotations
+
+from tests.unit.router.fakes import make_config, routing_core
+
+from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
+from kvgate.router.core.prefix_copies import MAX_COPIES_IN_FLIGHT
+from kvgate.router.core.routing import RoutePlan
+
+DOCUMENT = list(range(10_000, 42_768))  # 32k tokens: seconds of prefill at the prior rate
+
+
+def _body(question: int, document: list[int] = DOCUMENT) -> dict[str, object]:
+    return {"model": "m", "prompt": document + [question] * 20, "max_tokens": 4}
+
+
+async def _burst(core: RoutingCore, count: int, document: list[int] = DOCUMENT) -> list[RoutePlan]:
+    """`count` requests on the document, each sent, prefilled and left decoding."""
+    plans = []
+    for i in range(count):
+        request = ClientRequest(_body(i, document), {}, "completion")
+        plan = await core.plan(request)
+        attempt = core.sent(request, plan, streaming=True)
+        core.first_byte(plan, attempt, streamed=True)
+        plans.append(plan)
+    return plans
+
+
+async def test_a_burst_on_a_long_document_copies_it_to_an_idle_pod_and_stays_on_its_holder():
+    now = [100.0]
+    core, _ = await routing_core(make_config(3), now, 3)
+    told: list[int] = []
+    core.warm_requests_ready = lambda: told.append(1)
+    plans = await _burst(core, 6)
+    holder = plans[0].endpoint.id
+    assert {p.endpoint.id for p in plans} == {holder}  # no client request recomputes it
+    copies = core.warmup.take()
+    assert len(copies) == 1 and told == [1]  # one copy, however many requests proposed it
+    copy = copies[0]
+    assert copy.copy and copy.endpoint_id != holder
+    body = copy.body()
+    assert body["prompt"] == DOCUMENT and body["max_tokens"] == 1 and body["model"] == "m"
+    assert len(core.copies) == 1
+    # the copy counts on its pod: one request in flight carrying the document's blocks
+    assert core.endpoint_load()[copy.endpoint_id] == 1
+    proposed = [p.decision.to_dict()["copy"] for p in plans if p.decision.copy is not None]
+    assert proposed[0]["endpoint"] == copy.endpoint_id and proposed[0]["tokens"] == len(DOCUMENT)
+    # the later proposals (to the third pod: the second holds it in flight) wait for that copy
+    assert len(proposed) > 1
+    skipped = core.metrics.child(core.metrics.prefix_copies, plans[0].pool.key, "skipped")
+    assert skipped._value.get() >= 1
+
+    core.warmup.request_done(copy, now[0], ok=True, prompt_tokens=len(DOCUMENT))
+    assert len(core.copies) == 0 and core.endpoint_load()[copy.endpoint_id] == 0
+    ok = core.metrics.child(core.metrics.prefix_copies, plans[0].pool.key, "ok")
+    assert ok._value.get() == 1
+
+
+async def test_copies_in_flight_are_bounded_per_pool_and_end_when_abandoned():
+    now = [100.0]
+    core, _ = await routing_core(make_config(6), now, 6)
+    for k in range(MAX_COPIES_IN_FLIGHT + 1):
+        document = list(range(100_000 * (k + 1), 100_000 * (k + 1) + 32_768))
+        await _burst(core, 4, document)
+    copies = core.warmup.take()
+    assert len(copies) == MAX_COPIES_IN_FLIGHT
+    for copy in copies:  # failed, timed out or abandoned: the pod's count ends all the same
+        assert copy.deadline is not None and copy.deadline > now[0]
+        core.warmup.request_done(copy, now[0], ok=False)
+    assert len(core.copies) == 0
+    assert all(load <= 4 for load in core.endpoint_load().values())
+
+
+async def test_a_short_prefix_or_an_approximate_key_is_never_copied_by_the_router():
+    """A short shared prefix is copied by moving a request (`holder-load`'s hot bounds); text
+    prompts without a tokenizer have no token ids to send."""
+    now = [100.0]
+    core, _ = await routing_core(make_config(3), now, 3)
+    await _burst(core, 8, list(range(5000, 5512)))
+    assert core.warmup.take() == []
+    for i in range(8):
+        request = ClientRequest(
+            {"model": "m", "prompt": "a long shared document " * 3000 + str(i), "max_tokens": 4},
+            {},
+            "completion",
+        )
+        core.sent(request, await core.plan(request), streaming=True)
+    assert core.warmup.take() == []
