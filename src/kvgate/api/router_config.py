@@ -197,7 +197,7 @@ class LimitsConfig(ConfigModel):
     # Between chunks of a pod's answer once it started (a stream, or a whole answer being read).
     read_timeout_seconds: float = Field(default=120.0, gt=0)
     # A whole (non-stream) answer is held until its end before it goes to the client: past this
-    # many bytes it is a failure before the first byte (a 502 if no other pod answers).
+    # many bytes it is a 502 (not retried: another pod would write it again).
     max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)
     max_retries: int = Field(default=2, ge=0)  # other pods tried when one fails before a byte
     max_connections_per_endpoint: int = Field(default=512, ge=1)

@@ -11,6 +11,7 @@ import json
 import socketserver
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,7 +59,9 @@ HOSTILE: dict[str, tuple[bytes, bytes, int, bool]] = {
 
 class Pod(socketserver.StreamRequestHandler):
     """One request per connection. `POST` answers as its prompt says (`HOSTILE`); any other
-    prompt gets a normal answer."""
+    prompt gets a normal answer. `asked` counts the requests per prompt, over every pod."""
+
+    asked: Counter[str] = Counter()
 
     def handle(self) -> None:
         head = [self.rfile.readline()]
@@ -73,6 +76,7 @@ class Pod(socketserver.StreamRequestHandler):
             0,
         )
         prompt = json.loads(self.rfile.read(length)).get("prompt") if length else None
+        Pod.asked[str(prompt)] += 1
         try:
             if prompt in HOSTILE:
                 head, piece, total_bytes, chunked = HOSTILE[prompt]
@@ -197,3 +201,23 @@ async def test_a_whole_answer_that_never_ends_is_a_clear_error_in_bounded_time_a
     assert grown_mib < rss_bound_mib, f"router RSS peaked {grown_mib:.0f} MiB above its start"
     assert router.metric("kvgate_router_upstream_errors_total") >= 1
     assert not router.error_lines(), router.error_lines()
+
+
+async def test_an_answer_over_the_size_limit_is_not_retried_on_another_pod(tmp_path: Path) -> None:
+    """A whole answer past `max_response_bytes` is the request's doing as much as the pod's:
+    another pod would write it again. One attempt, then a 502 (before: every pod tried, up to
+    `max_retries` + 1 answers of 64 MiB read and dropped)."""
+    with _pod() as first, _pod() as second:
+        pool = {"name": "hostile", "model": "hostile"}
+        pools = [{**pool, "endpoints": {"static": [{"url": first}, {"url": second}]}}]
+        limits = {"read_timeout_seconds": 2, "max_response_bytes": MIB}
+        config = router_config([], pools=pools, limits=limits)
+        with running_router(tmp_path, config) as proc:
+            Pod.asked.clear()
+            async with httpx.AsyncClient(base_url=proc.url, timeout=30) as client:
+                body = {"model": "hostile", "prompt": "endless-json"}
+                got = await client.post("/v1/completions", json=body)
+            assert got.status_code == 502, got.text[:300]
+            assert "over 1048576 bytes" in got.json()["error"]["message"]
+            assert Pod.asked["endless-json"] == 1
+            assert proc.metric("kvgate_router_retries_total") == 0

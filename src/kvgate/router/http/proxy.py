@@ -10,7 +10,8 @@ The proxy is I/O only: every decision and every piece of endpoint state is the r
 3. At the first body byte: `core.first_byte`. An event stream's head goes to the client at once
    with the `x-kvgate-*` headers; a whole answer (JSON, any error status) is first read to its end
    (each gap bounded by `read_timeout`, at most `max_response_bytes`): a failure while reading it
-   has sent the client nothing, so it is retried as in 2.
+   has sent the client nothing, so it is retried as in 2; an answer over `max_response_bytes` is
+   not (another pod would write it again): a 502.
 4. A stream passes through as it arrives (each gap bounded by `read_timeout`). Usage is read on
    the way (`usage.py`). A pod failing after the first byte cannot be retried without
    duplicating output: a stream ends with an OpenAI error event instead of `[DONE]`, and
@@ -59,10 +60,14 @@ _DROP_RESPONSE_HEADERS = {
 
 
 class _Retryable(Exception):
-    def __init__(self, kind: str, detail: str, status: int = 502) -> None:
+    """The attempt failed before the client got a byte: another pod may be tried (unless
+    `retry` is False: the request itself is the cause)."""
+
+    def __init__(self, kind: str, detail: str, status: int = 502, *, retry: bool = True) -> None:
         super().__init__(detail)
         self.kind = kind
         self.status = status
+        self.retry = retry
 
 
 @dataclass
@@ -108,7 +113,7 @@ class Proxy:
                     failure.kind,
                     failure,
                 )
-                if len(request.tried) > self.limits.max_retries:
+                if not failure.retry or len(request.tried) > self.limits.max_retries:
                     raise self._final_error(failure) from None
                 try:
                     plan = await core.plan(request)
@@ -191,7 +196,7 @@ class Proxy:
                     paced(chunks, limits.read_timeout_seconds), limits.max_response_bytes, first
                 )
             except UpstreamError as exc:
-                raise _Retryable(exc.kind, str(exc)) from exc
+                raise _Retryable(exc.kind, str(exc), retry=exc.kind != "too_large") from exc
             usage = usage_from_json_body(payload) if response.status == 200 else None
             headers.append((b"content-length", str(len(payload)).encode()))
             await send(

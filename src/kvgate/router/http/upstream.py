@@ -442,13 +442,13 @@ async def read_all(response: UpstreamResponse, max_bytes: int = MAX_READ_ALL_BYT
 
 
 async def join_chunks(chunks: AsyncIterator[bytes], max_bytes: int, first: bytes = b"") -> bytes:
-    """`first` (a chunk already read) and the rest of `chunks`, joined; UpstreamError("stream")
+    """`first` (a chunk already read) and the rest of `chunks`, joined; UpstreamError("too_large")
     once they pass `max_bytes`, before more is kept."""
     parts = [first]
     size = len(first)
     async for chunk in chunks:
         size += len(chunk)
         if size > max_bytes:
-            raise UpstreamError("stream", f"body over {max_bytes} bytes")
+            raise UpstreamError("too_large", f"body over {max_bytes} bytes")
         parts.append(chunk)
     return b"".join(parts)
