@@ -196,6 +196,9 @@ class LimitsConfig(ConfigModel):
     first_byte_timeout_seconds: float = Field(default=600.0, gt=0)  # includes queue + prefill
     # Between chunks of a pod's answer once it started (a stream, or a whole answer being read).
     read_timeout_seconds: float = Field(default=120.0, gt=0)
+    # From an answer's first byte to its last: a pod that keeps sending a byte now and then,
+    # each gap under read_timeout_seconds, must not hold its client forever.
+    max_answer_seconds: float = Field(default=3600.0, gt=0)
     # A whole (non-stream) answer is held until its end before it goes to the client: past this
     # many bytes it is a 502 (not retried: another pod would write it again).
     max_response_bytes: int = Field(default=64 * 1024 * 1024, ge=1024 * 1024)

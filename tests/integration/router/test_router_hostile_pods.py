@@ -57,6 +57,16 @@ HOSTILE: dict[str, tuple[bytes, bytes, int, bool]] = {
 }
 
 
+# prompt: (head, piece sent every 0.2 s, chunk-framed, for as long as the router listens)
+DRIP: dict[str, tuple[bytes, bytes]] = {
+    "drip-events": (
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+        b'data: {"choices": [{"index": 0, "text": "a"}]}\n\n',
+    ),
+    "drip-json": (CHUNKED_JSON + b"\r\n", b" "),
+}
+
+
 class Pod(socketserver.StreamRequestHandler):
     """One request per connection. `POST` answers as its prompt says (`HOSTILE`); any other
     prompt gets a normal answer. `asked` counts the requests per prompt, over every pod."""
@@ -78,7 +88,9 @@ class Pod(socketserver.StreamRequestHandler):
         prompt = json.loads(self.rfile.read(length)).get("prompt") if length else None
         Pod.asked[str(prompt)] += 1
         try:
-            if prompt in HOSTILE:
+            if prompt in DRIP:
+                self._drip(*DRIP[prompt])
+            elif prompt in HOSTILE:
                 head, piece, total_bytes, chunked = HOSTILE[prompt]
                 self._endless(head, piece, total_bytes=total_bytes, chunked=chunked)
             else:
@@ -89,6 +101,14 @@ class Pod(socketserver.StreamRequestHandler):
                 )
         except OSError:
             pass  # the router hung up: what a hostile answer should come to
+
+    def _drip(self, head: bytes, piece: bytes) -> None:
+        """`head`, then one chunk of `piece` every 0.2 s until the router hangs up."""
+        self.wfile.write(head)
+        while True:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            self.wfile.flush()
+            time.sleep(0.2)
 
     def _endless(self, head: bytes, piece: bytes, *, total_bytes: int, chunked: bool) -> None:
         """`head`, then `piece` until `total_bytes` were sent, then silence until the router
@@ -221,3 +241,30 @@ async def test_an_answer_over_the_size_limit_is_not_retried_on_another_pod(tmp_p
             assert "over 1048576 bytes" in got.json()["error"]["message"]
             assert Pod.asked["endless-json"] == 1
             assert proc.metric("kvgate_router_retries_total") == 0
+
+
+@pytest.mark.parametrize("prompt", ["drip-events", "drip-json"])
+async def test_an_answer_that_drips_forever_ends_at_max_answer_seconds(
+    tmp_path: Path, prompt: str
+) -> None:
+    """Each gap well under `read_timeout_seconds`, for ever: the stream ends with the
+    `upstream_error` event, the whole answer is a 504, both `max_answer_seconds` after the first
+    byte (before: the client waited as long as the pod kept dripping)."""
+    with _pod() as pod:
+        pools = [{"name": "hostile", "model": "hostile", "endpoints": {"static": [{"url": pod}]}}]
+        limits = {"read_timeout_seconds": 5, "max_answer_seconds": 1.5}
+        with running_router(tmp_path, router_config([], pools=pools, limits=limits)) as proc:
+            async with httpx.AsyncClient(base_url=proc.url, timeout=30) as client:
+                body = {"model": "hostile", "prompt": prompt, "stream": prompt == "drip-events"}
+                started = time.perf_counter()
+                got = await client.post("/v1/completions", json=body)
+                seconds = time.perf_counter() - started
+            assert 1.4 < seconds < 5, f"the answer ended after {seconds:.1f} s"
+            if prompt == "drip-events":
+                assert got.status_code == 200
+                events = got.text.strip().split("\n\n")
+                assert events[0].startswith("data: {") and len(events) > 3
+                assert '"type":"upstream_error"' in events[-1].replace(" ", ""), events[-1]
+            else:
+                assert got.status_code == 504, got.text[:300]
+                assert "did not end in time" in got.json()["error"]["message"]

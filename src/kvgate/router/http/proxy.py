@@ -12,7 +12,8 @@ The proxy is I/O only: every decision and every piece of endpoint state is the r
    (each gap bounded by `read_timeout`, at most `max_response_bytes`): a failure while reading it
    has sent the client nothing, so it is retried as in 2; an answer over `max_response_bytes` is
    not (another pod would write it again): a 502.
-4. A stream passes through as it arrives (each gap bounded by `read_timeout`). Usage is read on
+4. A stream passes through as it arrives (each gap bounded by `read_timeout`; from the first
+   byte to the last, an answer of either kind by `max_answer_seconds`). Usage is read on
    the way (`usage.py`). A pod failing after the first byte cannot be retried without
    duplicating output: a stream ends with an OpenAI error event instead of `[DONE]`, and
    `core.broke` counts it against the pod as a failure before the first byte is. Then
@@ -183,17 +184,20 @@ class Proxy:
             content_type = _header(response.headers, b"content-type")
             streamed = stream and content_type.startswith(b"text/event-stream")
             self.core.first_byte(plan, attempt, streamed=streamed)
+            gap = limits.read_timeout_seconds
+            until = asyncio.get_running_loop().time() + limits.max_answer_seconds
             headers = _response_headers(response.headers, plan, request.request_id)
             if streamed:
                 tap = SseUsageTap(strip_usage_chunk=strip_usage)
                 await send(
                     {"type": "http.response.start", "status": response.status, "headers": headers}
                 )
-                completed = await self._stream(first, chunks, tap, send, plan)
+                paced_chunks = paced(chunks, gap, until=until)
+                completed = await self._stream(first, paced_chunks, tap, send, plan)
                 return _Answer(response.status, tap.usage, completed, streamed=True)
             try:  # nothing reached the client yet: a failure here is retried
                 payload = await join_chunks(
-                    paced(chunks, limits.read_timeout_seconds), limits.max_response_bytes, first
+                    paced(chunks, gap, until=until), limits.max_response_bytes, first
                 )
             except UpstreamError as exc:
                 raise _Retryable(exc.kind, str(exc), retry=exc.kind != "too_large") from exc
@@ -219,7 +223,7 @@ class Proxy:
             out = tap.feed(first)
             if out:
                 await send({"type": "http.response.body", "body": out, "more_body": True})
-            async for chunk in paced(chunks, self.limits.read_timeout_seconds):
+            async for chunk in chunks:
                 out = tap.feed(chunk)
                 if out:
                     await send({"type": "http.response.body", "body": out, "more_body": True})

@@ -419,22 +419,30 @@ class RoutingUpstream:
 MAX_READ_ALL_BYTES = 16 << 20
 
 
-async def paced(chunks: AsyncIterator[bytes], gap_seconds: float) -> AsyncIterator[bytes]:
+async def paced(
+    chunks: AsyncIterator[bytes], gap_seconds: float, *, until: float | None = None
+) -> AsyncIterator[bytes]:
     """`chunks`, failing with UpstreamError("timeout") once the pod sends nothing for
-    `gap_seconds`: a pod that stalls mid-body must not hold the request (and its client) forever."""
+    `gap_seconds`, or at `until` (the event loop's clock) if given: a pod that stalls mid-body,
+    or drips it, must not hold the request (and its client) forever."""
+    loop = asyncio.get_running_loop()
     while True:
+        wait = gap_seconds if until is None else min(gap_seconds, until - loop.time())
         try:
-            async with asyncio.timeout(gap_seconds):
+            async with asyncio.timeout(max(wait, 0.0)):
                 chunk = await anext(chunks)
         except StopAsyncIteration:
             return
         except TimeoutError as exc:
+            if wait < gap_seconds:
+                raise UpstreamError("timeout", "the answer did not end in time") from exc
             raise UpstreamError("timeout", f"nothing from the pod for {gap_seconds} s") from exc
         yield chunk
 
 
 async def read_all(response: UpstreamResponse, max_bytes: int = MAX_READ_ALL_BYTES) -> bytes:
-    """The whole body, then release the connection; UpstreamError("stream") past `max_bytes`."""
+    """The whole body, then release the connection; UpstreamError("too_large") past
+    `max_bytes`."""
     try:
         return await join_chunks(response.chunks(), max_bytes)
     finally:
