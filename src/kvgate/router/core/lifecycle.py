@@ -66,6 +66,7 @@ from kvgate.router.core.routing import RoutePlan, Router, RouterState
 from kvgate.router.core.sessions import SessionTracker
 from kvgate.router.core.warmup import Warmup
 from kvgate.router.metrics import RouterMetrics
+from kvgate.scoring.base import PrefixCopy
 from kvgate.scoring.output_length import OutputLengthEstimator
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
@@ -321,23 +322,21 @@ class RoutingCore:
             self.metrics.child(self.metrics.retries, plan.pool.key).inc()
         await self.learner.routed(plan, share_in_flight=self._shares_in_flight_blocks())
         if first_try and plan.decision.copy is not None:
-            await self._copy(plan)
+            await self._copy(plan, plan.decision.copy)
         if first_try:
             self.warmup.hot.observe(plan, self.clock())
             if plan.classification.session_id is not None:
                 self.sessions.observe(plan, request.body)
         return plan
 
-    async def _copy(self, plan: RoutePlan) -> None:
+    async def _copy(self, plan: RoutePlan, copy: PrefixCopy) -> None:
         """Start the copy of the prefix the decision proposes, if it may start."""
-        request = self.copies.start(plan, self.clock())
-        if request is None:
+        if not self.copies.start(plan, copy, self.clock()):
             return
-        target = self.endpoints.get(request.endpoint_id)
+        target = self.endpoints.get(copy.endpoint_id)
         if target is not None:
-            blocks = plan.decision.copy.blocks if plan.decision.copy is not None else 0
             await self.learner.copied(
-                plan, target, blocks, share_in_flight=self._shares_in_flight_blocks()
+                plan, target, copy.blocks, share_in_flight=self._shares_in_flight_blocks()
             )
         self.warm_requests_ready()
 

@@ -31,6 +31,7 @@ from kvgate.router.core.hot_prefixes import HotPrefix
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.core.warmup_pods import WarmRequest
 from kvgate.router.metrics import RouterMetrics
+from kvgate.scoring.base import PrefixCopy
 
 MAX_COPIES_IN_FLIGHT = 2
 """Per pool: each copy is seconds of prefill on a pod the router chose to take load off."""
@@ -55,21 +56,20 @@ class PrefixCopies:
     def __len__(self) -> int:
         return len(self._in_flight)
 
-    def start(self, plan: RoutePlan, now: float) -> WarmRequest | None:
-        """Queue the copy the plan's decision proposes, if it may start (else None)."""
-        copy = plan.decision.copy
+    def start(self, plan: RoutePlan, copy: PrefixCopy, now: float) -> bool:
+        """Queue `copy` (proposed with the plan's decision) if it may start."""
         keys = plan.keys
         tokens = keys.token_ids
-        if copy is None or tokens is None or not keys.exact or keys.lookup is not None:
-            return None
+        if tokens is None or not keys.exact or keys.lookup is not None:
+            return False
         block = keys.block_tokens
         if not 0 < copy.blocks <= min(len(keys.block_keys), len(tokens) // block):
-            return None
+            return False
         pool = plan.pool.key
         name = (pool, keys.block_keys[copy.blocks - 1])
         if name in self._in_flight or self.in_pool(pool) >= MAX_COPIES_IN_FLIGHT:
             self.metrics.child(self.metrics.prefix_copies, pool, "skipped").inc()
-            return None
+            return False
         cls = plan.classification
         prefix = HotPrefix(
             pool, cls.model, cls.tenant, cls.cache_salt, name[1],
@@ -88,7 +88,7 @@ class PrefixCopies:
         )
         self._in_flight[name] = _Copy(request, attempt)
         self._queue.append(request)
-        return request
+        return True
 
     def in_pool(self, pool: str) -> int:
         return sum(1 for p, _ in self._in_flight if p == pool)
