@@ -42,10 +42,15 @@ def _add_adapter(config: dict[str, Any]) -> None:
 @contextlib.contextmanager
 def _router_before_pod(metrics: Callable[[], bytes], tmp_path: Path) -> Iterator[RouterProcess]:
     """A router serving the adapter, in front of one pod whose /metrics page `metrics()`
-    returns, scraped every 50 ms."""
+    returns, scraped every 50 ms. Failed scrapes never eject the pod here (the router would not
+    be ready while its one pod is out, and three fail within 150 ms)."""
     pod = canned_pod(lambda body: (_ANSWER, "application/json"), metrics)
     scrapes = {"scrape_interval_seconds": 0.05}
-    with router_before_pod(pod, tmp_path, _add_adapter, load_metrics=scrapes) as (proc, _):
+    never = {"eject_after_failures": 1_000_000}
+    with router_before_pod(pod, tmp_path, _add_adapter, load_metrics=scrapes, limits=never) as (
+        proc,
+        _,
+    ):
         yield proc
 
 
