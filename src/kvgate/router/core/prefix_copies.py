@@ -14,8 +14,9 @@ discrete-event bench).
 - While in flight the copy counts on its pod like a request (`accounting.py`): one more request,
   its prefill tokens pending, and its blocks in flight, so the next decisions see the pod as
   holding the prefix once computed (queued behind that prefill) and propose no second copy there.
-- A copy not sent within `COPY_DEADLINE_SECONDS` is dropped (the I/O side was busy: the burst
-  it was for is likely over). Answered or not, the pod's count ends with `done`.
+- A copy is abandoned `COPY_DEADLINE_SECONDS` after it was proposed, sent or not (the I/O side
+  bounds its wait for the answer by that too): the burst it was for is likely over. Answered or
+  not, the pod's count ends with `done`.
 
 Plain synchronous code on the core's clock, like the rest of the core.
 """

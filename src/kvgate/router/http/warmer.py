@@ -4,8 +4,8 @@
 the live router's background side of `core/warmup.py`: after the endpoint set changes, and when
 the core queued a copy of a hot prefix (`core/prefix_copies.py`), it takes the core's warm
 requests and sends them, at most `warmup.concurrency` at a time across every pod, each bounded
-by its deadline (its pod's warm-up's, or the copy's own) and `limits.first_byte_timeout_seconds`, and
-reports each answer (or failure) back to the core. Its tasks are owned: `stop()` cancels and
+by its deadline (its pod's warm-up's, or the copy's own) and
+`limits.first_byte_timeout_seconds`, and reports each answer (or failure) back to the core. Its tasks are owned: `stop()` cancels and
 awaits them, and a `dispatch` after it starts none.
 """
 
@@ -87,7 +87,8 @@ class Warmer:
 
     def dispatch(self) -> None:
         """Start sending whatever the core has to warm (call after the endpoint set changed, and
-        when the core queued a copy); nothing once stopped (the upstream is closing: a task made now would outlive `stop`)."""
+        when the core queued a copy); nothing once stopped (the upstream is closing: a task made
+        now would outlive `stop`)."""
         if self._stopped:
             return
         concurrency = self.core.warmup.config.concurrency
