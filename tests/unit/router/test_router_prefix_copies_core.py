@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from array import array
+
 from tests.unit.router.fakes import make_config, routing_core
 
+from kvgate.router.core.hot_prefixes import HotPrefix
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.prefix_copies import MAX_COPIES_IN_FLIGHT
 from kvgate.router.core.routing import RoutePlan
+from kvgate.router.core.warmup_pods import WarmRequest
+from kvgate.router.http.warmer import PAYLOAD_SLICE_TOKENS, warm_payload
 
 DOCUMENT = list(range(10_000, 42_768))  # 32k tokens: seconds of prefill at the prior rate
 
@@ -87,3 +94,26 @@ async def test_a_short_prefix_or_an_approximate_key_is_never_copied_by_the_route
         )
         core.sent(request, await core.plan(request), streaming=True)
     assert core.warmup.take() == []
+
+
+async def test_a_long_copy_is_encoded_with_the_event_loop_free_between_slices():
+    """A copy carries up to a whole prompt's token ids (2^20 by default): its JSON body is
+    encoded a slice at a time, the same JSON as `body()`, letting other tasks run between."""
+    ids = array("I", range(4 * PAYLOAD_SLICE_TOKENS + 5))
+    prefix = HotPrefix("default/p", "m", None, "salt", b"k", ids, 1.0, 0.0)
+    request = WarmRequest("pod0:8000", "default/p", prefix, copy=True)
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0)
+    before = ticks
+    payload = await warm_payload(request)
+    ticker.cancel()
+    assert json.loads(payload) == request.body()
+    assert ticks - before >= 4  # the loop ran other tasks between the five slices

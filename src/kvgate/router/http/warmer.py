@@ -65,6 +65,26 @@ async def send_warm(
     }
 
 
+PAYLOAD_SLICE_TOKENS = 32_768
+"""Token ids encoded between two yields to the event loop (~5 ms): a copy of a 1M-token prompt's
+prefix encoded in one piece held the loop for 0.2 s."""
+
+
+async def warm_payload(request: WarmRequest) -> bytes:
+    """`request.body()` as compact JSON, its prompt's token ids encoded a slice at a time."""
+    body = request.body()
+    prompt = body.pop("prompt")
+    head = json.dumps(body, separators=(",", ":")).encode()
+    parts = [head[:-1], b',"prompt":[']
+    for start in range(0, len(prompt), PAYLOAD_SLICE_TOKENS):
+        if start:
+            await asyncio.sleep(0)  # others' turn between two slices
+            parts.append(b",")
+        parts.append(",".join(map(str, prompt[start : start + PAYLOAD_SLICE_TOKENS])).encode())
+    parts.append(b"]}")
+    return b"".join(parts)
+
+
 class Warmer:
     """Sends the routing core's warm requests (see the module docstring)."""
 
@@ -109,7 +129,7 @@ class Warmer:
                 remaining = None if deadline is None else deadline - self._clock()
                 if ep is None or remaining is None or remaining <= 0:
                     return  # left, or its warm-up (or copy) ended while this one waited
-                payload = json.dumps(request.body(), separators=(",", ":")).encode()
+                payload = await warm_payload(request)
                 result = await send_warm(
                     self.upstream,
                     ep.spec.url,
