@@ -154,6 +154,8 @@ class HolderLoadFilter:
         sharers = state.request.prefix_sharers
         if not p.background_copies or not sharers or not state.request.keys_exact:
             return None
+        if sharers.get(chosen.id, 0) < min(p.idle_copy_sharers, p.hot_gap_requests):
+            return None  # the usual case: not hot by either rule, whatever the loads
         est = state.estimates
         usable = [e for e in candidates if e.healthy and not e.draining and e.pool == chosen.pool]
         if len(usable) < 2:
