@@ -1,6 +1,7 @@
 """Large prompts against one real router process and real simulated pods (issue 13).
 
     .venv/bin/python -m benchmarks.large_prompts latency [--prompt-mb 16] [--max-model-len N]
+        [--prompt-chars N --senders 2 --router-only --inline-max-chars N]
     .venv/bin/python -m benchmarks.large_prompts memory [--prompts 1000] [--prompt-mb 4]
         [--sessions 10000] [--session-kb 4] [--max-model-len N]
 
@@ -10,7 +11,11 @@ repository's test tokenizer, routing history only) as separate processes on loop
 latency: four closed-loop clients send small chat requests throughout; phases alternate
 `--phase-seconds` without and with large prompts (one at a time, back to back, each a fresh
 `--prompt-mb` MB chat message). Reported: the small requests' p50/p99 in each kind of phase,
-the added p99 and the ratio, and how the large prompts were answered. `--max-model-len`
+the added p99 and the ratio, and how the large prompts were answered. `--prompt-chars` sends
+prompts of that many characters instead (a fresh one each time), from `--senders` clients at
+once; `--router-only` makes the small requests `GET /v1/models` (answered by the router, so
+only its event loop is measured, not the pods); `--inline-max-chars` sets
+`keying.inline_max_chars` (the router's default otherwise). `--max-model-len`
 (default 1,048,576) is the pool's `engine.max_model_len`: a 16 MB prompt of this text (~5.5 M
 tokens) passes the cheap character bound and is tokenized whole, off the loop, before the
 count refuses it; `0` leaves the limit unset (the prompt is tokenized, hashed and forwarded).
@@ -63,17 +68,48 @@ def start_pods(workdir: Path, n: int = 2) -> list[SimProcess]:
 async def latency(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) -> dict[str, Any]:
     engine = {"max_model_len": args.max_model_len} if args.max_model_len else {}
     config = {**router_config(pod_urls, **engine), "limits": {"max_body_bytes": 64 * MB}}
+    if args.inline_max_chars is not None:
+        config["keying"] = {"inline_max_chars": args.inline_max_chars}
     router = RouterProcess(config, workdir)
     try:
         # Built before the load starts: building them blocks this process's event loop.
-        bodies = [large_chat_body(args.prompt_mb * MB, seed) for seed in range(args.rounds)]
+        if args.prompt_chars:
+            count = args.rounds * args.senders * 1000  # more than a phase can send
+            bodies = [large_chat_body(args.prompt_chars, seed) for seed in range(count)]
+        else:
+            bodies = [large_chat_body(args.prompt_mb * MB, seed) for seed in range(args.rounds)]
         await router.wait_ready()
         samples = Samples()
         phase = ["warmup"]
         stop = asyncio.Event()
-        load = asyncio.create_task(small_load(router.url, samples, phase, stop))
+        load = asyncio.create_task(
+            small_load(router.url, samples, phase, stop, router_only=args.router_only)
+        )
         large: list[dict[str, Any]] = []
         seconds = {"without": 0.0, "with": 0.0}
+        fresh = iter(bodies)
+
+        async def send_large(client: httpx.AsyncClient, round_: int, until: float) -> None:
+            first = True
+            while first or time.perf_counter() < until:
+                first = False
+                body = next(fresh) if args.prompt_chars else bodies[round_]
+                started = time.perf_counter()
+                response = await client.post(
+                    "/v1/chat/completions",
+                    content=body,
+                    headers={"content-type": "application/json"},
+                )
+                large.append(
+                    {
+                        "status": response.status_code,
+                        "seconds": round(time.perf_counter() - started, 3),
+                        "code": response.json().get("error", {}).get("code")
+                        if response.status_code != 200
+                        else None,
+                    }
+                )
+
         await asyncio.sleep(1.0)
         async with httpx.AsyncClient(base_url=router.url, timeout=120) as client:
             for round_ in range(args.rounds):
@@ -83,24 +119,9 @@ async def latency(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) 
                 phase[0] = "with"
                 began = time.perf_counter()
                 until = began + args.phase_seconds
-                first = True
-                while first or time.perf_counter() < until:
-                    first = False
-                    started = time.perf_counter()
-                    response = await client.post(
-                        "/v1/chat/completions",
-                        content=bodies[round_],
-                        headers={"content-type": "application/json"},
-                    )
-                    large.append(
-                        {
-                            "status": response.status_code,
-                            "seconds": round(time.perf_counter() - started, 3),
-                            "code": response.json().get("error", {}).get("code")
-                            if response.status_code != 200
-                            else None,
-                        }
-                    )
+                await asyncio.gather(
+                    *(send_large(client, round_, until) for _ in range(args.senders))
+                )
                 seconds["with"] += time.perf_counter() - began
             phase[0] = "without"
             await asyncio.sleep(args.phase_seconds)
@@ -109,7 +130,11 @@ async def latency(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) 
         await load
         p99_with, p99_without = samples.quantile("with", 0.99), samples.quantile("without", 0.99)
         return {
-            "prompt_mb": args.prompt_mb,
+            "prompt_mb": None if args.prompt_chars else args.prompt_mb,
+            "prompt_chars": args.prompt_chars or None,
+            "senders": args.senders,
+            "inline_max_chars": args.inline_max_chars,
+            "small_requests_are": "GET /v1/models" if args.router_only else "chat",
             "max_model_len": args.max_model_len or None,
             "small_requests": {k: len(v) for k, v in samples.by_phase.items()},
             "small_errors": samples.errors[:10],
@@ -208,6 +233,7 @@ def _summary(large: list[dict[str, Any]]) -> dict[str, Any]:
         "count": len(large),
         "answers": answers,
         "seconds_min_max": [seconds[0], seconds[-1]] if seconds else None,
+        "seconds_mean": round(sum(seconds) / len(seconds), 4) if seconds else None,
     }
 
 
@@ -219,6 +245,10 @@ def main() -> None:
     lat.add_argument("--max-model-len", type=int, default=1 << 20)
     lat.add_argument("--phase-seconds", type=float, default=8.0)
     lat.add_argument("--rounds", type=int, default=2)
+    lat.add_argument("--prompt-chars", type=int, default=0, help="instead of --prompt-mb")
+    lat.add_argument("--senders", type=int, default=1)
+    lat.add_argument("--router-only", action="store_true", help="small requests: /v1/models")
+    lat.add_argument("--inline-max-chars", type=int, default=None)
     mem = sub.add_parser("memory")
     mem.add_argument("--prompts", type=int, default=1000)
     mem.add_argument("--prompt-mb", type=int, default=4)

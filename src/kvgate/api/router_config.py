@@ -161,14 +161,16 @@ class DirectoryConfig(DirectorySettings[SecretRef, SecretRef]):
 class KeyingConfig(ConfigModel):
     """Turning prompts into block keys without stalling the event loop (`router/core/keying.py`).
 
-    Prompts of up to `inline_max_chars` characters (about 1 ms of work) are keyed on the event
-    loop; larger ones in a pool of `workers` threads (tokenization releases the GIL). A large
-    prompt arriving while `workers + max_waiting` are already being keyed is refused with 503.
+    Prompts of up to `inline_max_chars` characters (at most ~3 ms of work, less for text the
+    tokenizer has seen) are keyed on the event loop; larger ones in a pool of `workers` threads
+    (tokenization releases the GIL). A large prompt that would have to wait behind more than
+    `max_waiting_chars` characters of prompts already waiting for a worker is refused with 503.
     """
 
-    inline_max_chars: int = Field(default=64 * 1024, ge=0)
+    inline_max_chars: int = Field(default=8 * 1024, ge=0)
     workers: int = Field(default=2, ge=1)
-    max_waiting: int = Field(default=64, ge=0)
+    # ~6 s of tokenization for two workers: what a prompt may wait behind before it is refused.
+    max_waiting_chars: int = Field(default=32 << 20, ge=0)
     # The router refuses (400 `prompt_too_long`) prompts of more tokens, whatever the pools'
     # `max_model_len`: what one prompt may cost it (tokenizing takes ~300 bytes a token for a
     # moment). None: only the pools' limits (a 16 MB prompt then needs gigabytes briefly).

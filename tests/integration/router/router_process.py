@@ -137,10 +137,17 @@ class Samples:
 
 
 async def small_load(
-    url: str, samples: Samples, phase: list[str], stop: asyncio.Event, concurrency: int = 4
+    url: str,
+    samples: Samples,
+    phase: list[str],
+    stop: asyncio.Event,
+    concurrency: int = 4,
+    *,
+    router_only: bool = False,
 ) -> None:
-    """`concurrency` closed-loop clients sending a small chat request; each latency is filed
-    under the phase current when the request started (`phase[0]`)."""
+    """`concurrency` closed-loop clients sending a small chat request (`router_only`:
+    `GET /v1/models`, answered by the router itself, so only its event loop is measured); each
+    latency is filed under the phase current when the request started (`phase[0]`)."""
     headers = {"content-type": "application/json"}
 
     async def client_loop() -> None:
@@ -149,9 +156,12 @@ async def small_load(
                 started_in = phase[0]
                 started = time.perf_counter()
                 try:
-                    response = await client.post(
-                        "/v1/chat/completions", content=SMALL, headers=headers
-                    )
+                    if router_only:
+                        response = await client.get("/v1/models")
+                    else:
+                        response = await client.post(
+                            "/v1/chat/completions", content=SMALL, headers=headers
+                        )
                 except httpx.HTTPError as exc:
                     samples.errors.append((started_in, repr(exc)))
                     continue

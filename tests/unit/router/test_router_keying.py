@@ -64,7 +64,7 @@ class BlockingKeyer:
 
 
 async def test_small_prompts_run_inline_and_large_ones_in_workers():
-    pool = KeyingPool(KeyingConfig(inline_max_chars=1000, workers=1, max_waiting=0))
+    pool = KeyingPool(KeyingConfig(inline_max_chars=1000, workers=1, max_waiting_chars=0))
     keyer = BlockingKeyer()
     await pool.keys(keyer, {"prompt": "small"}, "completion", None, None, None)  # type: ignore[arg-type]
     await pool.keys(keyer, {"prompt": "x" * 2000}, "completion", None, None, None)  # type: ignore[arg-type]
@@ -76,7 +76,8 @@ async def test_small_prompts_run_inline_and_large_ones_in_workers():
 
 
 async def test_large_prompts_beyond_workers_and_queue_are_refused_with_503():
-    pool = KeyingPool(KeyingConfig(inline_max_chars=50, workers=1, max_waiting=1))
+    # Each walked prompt counts as 50 characters: one keyed, one waiting, the third refused.
+    pool = KeyingPool(KeyingConfig(inline_max_chars=50, workers=1, max_waiting_chars=100))
     keyer = BlockingKeyer()
     large = {"prompt": "x" * 100, "block": True}
     held = [
@@ -92,6 +93,37 @@ async def test_large_prompts_beyond_workers_and_queue_are_refused_with_503():
     keyer.release.set()
     await asyncio.gather(*held)
     assert pool.busy == 0
+    pool.close()
+
+
+async def test_a_burst_of_mid_sized_prompts_waits_and_a_huge_one_behind_it_is_refused():
+    pool = KeyingPool(KeyingConfig(inline_max_chars=50, workers=1, max_waiting_chars=10_000))
+    keyer = BlockingKeyer()
+    mid = {"prompt": "x" * 100, "block": True}
+    held = [
+        asyncio.create_task(pool.keys(keyer, mid, "completion", None, None, None, body_bytes=100))  # type: ignore[arg-type]
+        for _ in range(90)  # 9,000 bytes in hand: every one waits its turn
+    ]
+    await asyncio.sleep(0.05)
+    assert pool.busy == 90 and pool.refused == 0
+    with pytest.raises(RouterError) as refused:
+        await pool.keys(keyer, mid, "completion", None, None, None, body_bytes=2_000)  # type: ignore[arg-type]
+    assert refused.value.code == "keying_overloaded"
+    keyer.release.set()
+    await asyncio.gather(*held)
+    assert pool.busy == 0 and pool._busy_chars == 0
+    pool.close()
+
+
+async def test_by_default_a_prompt_of_ten_thousand_characters_leaves_the_loop():
+    pool = KeyingPool()
+    keyer = BlockingKeyer()
+    keyer.release.set()
+    chat = {"messages": [{"role": "user", "content": "w " * 5_000}]}
+    await pool.keys(keyer, chat, "chat", None, None, None)  # type: ignore[arg-type]
+    await pool.keys(keyer, {"prompt": "w " * 1_000}, "completion", None, None, None)  # type: ignore[arg-type]
+    assert keyer.threads[0].startswith("kvgate-keying")
+    assert keyer.threads[1] == threading.current_thread().name
     pool.close()
 
 
@@ -242,6 +274,6 @@ def test_router_config_carries_the_limits():
         }
     )
     assert config.pools[0].engine.max_model_len == 32768
-    assert config.keying.workers == 4 and config.keying.inline_max_chars == 64 * 1024
+    assert config.keying.workers == 4 and config.keying.inline_max_chars == 8 * 1024
     with pytest.raises(ValueError):
         RouterConfig.model_validate({**config.model_dump(), "keying": {"workers": 0}})
