@@ -6,7 +6,9 @@ masks of the chain in growing chunks (`map(dict.get)`, in C) and keeps a running
 pod's count is where its bit drops out. Neighbouring blocks are mostly held by the same pods, so
 only the positions where the mask differs from the previous block's (found in C with
 `map(operator.ne)` and `list.index`) are visited in Python; the scan stops when no bit is left. Each pod also keeps its own entries (the reverse index): exact entries
-as `key -> media bitmask` in insertion order, approximate ones as `key -> expiry` with a heap.
+as `key -> media bitmask` in insertion order, approximate ones as `key -> expiry` in the order
+they were last written (an `OrderedDict`: one time to live per router, so that is also the order
+they expire in).
 
 Copies. A key held once in a medium costs nothing more than its bit in the media bitmask; only
 a key with two or more copies (vLLM caching one hash in several blocks) has an entry in the
@@ -19,8 +21,13 @@ the forward index in chunks (O(the pod's entries), yielding to the event loop) a
 reused only afterwards.
 
 Bounds. At most `max_blocks_per_pod` exact entries per pod (the oldest-inserted go first) and
-`max_approximate_per_pod` approximate ones (the soonest-expiring go first). Expired approximate
-entries are collected lazily on lookup and on writes to the pod.
+`max_approximate_per_pod` approximate ones (the least recently written go first; a write of
+more keys keeps its first ones, the head a lookup starts from). Expired approximate entries are
+collected lazily on lookup and on writes to the pod, from the oldest written; one written with
+a shorter time to live than an older one is collected when it reaches the front, and never
+counts once expired. A write of many approximate keys (a long prompt's routing history) yields
+to the event loop every `_HISTORY_CHUNK` keys: at the cap, 65,536 keys written at once held
+the loop 0.2 s with the heap this used before.
 
 Export. `export_pod` copies one pod's entries at one instant (dict copies, in C), so that
 `FallbackIndex` can rebuild the pod in the shared index after an outage; the snapshot turns
@@ -53,6 +60,7 @@ from kvgate.directory.base import (
 from kvgate.prefix import BlockKey
 
 _CLEANUP_CHUNK = 8192
+_HISTORY_CHUNK = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,8 +110,10 @@ class _Pod:
     exact: dict[BlockKey, int] = field(default_factory=dict)  # key -> media bitmask
     # medium bit -> key -> copies (2 .. MAX_COPIES) of the exact entries with more than one
     copies: dict[int, dict[BlockKey, int]] = field(default_factory=dict)
-    approx: dict[BlockKey, float] = field(default_factory=dict)  # key -> expiry (clock seconds)
-    heap: list[tuple[float, BlockKey]] = field(default_factory=list)  # may hold stale expiries
+    # key -> expiry (clock seconds), least recently written first
+    approx: collections.OrderedDict[BlockKey, float] = field(
+        default_factory=collections.OrderedDict
+    )
 
     @property
     def bit(self) -> int:
@@ -303,28 +313,32 @@ class MemoryBlockIndex:
         check_pod(pod)
         check_ttl(ttl_seconds)
         state = self._pods.get(pod) or self._new_pod(pod, None)
+        keys = keys[: self._max_approx]
+        for start in range(0, len(keys), _HISTORY_CHUNK):
+            if start:
+                await asyncio.sleep(0)
+                if self._pods.get(pod) is not state:
+                    return  # cleared or forgotten meanwhile: the rest no longer applies
+            self._write_approximate(state, keys[start : start + _HISTORY_CHUNK], ttl_seconds)
+
+    def _write_approximate(self, state: _Pod, keys: Sequence[BlockKey], ttl: float) -> None:
         now = self._clock()
         self._collect_expired(state, now)
-        expiry = now + ttl_seconds
+        expiry = now + ttl
         bit = state.bit
         masks = self._masks
+        exact, approx = state.exact, state.approx
         for key in keys:
-            if key in state.exact:
+            if key in exact:
                 continue
-            if key not in state.approx:
+            if key in approx:
+                approx.move_to_end(key)
+            else:
                 masks[key] = masks.get(key, 0) | bit
-            state.approx[key] = expiry
-            heapq.heappush(state.heap, (expiry, key))
-        excess = len(state.approx) - self._max_approx
-        while excess > 0 and state.heap:
-            expiry, key = heapq.heappop(state.heap)
-            if state.approx.get(key) == expiry:
-                del state.approx[key]
-                self._drop_bit(key, bit)
-                excess -= 1
-        if len(state.heap) > 2 * len(state.approx) + 64:
-            state.heap = [(e, k) for k, e in state.approx.items()]
-            heapq.heapify(state.heap)
+            approx[key] = expiry
+        for _ in range(len(approx) - self._max_approx):
+            key, _expiry = approx.popitem(last=False)
+            self._drop_bit(key, bit)  # never exact too: an exact entry replaces it
 
     # -- pods and generations ----------------------------------------------------------------
 
@@ -429,10 +443,10 @@ class MemoryBlockIndex:
                 self._drop_bit(key, state.bit)
 
     def _collect_expired(self, state: _Pod, now: float) -> None:
-        heap = state.heap
-        while heap and heap[0][0] <= now:
-            expiry, key = heapq.heappop(heap)
-            if state.approx.get(key) == expiry:
-                del state.approx[key]
-                if key not in state.exact:
-                    self._drop_bit(key, state.bit)
+        approx = state.approx
+        while approx:
+            key, expiry = next(iter(approx.items()))
+            if expiry > now:
+                return
+            del approx[key]
+            self._drop_bit(key, state.bit)  # never exact too: an exact entry replaces it

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from tests.unit.directory.conformance import (
     APPROX_CAP,
@@ -12,7 +14,7 @@ from tests.unit.directory.conformance import (
 )
 
 from kvgate.directory.base import BlockIndex
-from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.memory import _HISTORY_CHUNK, MemoryBlockIndex
 
 
 @pytest.fixture
@@ -67,6 +69,54 @@ async def test_only_keys_with_copies_cost_more(index: MemoryBlockIndex) -> None:
     await index.add("a", keys[:2] * 3)
     await index.add("a", chain(CAP, "new"))  # evicts every old key
     assert not any(state.copies.values())
+
+
+async def test_a_long_routing_history_is_written_with_the_loop_free_between_chunks() -> None:
+    index = MemoryBlockIndex(max_approximate_per_pod=10 * _HISTORY_CHUNK)
+    keys = chain(3 * _HISTORY_CHUNK + 5, "long")
+    ran_between = 0
+
+    async def other_task() -> None:
+        nonlocal ran_between
+        while True:
+            ran_between += 1
+            await asyncio.sleep(0)
+
+    other = asyncio.create_task(other_task())
+    await asyncio.sleep(0)
+    await index.add_approximate("a", keys, ttl_seconds=60)
+    other.cancel()
+    assert ran_between >= 3  # once per chunk after the first, at least
+    assert await index.lookup(keys) == {"a": len(keys)}
+
+
+async def test_a_pod_cleared_during_a_long_write_keeps_none_of_the_rest() -> None:
+    index = MemoryBlockIndex(max_approximate_per_pod=10 * _HISTORY_CHUNK)
+    keys = chain(3 * _HISTORY_CHUNK, "long")
+    write = asyncio.create_task(index.add_approximate("a", keys, ttl_seconds=60))
+    await asyncio.sleep(0)  # the first chunk is written
+    await index.clear_pod("a")
+    await write
+    assert await index.lookup(keys) == {}
+    assert (await index.stats()).approximate_entries == 0
+
+
+async def test_a_history_longer_than_the_cap_keeps_its_head(index: MemoryBlockIndex) -> None:
+    keys = chain(3 * APPROX_CAP, "ap")
+    await index.add_approximate("a", keys, ttl_seconds=60)
+    assert await index.lookup(keys) == {"a": APPROX_CAP}
+
+
+async def test_the_least_recently_written_approximate_entries_go_first(
+    index: MemoryBlockIndex,
+) -> None:
+    old, new = chain(APPROX_CAP, "old"), chain(APPROX_CAP // 2, "new")
+    await index.add_approximate("a", old, ttl_seconds=60)
+    await index.add_approximate("a", old[:2], ttl_seconds=60)  # rewritten: the newest
+    await index.add_approximate("a", new, ttl_seconds=60)
+    assert await index.lookup(new) == {"a": len(new)}
+    assert await index.lookup(old[:2]) == {"a": 2}
+    assert await index.lookup(old) == {"a": 2}  # old[2] was among the least recent
 
 
 def test_bad_caps_are_rejected() -> None:
