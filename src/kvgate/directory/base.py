@@ -50,6 +50,9 @@ DEFAULT_MEDIUM = "GPU"
 DEFAULT_MAX_BLOCKS_PER_POD = 1_000_000
 DEFAULT_MAX_APPROXIMATE_PER_POD = 100_000
 
+#: Approximate keys written in one step (`BlockIndex.add_approximate`): ~3 ms of work.
+HISTORY_CHUNK_KEYS = 4096
+
 #: Copies of one key a pod's medium counts (more stores are not counted, so a stream repeating a
 #: `BlockStored` costs nothing more; vLLM holds a few copies at most, one per request that
 #: computed the block at the same time). Docs: docs/directory.md, docs/security.md.
@@ -149,7 +152,11 @@ class BlockIndex(Protocol):
           no copies: re-adding it is no second copy, one `remove` drops it.
         - Expired entries stop counting at once and are collected lazily.
         - Approximate entries per pod are capped like exact ones; the entries closest to expiry
-          are evicted first.
+          (the memory index: written longest ago) are evicted first. Of more `keys` than the
+          cap, the first ones are kept (the head a lookup starts from).
+        - The keys are written `HISTORY_CHUNK_KEYS` at a time (the memory index yields to the
+          event loop between, Redis runs one script each), so a long prompt's history stalls
+          neither; a lookup meanwhile may see part of it.
         - `ttl_seconds` must be > 0.
         """
         ...

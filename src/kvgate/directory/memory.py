@@ -26,7 +26,7 @@ more keys keeps its first ones, the head a lookup starts from). Expired approxim
 collected lazily on lookup and on writes to the pod, from the oldest written; one written with
 a shorter time to live than an older one is collected when it reaches the front, and never
 counts once expired. A write of many approximate keys (a long prompt's routing history) yields
-to the event loop every `_HISTORY_CHUNK` keys: at the cap, 65,536 keys written at once held
+to the event loop every `HISTORY_CHUNK_KEYS` keys: at the cap, 65,536 keys written at once held
 the loop 0.2 s with the heap this used before.
 
 Export. `export_pod` copies one pod's entries at one instant (dict copies, in C), so that
@@ -49,6 +49,7 @@ from kvgate.directory.base import (
     DEFAULT_MAX_APPROXIMATE_PER_POD,
     DEFAULT_MAX_BLOCKS_PER_POD,
     DEFAULT_MEDIUM,
+    HISTORY_CHUNK_KEYS,
     MAX_COPIES,
     IndexStats,
     check_caps,
@@ -60,7 +61,6 @@ from kvgate.directory.base import (
 from kvgate.prefix import BlockKey
 
 _CLEANUP_CHUNK = 8192
-_HISTORY_CHUNK = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,12 +314,13 @@ class MemoryBlockIndex:
         check_ttl(ttl_seconds)
         state = self._pods.get(pod) or self._new_pod(pod, None)
         keys = keys[: self._max_approx]
-        for start in range(0, len(keys), _HISTORY_CHUNK):
+        for start in range(0, len(keys), HISTORY_CHUNK_KEYS):
             if start:
                 await asyncio.sleep(0)
                 if self._pods.get(pod) is not state:
                     return  # cleared or forgotten meanwhile: the rest no longer applies
-            self._write_approximate(state, keys[start : start + _HISTORY_CHUNK], ttl_seconds)
+            chunk = keys[start : start + HISTORY_CHUNK_KEYS]
+            self._write_approximate(state, chunk, ttl_seconds)
 
     def _write_approximate(self, state: _Pod, keys: Sequence[BlockKey], ttl: float) -> None:
         now = self._clock()

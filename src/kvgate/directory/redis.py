@@ -2,7 +2,8 @@
 
 Layout (`keys.py`): per pool a registry HASH pod -> generation; per pod a HASH of the block keys
 it holds exactly (value: the media) and a ZSET of approximate entries scored by expiry. Every
-operation is one Lua script (`redis_scripts.py`), hence one round trip and atomic:
+operation is one Lua script (`redis_scripts.py`), hence one round trip and atomic (but a long
+routing history, written `HISTORY_CHUNK_KEYS` keys a script, so no write holds Redis long):
 
 * lookup probes each candidate pod's HASH with HMGET over growing chunks of the chain and drops
   a pod at its first missing block (see `redis_scripts.LOOKUP`);
@@ -42,6 +43,7 @@ from kvgate.directory.base import (
     DEFAULT_MAX_APPROXIMATE_PER_POD,
     DEFAULT_MAX_BLOCKS_PER_POD,
     DEFAULT_MEDIUM,
+    HISTORY_CHUNK_KEYS,
     IndexStats,
     check_caps,
     check_generation,
@@ -276,7 +278,10 @@ class RedisBlockIndex:
             self._max_approx,
             math.ceil(ttl_seconds * 1000),
         ]
-        await self._run(self._add_approximate, [*head, *_packed(keys)])
+        keys = keys[: self._max_approx]  # the head: a longer history's rest would evict it
+        for start in range(0, len(keys), HISTORY_CHUNK_KEYS):
+            chunk = keys[start : start + HISTORY_CHUNK_KEYS]
+            await self._run(self._add_approximate, [*head, *_packed(chunk)])
 
     async def clear_pod(self, pod: str) -> None:
         if await self._run(self._clear, [pod, 0]):

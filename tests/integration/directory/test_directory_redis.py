@@ -14,7 +14,7 @@ from tests.unit.directory.conformance import (
     chain,
 )
 
-from kvgate.directory.base import MAX_COPIES, BlockIndex
+from kvgate.directory.base import HISTORY_CHUNK_KEYS, MAX_COPIES, BlockIndex
 from kvgate.directory.redis import RedisBlockIndex
 
 
@@ -158,6 +158,23 @@ async def test_approximate_entries_expire_in_redis_too(
     await index.add_approximate("a", chain(2), ttl_seconds=30)
     ttl_ms = await raw.pttl("test:{ns/pool}:a:a")
     assert 0 < ttl_ms <= 30_000
+
+
+async def test_a_long_routing_history_is_written_a_chunk_per_script(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """No one script holds Redis for a whole long prompt's history (other routers wait)."""
+    index = RedisBlockIndex.from_url(redis_url, "ns/long", key_prefix="test")
+    keys = chain(3 * HISTORY_CHUNK_KEYS + 5, "long")
+    try:
+        await index.add_approximate("a", keys[:1], ttl_seconds=60)  # loads the script
+        await raw.config_resetstat()
+        await index.add_approximate("a", keys, ttl_seconds=60)
+        info = await raw.info("commandstats")
+        assert info["cmdstat_evalsha"]["calls"] == 4
+        assert await index.lookup(keys) == {"a": len(keys)}
+    finally:
+        await index.close()
 
 
 def test_bad_pool_key_or_prefix() -> None:

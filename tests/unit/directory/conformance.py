@@ -453,6 +453,11 @@ class BlockIndexConformance:
         assert await index.lookup(keys) == {}  # block 0 was the one to go
         assert await index.lookup(keys[1:]) == {"a": APPROX_CAP}
 
+    async def test_a_history_longer_than_the_cap_keeps_its_head(self, index: BlockIndex) -> None:
+        keys = chain(3 * APPROX_CAP, "ap")
+        await index.add_approximate("a", keys, ttl_seconds=60)
+        assert await index.lookup(keys) == {"a": APPROX_CAP}
+
     async def test_bad_ttl_is_rejected(self, index: BlockIndex) -> None:
         with pytest.raises(ValueError):
             await index.add_approximate("a", chain(1), ttl_seconds=0)

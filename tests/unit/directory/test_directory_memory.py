@@ -13,8 +13,8 @@ from tests.unit.directory.conformance import (
     chain,
 )
 
-from kvgate.directory.base import BlockIndex
-from kvgate.directory.memory import _HISTORY_CHUNK, MemoryBlockIndex
+from kvgate.directory.base import HISTORY_CHUNK_KEYS, BlockIndex
+from kvgate.directory.memory import MemoryBlockIndex
 
 
 @pytest.fixture
@@ -72,8 +72,8 @@ async def test_only_keys_with_copies_cost_more(index: MemoryBlockIndex) -> None:
 
 
 async def test_a_long_routing_history_is_written_with_the_loop_free_between_chunks() -> None:
-    index = MemoryBlockIndex(max_approximate_per_pod=10 * _HISTORY_CHUNK)
-    keys = chain(3 * _HISTORY_CHUNK + 5, "long")
+    index = MemoryBlockIndex(max_approximate_per_pod=10 * HISTORY_CHUNK_KEYS)
+    keys = chain(3 * HISTORY_CHUNK_KEYS + 5, "long")
     ran_between = 0
 
     async def other_task() -> None:
@@ -91,20 +91,14 @@ async def test_a_long_routing_history_is_written_with_the_loop_free_between_chun
 
 
 async def test_a_pod_cleared_during_a_long_write_keeps_none_of_the_rest() -> None:
-    index = MemoryBlockIndex(max_approximate_per_pod=10 * _HISTORY_CHUNK)
-    keys = chain(3 * _HISTORY_CHUNK, "long")
+    index = MemoryBlockIndex(max_approximate_per_pod=10 * HISTORY_CHUNK_KEYS)
+    keys = chain(3 * HISTORY_CHUNK_KEYS, "long")
     write = asyncio.create_task(index.add_approximate("a", keys, ttl_seconds=60))
     await asyncio.sleep(0)  # the first chunk is written
     await index.clear_pod("a")
     await write
     assert await index.lookup(keys) == {}
     assert (await index.stats()).approximate_entries == 0
-
-
-async def test_a_history_longer_than_the_cap_keeps_its_head(index: MemoryBlockIndex) -> None:
-    keys = chain(3 * APPROX_CAP, "ap")
-    await index.add_approximate("a", keys, ttl_seconds=60)
-    assert await index.lookup(keys) == {"a": APPROX_CAP}
 
 
 async def test_the_least_recently_written_approximate_entries_go_first(
