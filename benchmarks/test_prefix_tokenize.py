@@ -5,6 +5,11 @@
 An agent session resends its growing history every turn. `cold`: a loaded tokenizer without
 segment cache and an empty chain cache (nothing of the prompt seen). `next_turn`: the previous turn was seen; the new turn appends a tool call and
 its result (~1k tokens). Sizes are the prompt's length in tokens of the test tokenizer.
+
+`document_question`: a completion prompt (instructions, a document of about `size` tokens,
+a new question each time) whose document was asked about before: `parts` with the tokenizer's
+long pieces cut before spaces (the default, `kvgate.prefix.tokenizer`), `whole` with that off
+(the document is one piece, tokenized again for every question).
 """
 
 from __future__ import annotations
@@ -84,3 +89,30 @@ def test_tokenize_and_hash_next_turn(benchmark, history):
 def test_render_only(benchmark, history):
     requests = RequestTokenizer(Tokenizer.from_dir(DATA / "tokenizer"))
     benchmark(requests.chat_text, {"messages": history})
+
+
+@pytest.mark.parametrize("cut", ["parts", "whole"])
+@pytest.mark.parametrize("size", SIZES, ids=[f"{s // 1024}k" for s in SIZES])
+def test_tokenize_and_hash_document_question(benchmark, size, cut):
+    tokenizer = Tokenizer.from_dir(DATA / "tokenizer")
+    tokenizer.cuts_at_spaces = cut == "parts"
+    hasher = BlockHasher("sha256", 16)
+    doc = json.loads((DATA / "conversations.json").read_text())
+    texts = [m["content"] for c in doc["conversations"] for m in c["messages"] if m.get("content")]
+    document = ""
+    for i in itertools.count():
+        document += f"{texts[i % len(texts)]} [{i}]\n"
+        if len(tokenizer.encode_uncached(document, add_special_tokens=False)) >= size:
+            break
+    head = "Answer the question from the document below.\n\n" + document
+    tokenizer.encode(head + "\n\nQuestion: what is this about?")
+    hasher.block_keys(tokenizer.encode(head + "\n\nQuestion: what is this about?"))
+    questions = itertools.count()
+
+    def setup():
+        return (f"{head}\n\nQuestion {next(questions)}: which command ran last, and why?",), {}
+
+    def run(prompt: str) -> int:
+        return len(hasher.block_keys(tokenizer.encode(prompt)))
+
+    benchmark.pedantic(run, setup=setup, rounds=30, iterations=1)

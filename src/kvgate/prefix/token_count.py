@@ -24,7 +24,8 @@ CHUNK_CHARS = 1 << 18
 WHOLE_CHARS_MAX = 1 << 20
 SAFE_CUT_SLACK = 16
 BLIND_CUT_SLACK = 256
-_CUT = re.compile(r"(?<=[^\W\d_]) (?=[^\W\d_])")
+#: A space between two letters (or numbers): where the pre-tokenizers in use start a pre-token.
+LETTER_SPACE_LETTER = re.compile(r"(?<=[^\W\d_]) (?=[^\W\d_])")
 
 
 def count_first_above(limit: int) -> int:
@@ -40,7 +41,9 @@ def cut_positions(text: str, chunk_chars: int = CHUNK_CHARS) -> list[tuple[int, 
     cuts: list[tuple[int, bool]] = []
     position = chunk_chars
     while position < len(text):
-        found = _CUT.search(text, position, min(len(text), position + chunk_chars // 4))
+        found = LETTER_SPACE_LETTER.search(
+            text, position, min(len(text), position + chunk_chars // 4)
+        )
         if found is not None:
             cuts.append((found.start(), True))
         else:

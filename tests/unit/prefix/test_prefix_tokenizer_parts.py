@@ -1,0 +1,187 @@
+"""Long pieces cut before a space between two letters give the library's ids, exactly.
+
+The cut is taken only for tokenizers whose normaliser, pre-tokenizer and model provably allow
+it (`kvgate.prefix.tokenizer._cuts_at_spaces`); these tests check the claim against the
+`tokenizers` library itself on random texts full of what could break it (contractions, digit
+runs, combining marks, NFC pairs, numbers that are not digits, whitespace runs, added tokens),
+for the repository's byte-level tokenizer and BPE tokenizers trained here with the Llama 3 and
+Qwen 2 split patterns (and their normalisers).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import tokenizers
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
+
+from kvgate.prefix.tokenizer import (
+    _LLAMA3_PATTERN,
+    _QWEN2_PATTERN,
+    SUBPIECE_CHARS,
+    Tokenizer,
+    _cuts_at_spaces,
+)
+
+TOKENIZER_DIR = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
+SPECIALS = ["<s>", "<|im_start|>", "<|im_end|>"]
+WORDS = [
+    "hello",
+    "world",
+    "it's",
+    "we'll",
+    "Σίσυφος",
+    "naïve",
+    "cafe\u0301",
+    "x",
+    "I'D",
+    "2024",
+    "½",
+    "x²",
+    "Ⅻ",
+    "漢字",
+    "добрый",
+    "🙂",
+    "foo_bar",
+    "a.b",
+    "--",
+    "'s",
+]
+GLUE = [" ", "  ", "\n", "\n\n", "\t", " \n", "\u00a0", "", ", ", ". ", "'", "\r\n", " 12 ", "_"]
+
+
+def _text(rng: random.Random, chars: int) -> str:
+    out: list[str] = []
+    total = 0
+    while total < chars:
+        piece = rng.choice(WORDS) + rng.choice(GLUE if rng.random() < 0.4 else [" "])
+        if rng.random() < 0.001:
+            piece += rng.choice(SPECIALS)
+        out.append(piece)
+        total += len(piece)
+    return "".join(out)
+
+
+def _trained(pattern: str, normalizer: normalizers.Normalizer | None) -> tokenizers.Tokenizer:
+    backend = tokenizers.Tokenizer(models.BPE())
+    if normalizer is not None:
+        backend.normalizer = normalizer
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    backend.decoder = decoders.ByteLevel()
+    rng = random.Random(7)
+    trainer = trainers.BpeTrainer(
+        vocab_size=900,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    backend.train_from_iterator([_text(rng, 400) for _ in range(300)], trainer=trainer)
+    return backend
+
+
+def _backends() -> dict[str, tokenizers.Tokenizer]:
+    return {
+        "byte-level (GPT-2 regex)": tokenizers.Tokenizer.from_file(
+            str(TOKENIZER_DIR / "tokenizer.json")
+        ),
+        "Llama 3 split": _trained(_LLAMA3_PATTERN, None),
+        "Qwen 2 split, NFC": _trained(_QWEN2_PATTERN, normalizers.NFC()),
+        "Llama 3 split, NFKC + lowercase": _trained(
+            _LLAMA3_PATTERN, normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+        ),
+    }
+
+
+BACKENDS = _backends()
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_long_pieces_in_parts_give_the_librarys_ids(name):
+    backend = BACKENDS[name]
+    rng = random.Random(name)
+    cuts = 0
+    for _ in range(40):
+        text = _text(rng, rng.choice([3 * SUBPIECE_CHARS, 6 * SUBPIECE_CHARS]))
+        tok = Tokenizer(backend)  # an empty segment cache
+        assert tok.segmented and tok.cuts_at_spaces
+        expected = backend.encode(text, add_special_tokens=False).ids
+        assert tok.encode(text, add_special_tokens=False) == expected
+        assert tok.encode(text, add_special_tokens=False) == expected  # from the cache
+        assert tok._splitter is not None
+        cuts += sum(len(tok._parts(piece)) - 1 for piece in tok._splitter.split(text)[0::2])
+    assert cuts > 40
+
+
+@pytest.mark.parametrize("name", list(BACKENDS))
+def test_a_document_asked_about_again_costs_only_its_last_part(name):
+    backend = BACKENDS[name]
+    tok = Tokenizer(backend)
+    rng = random.Random(3)
+    document = _text(rng, 12 * SUBPIECE_CHARS).replace("<|im_start|>", "").replace("<|im_end|>", "")
+    document = document.replace("<s>", "")
+    first = "Answer from the document.\n\n" + document + "\n\nQuestion: what is it?"
+    second = "Answer from the document.\n\n" + document + "\n\nQuestion: who wrote it, and when?"
+    tok.encode(first, add_special_tokens=False)
+    misses = tok.segment_misses
+    ids = tok.encode(second, add_special_tokens=False)
+    assert ids == backend.encode(second, add_special_tokens=False).ids
+    assert tok.segment_misses - misses == 1  # the part holding the new question
+    assert len(tok._parts(second)) >= 10
+
+
+def _spec_with(**changes: object) -> dict[str, object]:
+    spec = json.loads(BACKENDS["Llama 3 split"].to_str())
+    spec.update(changes)
+    return spec
+
+
+def test_parts_only_where_provably_the_same():
+    assert _cuts_at_spaces(_spec_with())
+    metaspace = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}
+    other_split = {
+        "type": "Sequence",
+        "pretokenizers": [
+            {
+                "type": "Split",
+                "pattern": {"Regex": r"\s+|\w+"},
+                "behavior": "Isolated",
+                "invert": False,
+            },
+            {
+                "type": "ByteLevel",
+                "add_prefix_space": False,
+                "trim_offsets": True,
+                "use_regex": False,
+            },
+        ],
+    }
+    prefix_space = {"type": "ByteLevel", "add_prefix_space": True, "use_regex": True}
+    prepend = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"}]}
+    strip = {"type": "Strip", "strip_left": True, "strip_right": True}
+    model = json.loads(BACKENDS["Llama 3 split"].to_str())["model"]
+    assert not _cuts_at_spaces(_spec_with(pre_tokenizer=metaspace))
+    assert not _cuts_at_spaces(_spec_with(pre_tokenizer=other_split))
+    assert not _cuts_at_spaces(_spec_with(pre_tokenizer=prefix_space))
+    assert not _cuts_at_spaces(_spec_with(normalizer=prepend))
+    assert not _cuts_at_spaces(_spec_with(normalizer=strip))
+    assert not _cuts_at_spaces(_spec_with(model={**model, "dropout": 0.1}))
+    assert not _cuts_at_spaces(_spec_with(pre_tokenizer=None))
+
+
+def test_one_long_text_fills_at_most_an_eighth_of_the_segment_cache():
+    backend = BACKENDS["byte-level (GPT-2 regex)"]
+    tok = Tokenizer(backend, segment_cache_bytes=1 << 20)
+    text = _text(random.Random(9), 200 * SUBPIECE_CHARS)
+    assert (
+        tok.encode(text, add_special_tokens=False)
+        == backend.encode(text, add_special_tokens=False).ids
+    )
+    assert 0 < tok.segments.bytes <= (1 << 20) // 8
