@@ -121,6 +121,9 @@ class RoutingRequest:
     block_tokens: int = 16  # tokens per block (vLLM --block-size; an estimate for char blocks)
     block_keys: Sequence[bytes] = ()
     keys_exact: bool = True  # False: approximate keys (char blocks / routing history)
+    # A prefix of the prompt can be sent alone (its token ids, or a completion's text with
+    # approximate keys): what a background copy needs (`Copier`).
+    copyable: bool = True
     request_class: RequestClass = "online"
     tenant: str | None = None
     session_id: str | None = None

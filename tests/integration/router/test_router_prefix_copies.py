@@ -81,3 +81,48 @@ async def test_a_burst_on_a_long_document_is_copied_to_another_pod_by_the_router
     finally:
         router.stop()
     assert "Traceback" not in router.log()
+
+
+async def _complete(client: httpx.AsyncClient, question: str) -> str:
+    body = {"model": "m", "prompt": DOCUMENT + "\n\n" + question, "max_tokens": 30, "stream": True}
+    async with client.stream("POST", "/v1/completions", json=body) as answer:
+        assert answer.status_code == 200, await answer.aread()
+        text = (await answer.aread()).decode()
+    assert "data: [DONE]" in text, text[-300:]
+    return answer.headers["x-kvgate-endpoint"]
+
+
+async def test_without_a_tokenizer_a_text_prompt_is_copied_as_its_text(sim_pods, tmp_path):
+    """Approximate keys (no tokenizer in the router): the copy is the document's text, cut
+    before a space, and the pod it went to then hits the document for a request sent to it."""
+    pods = sim_pods(3, "--tokenizer", TOKENIZER, "--sim-time-scale", "1")
+    config = router_config([p.url for p in pods])
+    del config["pools"][0]["engine"]["tokenizer"]
+    config["policy"] = {"seed": 1, "params": {"holder_load": {"hot_max_copy_seconds": 0.0}}}
+    router = RouterProcess(config, tmp_path)
+    try:
+        await router.wait_ready()
+        async with httpx.AsyncClient(base_url=router.url, timeout=60) as client:
+            holder = await _complete(client, "first question?")
+            chosen = await asyncio.gather(*(_complete(client, f"question {i}?") for i in range(8)))
+            assert holder in chosen
+            deadline = time.monotonic() + 30
+            while not (found := COPIES.search((await client.get("/metrics")).text)):
+                assert time.monotonic() < deadline, "no copy was answered"
+                await asyncio.sleep(0.1)
+            assert float(found.group(1)) >= 1
+        cached = {}
+        for pod in pods:
+            if holder.endswith(pod.url.split("//")[1]):
+                continue
+            async with httpx.AsyncClient(base_url=pod.url, timeout=60) as direct:
+                body = {"model": "m", "prompt": DOCUMENT + "\n\nstraight?", "max_tokens": 1}
+                usage = (await direct.post("/v1/completions", json=body)).json()["usage"]
+            cached[pod.url] = (
+                usage["prompt_tokens_details"]["cached_tokens"],
+                usage["prompt_tokens"],
+            )
+        assert any(hit >= 0.8 * total for hit, total in cached.values()), cached
+    finally:
+        router.stop()
+    assert "Traceback" not in router.log()

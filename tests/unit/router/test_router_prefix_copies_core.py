@@ -13,7 +13,7 @@ from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.prefix_copies import MAX_COPIES_IN_FLIGHT
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.core.warmup_pods import WarmRequest
-from kvgate.router.http.warmer import PAYLOAD_SLICE_TOKENS, warm_payload
+from kvgate.router.http.warmer import PAYLOAD_SLICE_CHARS, PAYLOAD_SLICE_TOKENS, warm_payload
 
 DOCUMENT = list(range(10_000, 42_768))  # 32k tokens: seconds of prefill at the prior rate
 
@@ -79,21 +79,47 @@ async def test_copies_in_flight_are_bounded_per_pool_and_end_when_abandoned():
     assert all(load <= 4 for load in core.endpoint_load().values())
 
 
-async def test_a_short_prefix_or_an_approximate_key_is_never_copied_by_the_router():
-    """A short shared prefix is copied by moving a request (`holder-load`'s hot bounds); text
-    prompts without a tokenizer have no token ids to send."""
+async def test_a_short_prefix_or_a_chat_prompt_keyed_approximately_is_never_copied():
+    """A short shared prefix is copied by moving a request (`holder-load`'s hot bounds); a chat
+    prompt without a tokenizer has no text the engine would tokenize the same (its template)."""
     now = [100.0]
     core, _ = await routing_core(make_config(3), now, 3)
     await _burst(core, 8, list(range(5000, 5512)))
     assert core.warmup.take() == []
     for i in range(8):
-        request = ClientRequest(
-            {"model": "m", "prompt": "a long shared document " * 3000 + str(i), "max_tokens": 4},
-            {},
-            "completion",
-        )
+        content = "a long shared document " * 3000 + str(i)
+        body = {"model": "m", "messages": [{"role": "user", "content": content}]}
+        request = ClientRequest(body, {}, "chat")
         core.sent(request, await core.plan(request), streaming=True)
     assert core.warmup.take() == []
+
+
+async def test_a_text_prompt_keyed_approximately_is_copied_as_its_text_cut_before_a_space():
+    """Without a tokenizer a completion's prompt is copied as text: the blocks' characters cut
+    back before the last space between two letters, where a pre-token starts, so the pod
+    computes the tokens the whole prompt has up to there; the history covers whole blocks."""
+    now = [100.0]
+    core, _ = await routing_core(make_config(3), now, 3)
+    document = "a long shared document " * 3000
+    plans = []
+    for i in range(8):
+        body = {"model": "m", "prompt": document + f"question {i}", "max_tokens": 4}
+        request = ClientRequest(body, {}, "completion")
+        plan = await core.plan(request)
+        core.sent(request, plan, streaming=True)
+        plans.append(plan)
+    [copy] = core.warmup.take()
+    text = copy.body()["prompt"]
+    assert isinstance(text, str) and document.startswith(text)
+    proposed = next(p.decision.copy for p in plans if p.decision.copy is not None)
+    assert proposed is not None
+    block_chars = plans[0].keys.block_chars
+    assert proposed.blocks * block_chars - block_chars <= len(text) < proposed.blocks * block_chars
+    assert document[len(text)] == " " and document[len(text) - 1].isalpha()
+    payload = await warm_payload(copy)
+    assert json.loads(payload) == copy.body()
+    history = await core.router.indexes[plans[0].pool.key].lookup(plans[0].keys.block_keys)
+    assert history[copy.endpoint_id] >= len(text) // block_chars  # later requests may add more
 
 
 async def test_a_long_copy_is_encoded_with_the_event_loop_free_between_slices():
@@ -117,3 +143,12 @@ async def test_a_long_copy_is_encoded_with_the_event_loop_free_between_slices():
     ticker.cancel()
     assert json.loads(payload) == request.body()
     assert ticks - before >= 4  # the loop ran other tasks between the five slices
+    text = 'mot \u00e9t\u00e9 \U0001f642 "quoted"\n' * PAYLOAD_SLICE_CHARS
+    prefix = HotPrefix("default/p", "m", None, None, b"k", None, 1.0, 0.0, text=text)
+    request = WarmRequest("pod0:8000", "default/p", prefix, copy=True)
+    before = ticks = 0
+    ticker = asyncio.create_task(tick())
+    payload = await warm_payload(request)
+    ticker.cancel()
+    assert json.loads(payload) == request.body() and request.body()["prompt"] == text
+    assert ticks >= 4

@@ -198,7 +198,8 @@ def test_holder_load_copies_a_long_hot_prefix_in_the_background() -> None:
     requests there (the filter above), and the copier proposes to compute it on the least-loaded
     pod that lacks it: the holder's matched blocks, the tokens that pod lacks, its predicted
     time. Nothing when the prefix is cheap to copy (the filter moves a request instead), not hot,
-    not held by the chosen pod, held everywhere, keyed approximately, or switched off."""
+    not held by the chosen pod, held everywhere, not sendable alone (a chat prompt with
+    approximate keys), or switched off."""
     eps = [endpoint(0, in_flight=9), endpoint(1, in_flight=4), endpoint(2, in_flight=3)]
     flt = HolderLoadFilter()
     document = request(32_768, prefix_sharers={"pod-0": 9})
@@ -224,8 +225,10 @@ def test_holder_load_copies_a_long_hot_prefix_in_the_background() -> None:
     assert proposed(chosen=1) is None
     everywhere = {"pod-0": 2048, "pod-1": 2048, "pod-2": 2048}
     assert proposed(matched=everywhere) is None
-    approximate = request(32_768, prefix_sharers={"pod-0": 9}, keys_exact=False)
-    assert proposed(approximate) is None
+    chat_text = request(32_768, prefix_sharers={"pod-0": 9}, keys_exact=False, copyable=False)
+    assert proposed(chat_text) is None
+    completion_text = request(32_768, prefix_sharers={"pod-0": 9}, keys_exact=False)
+    assert proposed(completion_text) is not None
     off = HolderLoadFilter(HolderLoadParams(background_copies=False))
     assert proposed(plugin=off) is None
     # within the hot bounds (3 above the least-loaded pod) nothing is copied

@@ -52,6 +52,7 @@ class HotPrefix:
     tokens: array[int] | None  # token ids (hot tier only)
     score: float  # requests seen, decayed to `seen_at`
     seen_at: float
+    text: str | None = None  # a copy's text prompt, with approximate keys (`prefix_copies.py`)
 
     def decayed(self, now: float, half_life: float) -> float:
         return self.score * math.exp2(-(now - self.seen_at) / half_life)

@@ -66,6 +66,18 @@ class RequestKeys:
     token_ids: list[int] | None = None  # exact mode only
     # Requests with drops: the blocks the final state needs (a second directory lookup).
     lookup: LookupPlan | None = None
+    # Approximate mode, a completion's text prompt: the text its keys cut into blocks of
+    # `block_chars` characters (a copy of a prefix is sent as that text's prefix).
+    prompt_text: str | None = None
+    block_chars: int = 0
+
+    @property
+    def copyable(self) -> bool:
+        """Whether a prefix of this prompt can be sent on its own (`prefix_copies.py`): its
+        token ids, or in approximate mode its text (a completion's)."""
+        if self.lookup is not None:
+            return False
+        return self.token_ids is not None if self.exact else self.prompt_text is not None
 
     @property
     def lookup_keys(self) -> list[bytes]:
@@ -177,7 +189,7 @@ class Keyer:
                     return self._tokens_with_ops(first, body, cache_salt, lora, max_prompt_tokens)
                 return self._exact(first, cache_salt, lora)
         if self.requests is None:
-            return self._approximate(body, _approximate_salt(cache_salt, lora))
+            return self._approximate(body, kind, _approximate_salt(cache_salt, lora))
         param = "messages" if kind == "chat" else "prompt"
         try:
             if kind == "chat" and self.reuse is not None and _plain_chat(body):
@@ -277,11 +289,22 @@ class Keyer:
             keys = [digest[-INT_KEY_SIZE:] for digest in digests]
         return RequestKeys(len(tokens), keys, self.engine.block_size, True, tokens)
 
-    def _approximate(self, body: Mapping[str, Any], cache_salt: str | None) -> RequestKeys:
+    def _approximate(
+        self, body: Mapping[str, Any], kind: str, cache_salt: str | None
+    ) -> RequestKeys:
         text = request_text(body)
         keys = self.approx.hash_text(text, cache_salt=cache_salt)
         tokens = max(1, int(len(text) / CHARS_PER_TOKEN))
-        return RequestKeys(tokens, keys, max(1, round(self.approx.tokens_per_block)), False)
+        prompt = body.get("prompt")
+        is_text = isinstance(prompt, str) or (isinstance(prompt, list) and prompt[:1] == [text])
+        return RequestKeys(
+            tokens,
+            keys,
+            max(1, round(self.approx.tokens_per_block)),
+            False,
+            prompt_text=text if kind != "chat" and is_text else None,
+            block_chars=self.approx.block_chars,
+        )
 
 
 def _chat_ops(body: Mapping[str, Any], num_messages: int) -> CacheOps | None:

@@ -331,12 +331,13 @@ class RoutingCore:
 
     async def _copy(self, plan: RoutePlan, copy: PrefixCopy) -> None:
         """Start the copy of the prefix the decision proposes, if it may start."""
-        if not self.copies.start(plan, copy, self.clock()):
+        blocks = self.copies.start(plan, copy, self.clock())
+        if not blocks:
             return
         target = self.endpoints.get(copy.endpoint_id)
         if target is not None:
             await self.learner.copied(
-                plan, target, copy.blocks, share_in_flight=self._shares_in_flight_blocks()
+                plan, target, blocks, share_in_flight=self._shares_in_flight_blocks()
             )
         self.warm_requests_ready()
 

@@ -7,7 +7,14 @@ prefix as token ids, `max_tokens: 1`, the request's model and cache salt) that t
 like a joining pod's (`core/warmup.py` hands both out: the live router's `http/warmer.py`, or the
 discrete-event bench).
 
-    proposed ──(token ids known, this prefix not being copied, room)──> queued ──> sent ──> done
+With approximate keys (a pool without a tokenizer) a completion's text prompt is copied as
+text: its first `blocks * block_chars` characters, cut back before the last space between two
+letters in the last block (where the tokenizers in use start a pre-token, so the pod computes
+the same tokens as for the whole prompt up to there; `kvgate.prefix.tokenizer`), and the
+routing history records the blocks wholly before the cut. A chat prompt's text is not what the
+engine tokenizes (its chat template is), so a chat prompt with approximate keys is not copied.
+
+    proposed ──(ids or text known, this prefix not being copied, room)──> queued ──> sent ──> done
 
 - At most `MAX_COPIES_IN_FLIGHT` per pool, and one per prefix (named by its pool and last block
   key) at a time: a burst proposes the same copy with each of its requests.
@@ -27,6 +34,7 @@ from array import array
 from dataclasses import dataclass
 
 from kvgate.prefix import BlockKey
+from kvgate.prefix.token_count import LETTER_SPACE_LETTER
 from kvgate.router.core.accounting import Accounting, Attempt
 from kvgate.router.core.hot_prefixes import HotPrefix
 from kvgate.router.core.routing import RoutePlan
@@ -57,25 +65,36 @@ class PrefixCopies:
     def __len__(self) -> int:
         return len(self._in_flight)
 
-    def start(self, plan: RoutePlan, copy: PrefixCopy, now: float) -> bool:
-        """Queue `copy` (proposed with the plan's decision) if it may start."""
+    def start(self, plan: RoutePlan, copy: PrefixCopy, now: float) -> int:
+        """Queue `copy` (proposed with the plan's decision) if it may start; the number of the
+        plan's blocks it computes (0: not started)."""
         keys = plan.keys
-        tokens = keys.token_ids
-        if tokens is None or not keys.exact or keys.lookup is not None:
-            return False
-        block = keys.block_tokens
-        if not 0 < copy.blocks <= min(len(keys.block_keys), len(tokens) // block):
-            return False
+        blocks = copy.blocks
+        if not keys.copyable or not 0 < blocks <= len(keys.block_keys):
+            return 0
+        tokens: array[int] | None = None
+        text: str | None = None
+        if keys.token_ids is not None:
+            if blocks * keys.block_tokens > len(keys.token_ids):
+                return 0
+            tokens = array("I", keys.token_ids[: blocks * keys.block_tokens])
+        else:
+            assert keys.prompt_text is not None
+            end = blocks * keys.block_chars
+            cut = _last_space_cut(keys.prompt_text, end - keys.block_chars, end)
+            text = keys.prompt_text[:cut]
+            blocks = cut // keys.block_chars
+            if blocks == 0:
+                return 0
         pool = plan.pool.key
         name = (pool, keys.block_keys[copy.blocks - 1])
         if name in self._in_flight or self.in_pool(pool) >= MAX_COPIES_IN_FLIGHT:
             self.metrics.child(self.metrics.prefix_copies, pool, "skipped").inc()
-            return False
+            return 0
         cls = plan.classification
         prefix = HotPrefix(
-            pool, cls.model, cls.tenant, cls.cache_salt, name[1],
-            array("I", tokens[: copy.blocks * block]), 1.0, now,
-        )  # fmt: skip
+            pool, cls.model, cls.tenant, cls.cache_salt, name[1], tokens, 1.0, now, text=text
+        )
         request = WarmRequest(
             copy.endpoint_id, pool, prefix, deadline=now + COPY_DEADLINE_SECONDS, copy=True
         )
@@ -85,11 +104,11 @@ class PrefixCopies:
             uncached_tokens=copy.tokens,
             predicted_ttft_seconds=copy.seconds,
             streaming=False,
-            block_keys=keys.block_keys[: copy.blocks],
+            block_keys=keys.block_keys[:blocks],
         )
         self._in_flight[name] = _Copy(request, attempt)
         self._queue.append(request)
-        return True
+        return blocks
 
     def in_pool(self, pool: str) -> int:
         return sum(1 for p, _ in self._in_flight if p == pool)
@@ -108,3 +127,13 @@ class PrefixCopies:
         del self._in_flight[name]
         self.accounting.done(copy.attempt)
         self.metrics.child(self.metrics.prefix_copies, request.pool, "ok" if ok else "error").inc()
+
+
+def _last_space_cut(text: str, start: int, end: int) -> int:
+    """The last position in ``[start, end)`` just before a space between two letters, else
+    ``end`` (a block without one is cut where it ends)."""
+    cut = end
+    for found in LETTER_SPACE_LETTER.finditer(text, max(start, 0), end + 1):
+        if found.start() < end:
+            cut = found.start()
+    return cut

@@ -164,6 +164,7 @@ class Router:
                 block_tokens=keys.block_tokens,
                 block_keys=keys.block_keys,
                 keys_exact=keys.exact,
+                copyable=keys.copyable,
                 request_class=cls.request_class,
                 tenant=cls.tenant,
                 session_id=cls.session_id,

@@ -40,10 +40,11 @@ class WarmRequest:
 
     def body(self) -> dict[str, Any]:
         prefix = self.prefix
-        assert prefix.tokens is not None
+        prompt = prefix.tokens.tolist() if prefix.tokens is not None else prefix.text
+        assert prompt is not None
         body: dict[str, Any] = {
             "model": prefix.model,
-            "prompt": prefix.tokens.tolist(),
+            "prompt": prompt,
             "max_tokens": 1,
             "stream": False,
         }

@@ -68,13 +68,24 @@ async def send_warm(
 PAYLOAD_SLICE_TOKENS = 32_768
 """Token ids encoded between two yields to the event loop (~5 ms): a copy of a 1M-token prompt's
 prefix encoded in one piece held the loop for 0.2 s."""
+PAYLOAD_SLICE_CHARS = 1 << 18
+"""Characters of a text prompt (a copy with approximate keys) encoded between two yields."""
 
 
 async def warm_payload(request: WarmRequest) -> bytes:
-    """`request.body()` as compact JSON, its prompt's token ids encoded a slice at a time."""
+    """`request.body()` as compact JSON, its prompt (token ids or text) encoded a slice at a
+    time."""
     body = request.body()
     prompt = body.pop("prompt")
     head = json.dumps(body, separators=(",", ":")).encode()
+    if isinstance(prompt, str):  # slices of a str never split a character's escape
+        parts = [head[:-1], b',"prompt":"']
+        for start in range(0, len(prompt), PAYLOAD_SLICE_CHARS):
+            if start:
+                await asyncio.sleep(0)
+            parts.append(json.dumps(prompt[start : start + PAYLOAD_SLICE_CHARS])[1:-1].encode())
+        parts.append(b'"}')
+        return b"".join(parts)
     parts = [head[:-1], b',"prompt":[']
     for start in range(0, len(prompt), PAYLOAD_SLICE_TOKENS):
         if start:

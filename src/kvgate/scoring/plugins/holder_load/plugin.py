@@ -152,7 +152,7 @@ class HolderLoadFilter:
         the policy."""
         p = self.params
         sharers = state.request.prefix_sharers
-        if not p.background_copies or not sharers or not state.request.keys_exact:
+        if not p.background_copies or not sharers or not state.request.copyable:
             return None
         if sharers.get(chosen.id, 0) < min(p.idle_copy_sharers, p.hot_gap_requests):
             return None  # the usual case: not hot by either rule, whatever the loads
