@@ -224,7 +224,7 @@ class Keyer:
         part every branch shares)."""
         if self.requests is None:
             head = {**body, "messages": body["messages"][: ops.boundaries[0] + 1]}
-            approx = self._approximate(head, _approximate_salt(cache_salt, lora))
+            approx = self._approximate(head, "chat", _approximate_salt(cache_salt, lora))
             tokens = max(1, int(len(request_text(body)) / CHARS_PER_TOKEN))
             return RequestKeys(tokens, approx.block_keys, approx.block_tokens, False)
         try:
