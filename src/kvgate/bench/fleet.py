@@ -24,6 +24,7 @@ import asyncio
 import json
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 import httpx
@@ -43,13 +44,19 @@ ENGINE_COUNTERS = (
 )
 
 
-def sum_metrics(metrics_text: str, names: tuple[str, ...]) -> dict[str, float]:
-    """Each named series of a Prometheus text page, summed over its label sets (0 if absent)."""
-    return {**dict.fromkeys(names, 0.0), **sum_samples(metrics_text, names)}
+def sum_metrics(
+    metrics_text: str, names: tuple[str, ...], where: Mapping[str, str] | None = None
+) -> dict[str, float]:
+    """Each named series of a Prometheus text page, summed over its label sets (0 if absent);
+    `where`: only the samples carrying these label values."""
+    return {**dict.fromkeys(names, 0.0), **sum_samples(metrics_text, names, where)}
 
 
 async def scrape_sums(
-    client: httpx.AsyncClient, urls: list[str], names: tuple[str, ...]
+    client: httpx.AsyncClient,
+    urls: list[str],
+    names: tuple[str, ...],
+    where: Mapping[str, str] | None = None,
 ) -> dict[str, float]:
     """:func:`sum_metrics` over several servers' /metrics (unreachable ones count as 0)."""
 
@@ -58,7 +65,7 @@ async def scrape_sums(
             response = await client.get(url + "/metrics", timeout=5.0)
         except httpx.HTTPError:
             return dict.fromkeys(names, 0.0)
-        return sum_metrics(response.text, names)
+        return sum_metrics(response.text, names, where)
 
     total = dict.fromkeys(names, 0.0)
     for part in await asyncio.gather(*(one(u) for u in urls)):

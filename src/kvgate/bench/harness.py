@@ -243,6 +243,7 @@ def write_outputs(
     return BenchResult(report, plots, report_path)
 
 
+COPIES = "kvgate_router_prefix_copies_total"
 ROUTER_COUNTERS = (
     "kvgate_router_decision_latency_seconds_sum",
     "kvgate_router_decision_latency_seconds_count",
@@ -254,12 +255,15 @@ ROUTER_COUNTERS = (
 async def _router_stats(
     client: httpx.AsyncClient, base_url: str, scale: float
 ) -> dict[str, float | None]:
-    """kvgate's own view: mean decision time (wall) and mean TTFT it measured (simulated s)."""
+    """kvgate's own view: mean decision time (wall), mean TTFT it measured (simulated s) and
+    the prefix copies it made (answered)."""
     zero = dict.fromkeys(ROUTER_COUNTERS, 0.0)
     sums = await scrape_sums(client, [base_url], ROUTER_COUNTERS)
+    copies = await scrape_sums(client, [base_url], (COPIES,), where={"result": "ok"})
     return {
         "decision_mean_s": mean_from_delta(zero, sums, "kvgate_router_decision_latency_seconds"),
         "ttft_mean_s": mean_from_delta(zero, sums, "kvgate_router_ttft_seconds", scale),
+        "prefix_copies": copies[COPIES],
     }
 
 
