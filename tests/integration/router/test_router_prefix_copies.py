@@ -12,6 +12,9 @@ import asyncio
 import random
 import re
 import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -44,45 +47,6 @@ async def _ask(client: httpx.AsyncClient, question: str) -> str:
     return answer.headers["x-kvgate-endpoint"]
 
 
-async def test_a_burst_on_a_long_document_is_copied_to_another_pod_by_the_router(
-    sim_pods, tmp_path
-):
-    pods = sim_pods(3, "--tokenizer", TOKENIZER, "--sim-time-scale", "1")
-    config = router_config([p.url for p in pods])
-    # every hot prefix is "long" here: the rule is the one a shared document meets in production
-    config["policy"] = {"seed": 1, "params": {"holder_load": {"hot_max_copy_seconds": 0.0}}}
-    router = RouterProcess(config, tmp_path)
-    try:
-        await router.wait_ready()
-        async with httpx.AsyncClient(base_url=router.url, timeout=60) as client:
-            holder = await _ask(client, "first question?")
-            chosen = await asyncio.gather(*(_ask(client, f"question {i}?") for i in range(8)))
-            assert holder in chosen
-            deadline = time.monotonic() + 30
-            while not (found := COPIES.search((await client.get("/metrics")).text)):
-                assert time.monotonic() < deadline, "no copy was answered"
-                await asyncio.sleep(0.1)
-            assert float(found.group(1)) >= 1
-        # a pod other than the holder now holds the document
-        cached = {}
-        for pod in pods:
-            if holder.endswith(pod.url.split("//")[1]):
-                continue
-            async with httpx.AsyncClient(base_url=pod.url, timeout=60) as direct:
-                body = {**_chat("straight to the pod?", 1), "stream": False}
-                del body["stream_options"]
-                answer = await direct.post("/v1/chat/completions", json=body)
-            usage = answer.json()["usage"]
-            cached[pod.url] = (
-                usage["prompt_tokens_details"]["cached_tokens"],
-                usage["prompt_tokens"],
-            )
-        assert any(hit >= 0.8 * total for hit, total in cached.values()), cached
-    finally:
-        router.stop()
-    assert "Traceback" not in router.log()
-
-
 async def _complete(client: httpx.AsyncClient, question: str) -> str:
     body = {"model": "m", "prompt": DOCUMENT + "\n\n" + question, "max_tokens": 30, "stream": True}
     async with client.stream("POST", "/v1/completions", json=body) as answer:
@@ -92,19 +56,29 @@ async def _complete(client: httpx.AsyncClient, question: str) -> str:
     return answer.headers["x-kvgate-endpoint"]
 
 
-async def test_without_a_tokenizer_a_text_prompt_is_copied_as_its_text(sim_pods, tmp_path):
-    """Approximate keys (no tokenizer in the router): the copy is the document's text, cut
-    before a space, and the pod it went to then hits the document for a request sent to it."""
+async def _copied_then_held(
+    sim_pods: Callable[..., list[Any]],
+    tmp_path: Path,
+    ask: Callable[[httpx.AsyncClient, str], Awaitable[str]],
+    direct: tuple[str, dict[str, object]],
+    *,
+    tokenizer: bool,
+) -> None:
+    """A burst of `ask`s on the document through a real router (exact keys with the test
+    tokenizer, else approximate), a copy answered, then a pod other than the holder hits the
+    document for the `direct` request (path, body) sent straight to it."""
     pods = sim_pods(3, "--tokenizer", TOKENIZER, "--sim-time-scale", "1")
     config = router_config([p.url for p in pods])
-    del config["pools"][0]["engine"]["tokenizer"]
+    if not tokenizer:
+        del config["pools"][0]["engine"]["tokenizer"]
+    # every hot prefix is "long" here: the rule is the one a shared document meets in production
     config["policy"] = {"seed": 1, "params": {"holder_load": {"hot_max_copy_seconds": 0.0}}}
     router = RouterProcess(config, tmp_path)
     try:
         await router.wait_ready()
         async with httpx.AsyncClient(base_url=router.url, timeout=60) as client:
-            holder = await _complete(client, "first question?")
-            chosen = await asyncio.gather(*(_complete(client, f"question {i}?") for i in range(8)))
+            holder = await ask(client, "first question?")
+            chosen = await asyncio.gather(*(ask(client, f"question {i}?") for i in range(8)))
             assert holder in chosen
             deadline = time.monotonic() + 30
             while not (found := COPIES.search((await client.get("/metrics")).text)):
@@ -115,9 +89,8 @@ async def test_without_a_tokenizer_a_text_prompt_is_copied_as_its_text(sim_pods,
         for pod in pods:
             if holder.endswith(pod.url.split("//")[1]):
                 continue
-            async with httpx.AsyncClient(base_url=pod.url, timeout=60) as direct:
-                body = {"model": "m", "prompt": DOCUMENT + "\n\nstraight?", "max_tokens": 1}
-                usage = (await direct.post("/v1/completions", json=body)).json()["usage"]
+            async with httpx.AsyncClient(base_url=pod.url, timeout=60) as to_pod:
+                usage = (await to_pod.post(direct[0], json=direct[1])).json()["usage"]
             cached[pod.url] = (
                 usage["prompt_tokens_details"]["cached_tokens"],
                 usage["prompt_tokens"],
@@ -126,3 +99,22 @@ async def test_without_a_tokenizer_a_text_prompt_is_copied_as_its_text(sim_pods,
     finally:
         router.stop()
     assert "Traceback" not in router.log()
+
+
+async def test_a_burst_on_a_long_document_is_copied_to_another_pod_by_the_router(
+    sim_pods, tmp_path
+):
+    direct = {**_chat("straight to the pod?", 1), "stream": False}
+    del direct["stream_options"]
+    await _copied_then_held(
+        sim_pods, tmp_path, _ask, ("/v1/chat/completions", direct), tokenizer=True
+    )
+
+
+async def test_without_a_tokenizer_a_text_prompt_is_copied_as_its_text(sim_pods, tmp_path):
+    """Approximate keys (no tokenizer in the router): the copy is the document's text, cut
+    before a space, and the pod it went to then hits the document for a request sent to it."""
+    direct = {"model": "m", "prompt": DOCUMENT + "\n\nstraight?", "max_tokens": 1}
+    await _copied_then_held(
+        sim_pods, tmp_path, _complete, ("/v1/completions", direct), tokenizer=False
+    )

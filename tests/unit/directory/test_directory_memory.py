@@ -12,6 +12,7 @@ from tests.unit.directory.conformance import (
     FakeClock,
     chain,
 )
+from tests.unit.loop_turns import other_task_turns
 
 from kvgate.directory.base import HISTORY_CHUNK_KEYS, BlockIndex
 from kvgate.directory.memory import MemoryBlockIndex
@@ -74,19 +75,9 @@ async def test_only_keys_with_copies_cost_more(index: MemoryBlockIndex) -> None:
 async def test_a_long_routing_history_is_written_with_the_loop_free_between_chunks() -> None:
     index = MemoryBlockIndex(max_approximate_per_pod=10 * HISTORY_CHUNK_KEYS)
     keys = chain(3 * HISTORY_CHUNK_KEYS + 5, "long")
-    ran_between = 0
-
-    async def other_task() -> None:
-        nonlocal ran_between
-        while True:
-            ran_between += 1
-            await asyncio.sleep(0)
-
-    other = asyncio.create_task(other_task())
-    await asyncio.sleep(0)
-    await index.add_approximate("a", keys, ttl_seconds=60)
-    other.cancel()
-    assert ran_between >= 3  # once per chunk after the first, at least
+    async with other_task_turns() as turns:
+        await index.add_approximate("a", keys, ttl_seconds=60)
+    assert turns() >= 3  # once per chunk after the first, at least
     assert await index.lookup(keys) == {"a": len(keys)}
 
 

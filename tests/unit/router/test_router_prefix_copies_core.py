@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from array import array
 
+from tests.unit.loop_turns import other_task_turns
 from tests.unit.router.fakes import make_config, routing_core
 
 from kvgate.router.core.hot_prefixes import HotPrefix
@@ -128,27 +128,15 @@ async def test_a_long_copy_is_encoded_with_the_event_loop_free_between_slices():
     ids = array("I", range(4 * PAYLOAD_SLICE_TOKENS + 5))
     prefix = HotPrefix("default/p", "m", None, "salt", b"k", ids, 1.0, 0.0)
     request = WarmRequest("pod0:8000", "default/p", prefix, copy=True)
-    ticks = 0
-
-    async def tick() -> None:
-        nonlocal ticks
-        while True:
-            ticks += 1
-            await asyncio.sleep(0)
-
-    ticker = asyncio.create_task(tick())
-    await asyncio.sleep(0)
-    before = ticks
-    payload = await warm_payload(request)
-    ticker.cancel()
+    async with other_task_turns() as turns:
+        payload = await warm_payload(request)
     assert json.loads(payload) == request.body()
-    assert ticks - before >= 4  # the loop ran other tasks between the five slices
+    assert turns() >= 4  # the loop ran other tasks between the five slices
+    # a text copy (approximate keys): escapes, accents and astral characters across slices
     text = 'mot \u00e9t\u00e9 \U0001f642 "quoted"\n' * PAYLOAD_SLICE_CHARS
     prefix = HotPrefix("default/p", "m", None, None, b"k", None, 1.0, 0.0, text=text)
     request = WarmRequest("pod0:8000", "default/p", prefix, copy=True)
-    before = ticks = 0
-    ticker = asyncio.create_task(tick())
-    payload = await warm_payload(request)
-    ticker.cancel()
+    async with other_task_turns() as turns:
+        payload = await warm_payload(request)
     assert json.loads(payload) == request.body() and request.body()["prompt"] == text
-    assert ticks >= 4
+    assert turns() >= 4
