@@ -26,8 +26,8 @@ characters, just before a space between two letters, where that is provably the 
 encoding the piece whole (``_cuts_at_spaces``): a normaliser that maps characters alone (none,
 NFC/NFD/NFKC/NFKD, Lowercase), a model that encodes each pre-token alone (BPE without dropout,
 WordPiece, WordLevel, Unigram), and a pre-tokenizer whose matches never cross such a space and
-start one at it: the GPT-2 byte-level regex, or a split on the Llama 3 (cl100k) or Qwen 2 regex
-before a byte-level map (checked by the tests against the library on random texts). Each cut
+start one at it: the GPT-2 byte-level regex, or a split on the Llama 3 (cl100k), Qwen 2 or o200k
+regex before a byte-level map (checked by the tests against the library on random texts). Each cut
 is the first such space at least ``SUBPIECE_CHARS`` after the previous one, so it depends only
 on the text before it: two prompts that share a long document share its parts, and the second
 re-encodes only the part where they differ (a 150,000-character document asked about again:
@@ -89,7 +89,14 @@ _QWEN2_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_SPACE_CUT_PATTERNS = frozenset({_LLAMA3_PATTERN, _QWEN2_PATTERN})
+_O200K_PATTERN = (  # GPT-4o's o200k and gpt-oss: letter runs split by case, marks with letters
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_SPACE_CUT_PATTERNS = frozenset({_LLAMA3_PATTERN, _QWEN2_PATTERN, _O200K_PATTERN})
 _PER_CHARACTER_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase"})
 _PER_PRE_TOKEN_MODELS = frozenset({"BPE", "WordPiece", "WordLevel", "Unigram"})
 

@@ -4,8 +4,8 @@ The cut is taken only for tokenizers whose normaliser, pre-tokenizer and model p
 it (`kvgate.prefix.tokenizer._cuts_at_spaces`); these tests check the claim against the
 `tokenizers` library itself on random texts full of what could break it (contractions, digit
 runs, combining marks, NFC pairs, numbers that are not digits, whitespace runs, added tokens),
-for the repository's byte-level tokenizer and BPE tokenizers trained here with the Llama 3 and
-Qwen 2 split patterns (and their normalisers).
+for the repository's byte-level tokenizer and BPE tokenizers trained here with the Llama 3,
+Qwen 2 and o200k split patterns (and their normalisers).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 
 from kvgate.prefix.tokenizer import (
     _LLAMA3_PATTERN,
+    _O200K_PATTERN,
     _QWEN2_PATTERN,
     SUBPIECE_CHARS,
     Tokenizer,
@@ -49,6 +50,9 @@ WORDS = [
     "a.b",
     "--",
     "'s",
+    "camelCaseWord",
+    "HTTPServer",
+    "a/b\n",
 ]
 GLUE = [" ", "  ", "\n", "\n\n", "\t", " \n", "\u00a0", "", ", ", ". ", "'", "\r\n", " 12 ", "_"]
 
@@ -94,6 +98,7 @@ def _backends() -> dict[str, tokenizers.Tokenizer]:
         ),
         "Llama 3 split": _trained(_LLAMA3_PATTERN, None),
         "Qwen 2 split, NFC": _trained(_QWEN2_PATTERN, normalizers.NFC()),
+        "o200k split": _trained(_O200K_PATTERN, None),
         "Llama 3 split, NFKC + lowercase": _trained(
             _LLAMA3_PATTERN, normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
         ),
