@@ -163,8 +163,9 @@ class KeyingConfig(ConfigModel):
 
     Prompts of up to `inline_max_chars` characters (at most ~3 ms of work, less for text the
     tokenizer has seen) are keyed on the event loop; larger ones in a pool of `workers` threads
-    (tokenization releases the GIL). A large prompt that would have to wait behind more than
-    `max_waiting_chars` characters of prompts already waiting for a worker is refused with 503.
+    (tokenization releases the GIL). While every worker is busy, a large prompt that would bring
+    the characters of the prompts in hand (keyed or waiting) over `max_waiting_chars` is refused
+    with 503.
     """
 
     inline_max_chars: int = Field(default=8 * 1024, ge=0)

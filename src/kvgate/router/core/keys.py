@@ -295,8 +295,10 @@ class Keyer:
         text = request_text(body)
         keys = self.approx.hash_text(text, cache_salt=cache_salt)
         tokens = max(1, int(len(text) / CHARS_PER_TOKEN))
-        prompt = body.get("prompt")
-        is_text = isinstance(prompt, str) or (isinstance(prompt, list) and prompt[:1] == [text])
+        prompt = body.get("prompt")  # a text, or a batch whose first prompt is `text`
+        is_text = isinstance(prompt, str) or (
+            isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str)
+        )
         return RequestKeys(
             tokens,
             keys,

@@ -5,8 +5,8 @@ the live router's background side of `core/warmup.py`: after the endpoint set ch
 the core queued a copy of a hot prefix (`core/prefix_copies.py`), it takes the core's warm
 requests and sends them, at most `warmup.concurrency` at a time across every pod, each bounded
 by its deadline (its pod's warm-up's, or the copy's own) and
-`limits.first_byte_timeout_seconds`, and reports each answer (or failure) back to the core. Its tasks are owned: `stop()` cancels and
-awaits them, and a `dispatch` after it starts none.
+`limits.first_byte_timeout_seconds`, and reports each answer (or failure) back to the core. Its
+tasks are owned: `stop()` cancels and awaits them, and a `dispatch` after it starts none.
 """
 
 from __future__ import annotations
