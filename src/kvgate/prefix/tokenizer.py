@@ -62,6 +62,7 @@ from kvgate.prefix import token_count
 from kvgate.prefix.segment_cache import SegmentCache
 from kvgate.prefix.token_bound import max_chars_per_token
 from kvgate.prefix.token_count import LETTER_SPACE_LETTER
+from kvgate.prefix.tokenizer_shape import tokenizer_shape
 
 SPECIAL_TOKEN_ATTRIBUTES = (
     "bos_token",
@@ -77,28 +78,6 @@ DEFAULT_SEGMENT_CACHE_BYTES = 64 << 20
 _BATCH_CHARS = 1 << 18  # new pieces are encoded in batches of about this many characters
 _CANON_CHUNK = 1 << 16  # ids made canonical per C call (each call holds the GIL)
 SUBPIECE_CHARS = 4096  # a long piece is cut about this often, where provably the same
-
-# Pre-tokenizer split patterns whose matches never cross a space between two letters and
-# always start one at it (alternatives of letters, numbers, other symbols each with at most one
-# leading non-letter, and runs of whitespace), as the models' tokenizer.json files spell them.
-_LLAMA3_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_PATTERN = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_O200K_PATTERN = (  # GPT-4o's o200k and gpt-oss: letter runs split by case, marks with letters
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_SPACE_CUT_PATTERNS = frozenset({_LLAMA3_PATTERN, _QWEN2_PATTERN, _O200K_PATTERN})
-_PER_CHARACTER_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase"})
-_PER_PRE_TOKEN_MODELS = frozenset({"BPE", "WordPiece", "WordLevel", "Unigram"})
 
 
 class TokenizerError(ValueError):
@@ -155,9 +134,15 @@ class Tokenizer:
         """The most input characters one token covers (None: no provable bound)."""
         size = max(backend.get_vocab(with_added_tokens=True).values(), default=-1) + 1
         self._ints: tuple[int, ...] = tuple(range(size))
-        self._splitter, self._added_ids = self._added_token_splitter(spec, added_tokens)
-        self.cuts_at_spaces = _cuts_at_spaces(spec)
-        """Whether long pieces are cut before a space between two letters (module doc)."""
+        self.shape = tokenizer_shape(spec)
+        """How pieces are encoded alone, and whether long ones are cut (module doc)."""
+        self.cuts_at_spaces = self.shape.cuts_at_spaces
+        self._piece_backend = (
+            tokenizers.Tokenizer.from_str(json.dumps(self.shape.piece_spec))
+            if self.shape.piece_spec is not None
+            else backend
+        )
+        self._splitter, self._added_ids = self._added_token_splitter(added_tokens)
         self._specials_prefix, self._specials_suffix = self._post_processor_affixes()
 
     @classmethod
@@ -236,17 +221,23 @@ class Tokenizer:
             ids = self._encode_whole(text, add_special_tokens, max_tokens)
             return ids
         ids = list(self._specials_prefix) if add_special_tokens else []
-        self._encode_pieces(ids, text, None, max_tokens, known)
+        self._encode_pieces(ids, text, None, max_tokens, known, starts_text=True)
         if add_special_tokens:
             ids.extend(self._specials_suffix)
         return ids
 
     def encode_tail(
-        self, text: str, *, max_tokens: int | None = None, known: int = 0
+        self,
+        text: str,
+        *,
+        max_tokens: int | None = None,
+        known: int = 0,
+        starts_text: bool = True,
     ) -> tuple[list[int], list[tuple[int, int]]]:
         """``encode(text, add_special_tokens=False)`` plus, after each added token, the
         (character offset, number of ids so far). For a ``segmented`` tokenizer only.
-        ``known``: ids of a prefix the caller has, counted towards ``max_tokens``.
+        ``known``: ids of a prefix the caller has, counted towards ``max_tokens``;
+        ``starts_text``: false when ``text`` follows that prefix.
 
         Since every piece is encoded alone, the ids of ``prefix + text`` are the ids of
         ``prefix`` followed by these whenever ``prefix`` ends where the split of the whole
@@ -256,7 +247,7 @@ class Tokenizer:
         self.check_length(len(text), max_tokens, known)
         ids: list[int] = []
         ends: list[tuple[int, int]] = []
-        self._encode_pieces(ids, text, ends, max_tokens, known)
+        self._encode_pieces(ids, text, ends, max_tokens, known, starts_text=starts_text)
         return ids, ends
 
     def encode_uncached(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
@@ -273,11 +264,13 @@ class Tokenizer:
 
     # -- encoding ----------------------------------------------------------------------------
 
-    def _count_first(self, text: str, limit: int | None, known: int) -> None:
+    def _count_first(
+        self, text: str, limit: int | None, known: int, backend: tokenizers.Tokenizer
+    ) -> None:
         """Refuse a long text by counting it chunk by chunk before tokenizing it whole."""
         if limit is None or len(text) <= token_count.count_first_above(limit):
             return
-        at_least = token_count.at_least(self.backend, text, limit, known)
+        at_least = token_count.at_least(backend, text, limit, known)
         if at_least > limit:
             raise PromptTooLong(limit, at_least)
 
@@ -285,7 +278,7 @@ class Tokenizer:
         self, text: str, add_special_tokens: bool, max_tokens: int | None
     ) -> list[int]:
         affixes = len(self._specials_prefix) + len(self._specials_suffix)
-        self._count_first(text, max_tokens, affixes if add_special_tokens else 0)
+        self._count_first(text, max_tokens, affixes if add_special_tokens else 0, self.backend)
         [encoding] = self.backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)
         if max_tokens is not None and len(encoding) > max_tokens:
             raise PromptTooLong(max_tokens, len(encoding), exact=True)
@@ -309,17 +302,25 @@ class Tokenizer:
         ends: list[tuple[int, int]] | None,
         limit: int | None,
         known: int = 0,
+        *,
+        starts_text: bool,
     ) -> None:
         """Append the ids of ``text`` to ``ids`` (``known``: tokens counted towards ``limit``
-        already, e.g. the post-processor's)."""
+        already, e.g. the post-processor's; ``starts_text``: ``text`` is at offset 0)."""
         assert self._splitter is not None
         # The splitter has one capturing group: pieces alternate text, added token, text, ...
         pieces = self._splitter.split(text)
-        texts: list[str] = []  # the text pieces, long ones in parts
+        texts: list[str] = []  # what each text piece is encoded as, long ones in parts
+        lengths: list[int] = []  # the characters of `text` each covers
         added_after: list[str | None] = []  # the added token after each (None: a cut, the end)
+        lead_text = self.shape.lead_text
         for index in range(0, len(pieces), 2):
-            texts.extend(self._parts(pieces[index]))
-            added_after.extend([None] * (len(texts) - len(added_after)))
+            parts = self._parts(pieces[index])
+            lengths.extend(map(len, parts))
+            if parts[0]:
+                parts[0] = lead_text(parts[0], starts_text and index == 0)
+            texts.extend(parts)
+            added_after.extend([None] * len(parts))
             if index + 1 < len(pieces):
                 added_after[-1] = pieces[index + 1]
         cache = self.segments
@@ -339,10 +340,10 @@ class Tokenizer:
             self._encode_missing(missing, found, known, limit)
         added = self._added_ids
         position = 0
-        for piece, segment, token in zip(texts, found, added_after, strict=True):
+        for length, segment, token in zip(lengths, found, added_after, strict=True):
             assert segment is not None
             ids.extend(segment)
-            position += len(piece)
+            position += length
             if token is not None:
                 ids.append(added[token])
                 if ends is not None:
@@ -384,8 +385,8 @@ class Tokenizer:
                 end += 1
             batch = new[start:end]
             if len(batch) == 1:
-                self._count_first(batch[0], limit, known)
-            encodings = self.backend.encode_batch_fast(batch, add_special_tokens=False)
+                self._count_first(batch[0], limit, known, self._piece_backend)
+            encodings = self._piece_backend.encode_batch_fast(batch, add_special_tokens=False)
             known += sum(map(len, encodings))
             if limit is not None and known > limit:
                 raise PromptTooLong(limit, known)
@@ -403,14 +404,10 @@ class Tokenizer:
     # -- analysis of the tokenizer (once, at load) -------------------------------------------
 
     def _added_token_splitter(
-        self, spec: dict[str, Any], added: dict[int, tokenizers.AddedToken]
+        self, added: dict[int, tokenizers.AddedToken]
     ) -> tuple[re.Pattern[str] | None, dict[str, int]]:
-        """The split on added tokens, when encoding pieces alone is provably the same.
-
-        Pre-tokenizers such as Metaspace with ``prepend_scheme="first"`` (and ``Prepend``
-        normalizers) treat the first piece of a text differently, so they disable it."""
-        shape = json.dumps([spec.get("normalizer"), spec.get("pre_tokenizer")])
-        if "Metaspace" in shape or "Prepend" in shape:
+        """The split on added tokens, when encoding pieces alone is provably the same."""
+        if not self.shape.alone:
             return None, {}
         contents: dict[str, int] = {}
         for token_id, token in added.items():
@@ -437,39 +434,3 @@ class Tokenizer:
                     return self._canonical(list(prefix)), self._canonical(list(suffix))
         self._splitter = None  # not a fixed prefix/suffix: never use the segment cache
         return (), ()
-
-
-def _cuts_at_spaces(spec: dict[str, Any]) -> bool:
-    """Whether a text's ids are the ids of its parts when it is cut just before a space
-    between two letters (the module doc gives the argument)."""
-    normalizer = spec.get("normalizer")
-    if normalizer is not None:
-        steps = (
-            normalizer.get("normalizers") if normalizer.get("type") == "Sequence" else [normalizer]
-        )
-        if not isinstance(steps, list) or not all(
-            isinstance(step, dict) and step.get("type") in _PER_CHARACTER_NORMALIZERS
-            for step in steps
-        ):
-            return False
-    model = spec.get("model") or {}
-    if model.get("type") not in _PER_PRE_TOKEN_MODELS or model.get("dropout"):
-        return False
-    pre = spec.get("pre_tokenizer") or {}
-    if pre.get("type") == "ByteLevel":
-        return not pre.get("add_prefix_space") and bool(pre.get("use_regex", True))
-    steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
-    if not isinstance(steps, list) or len(steps) != 2:
-        return False
-    split, byte_level = steps
-    return (
-        isinstance(split, dict)
-        and split.get("type") == "Split"
-        and (split.get("pattern") or {}).get("Regex") in _SPACE_CUT_PATTERNS
-        and split.get("behavior") == "Isolated"
-        and not split.get("invert")
-        and isinstance(byte_level, dict)
-        and byte_level.get("type") == "ByteLevel"
-        and not byte_level.get("add_prefix_space")
-        and not byte_level.get("use_regex", True)
-    )

@@ -1,7 +1,7 @@
 """Long pieces cut before a space between two letters give the library's ids, exactly.
 
 The cut is taken only for tokenizers whose normaliser, pre-tokenizer and model provably allow
-it (`kvgate.prefix.tokenizer._cuts_at_spaces`); these tests check the claim against the
+it (`kvgate.prefix.tokenizer_shape`); these tests check the claim against the
 `tokenizers` library itself on random texts full of what could break it (contractions, digit
 runs, combining marks, NFC pairs, numbers that are not digits, whitespace runs, added tokens),
 for the repository's byte-level tokenizer and BPE tokenizers trained here with the Llama 3,
@@ -16,57 +16,23 @@ from pathlib import Path
 
 import pytest
 import tokenizers
+from tests.unit.prefix.random_texts import random_text
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
-from kvgate.prefix.tokenizer import (
-    _LLAMA3_PATTERN,
-    _O200K_PATTERN,
-    _QWEN2_PATTERN,
-    SUBPIECE_CHARS,
-    Tokenizer,
-    _cuts_at_spaces,
+from kvgate.prefix.tokenizer import SUBPIECE_CHARS, Tokenizer
+from kvgate.prefix.tokenizer_shape import (
+    LLAMA3_PATTERN,
+    O200K_PATTERN,
+    QWEN2_PATTERN,
+    tokenizer_shape,
 )
 
 TOKENIZER_DIR = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
 SPECIALS = ["<s>", "<|im_start|>", "<|im_end|>"]
-WORDS = [
-    "hello",
-    "world",
-    "it's",
-    "we'll",
-    "Σίσυφος",
-    "naïve",
-    "cafe\u0301",
-    "x",
-    "I'D",
-    "2024",
-    "½",
-    "x²",
-    "Ⅻ",
-    "漢字",
-    "добрый",
-    "🙂",
-    "foo_bar",
-    "a.b",
-    "--",
-    "'s",
-    "camelCaseWord",
-    "HTTPServer",
-    "a/b\n",
-]
-GLUE = [" ", "  ", "\n", "\n\n", "\t", " \n", "\u00a0", "", ", ", ". ", "'", "\r\n", " 12 ", "_"]
 
 
 def _text(rng: random.Random, chars: int) -> str:
-    out: list[str] = []
-    total = 0
-    while total < chars:
-        piece = rng.choice(WORDS) + rng.choice(GLUE if rng.random() < 0.4 else [" "])
-        if rng.random() < 0.001:
-            piece += rng.choice(SPECIALS)
-        out.append(piece)
-        total += len(piece)
-    return "".join(out)
+    return random_text(rng, chars, SPECIALS)
 
 
 def _trained(pattern: str, normalizer: normalizers.Normalizer | None) -> tokenizers.Tokenizer:
@@ -96,11 +62,12 @@ def _backends() -> dict[str, tokenizers.Tokenizer]:
         "byte-level (GPT-2 regex)": tokenizers.Tokenizer.from_file(
             str(TOKENIZER_DIR / "tokenizer.json")
         ),
-        "Llama 3 split": _trained(_LLAMA3_PATTERN, None),
-        "Qwen 2 split, NFC": _trained(_QWEN2_PATTERN, normalizers.NFC()),
-        "o200k split": _trained(_O200K_PATTERN, None),
+        "Llama 3 split": _trained(LLAMA3_PATTERN, None),
+        "Qwen 2 split, NFC": _trained(QWEN2_PATTERN, normalizers.NFC()),
+        "o200k split": _trained(O200K_PATTERN, None),
+        "Llama 3 split, Prepend": _trained(LLAMA3_PATTERN, normalizers.Prepend("▁")),
         "Llama 3 split, NFKC + lowercase": _trained(
-            _LLAMA3_PATTERN, normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
+            LLAMA3_PATTERN, normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
         ),
     }
 
@@ -142,14 +109,14 @@ def test_a_document_asked_about_again_costs_only_its_last_part(name):
     assert len(tok._parts(second)) >= 10
 
 
-def _spec_with(**changes: object) -> dict[str, object]:
+def _cuts_at_spaces(**changes: object) -> bool:
     spec = json.loads(BACKENDS["Llama 3 split"].to_str())
     spec.update(changes)
-    return spec
+    return tokenizer_shape(spec).cuts_at_spaces
 
 
 def test_parts_only_where_provably_the_same():
-    assert _cuts_at_spaces(_spec_with())
+    assert _cuts_at_spaces()
     metaspace = {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always", "split": True}
     other_split = {
         "type": "Sequence",
@@ -172,13 +139,15 @@ def test_parts_only_where_provably_the_same():
     prepend = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"}]}
     strip = {"type": "Strip", "strip_left": True, "strip_right": True}
     model = json.loads(BACKENDS["Llama 3 split"].to_str())["model"]
-    assert not _cuts_at_spaces(_spec_with(pre_tokenizer=metaspace))
-    assert not _cuts_at_spaces(_spec_with(pre_tokenizer=other_split))
-    assert not _cuts_at_spaces(_spec_with(pre_tokenizer=prefix_space))
-    assert not _cuts_at_spaces(_spec_with(normalizer=prepend))
-    assert not _cuts_at_spaces(_spec_with(normalizer=strip))
-    assert not _cuts_at_spaces(_spec_with(model={**model, "dropout": 0.1}))
-    assert not _cuts_at_spaces(_spec_with(pre_tokenizer=None))
+    assert _cuts_at_spaces(pre_tokenizer=metaspace)  # every "▁" starts a pre-token
+    assert not _cuts_at_spaces(pre_tokenizer={**metaspace, "split": False})  # no "▁" merges
+    assert not _cuts_at_spaces(pre_tokenizer=other_split)
+    assert not _cuts_at_spaces(pre_tokenizer=prefix_space)
+    assert _cuts_at_spaces(normalizer=prepend)  # "▁" put before each piece by hand
+    assert not _cuts_at_spaces(normalizer={**prepend, "normalizers": [prepend, strip]})
+    assert not _cuts_at_spaces(normalizer=strip)
+    assert not _cuts_at_spaces(model={**model, "dropout": 0.1})
+    assert not _cuts_at_spaces(pre_tokenizer=None)
 
 
 def test_one_long_text_fills_at_most_an_eighth_of_the_segment_cache():

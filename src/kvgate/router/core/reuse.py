@@ -148,7 +148,7 @@ class PromptReuse:
                     base, cut, keep = prompt, prompt.cut_chars[at], prompt.cut_ids[at]
                     shared = shared_here
         tail, ends = self.tokenizer.encode_tail(
-            text[cut:] if cut else text, max_tokens=max_tokens, known=keep
+            text[cut:] if cut else text, max_tokens=max_tokens, known=keep, starts_text=not cut
         )
         cut_chars = [cut + c for c, _ in ends]
         cut_ids = [keep + n for _, n in ends]
