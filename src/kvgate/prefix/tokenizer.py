@@ -17,22 +17,22 @@ every turn consists mostly of pieces seen before. ``encode`` splits on the added
 (leftmost-longest, like the library), looks each piece up in an LRU bounded in bytes, and
 encodes the new ones in batches; the post-processor's fixed prefix/suffix (e.g. BOS) is added
 around the result. The cache is used only when it is provably equivalent: every added token is
-matched on the raw text (``normalized=False``) with no ``lstrip``/``rstrip``/``single_word`` and
-the post-processor adds a fixed prefix/suffix; otherwise ``encode`` encodes the whole text.
+matched on the raw text (``normalized=False``) with no ``lstrip``/``rstrip``/``single_word``,
+the post-processor adds a fixed prefix/suffix, and the tokenizer's rule for prepending its
+space marker to a piece can be reproduced by hand (``kvgate.prefix.tokenizer_shape``: pieces
+are then encoded by a copy of the tokenizer without the prepending, with the marker put before
+the piece where the library puts it); otherwise ``encode`` encodes the whole text.
 
 Long pieces (a document, a long system prompt or tool output: one piece between two added
 tokens, or a whole completion prompt) are cut further, about every ``SUBPIECE_CHARS``
-characters, just before a space between two letters, where that is provably the same as
-encoding the piece whole (``_cuts_at_spaces``): a normaliser that maps characters alone (none,
-NFC/NFD/NFKC/NFKD, Lowercase), a model that encodes each pre-token alone (BPE without dropout,
-WordPiece, WordLevel, Unigram), and a pre-tokenizer whose matches never cross such a space and
-start one at it: the GPT-2 byte-level regex, or a split on the Llama 3 (cl100k), Qwen 2 or o200k
-regex before a byte-level map (checked by the tests against the library on random texts). Each cut
-is the first such space at least ``SUBPIECE_CHARS`` after the previous one, so it depends only
-on the text before it: two prompts that share a long document share its parts, and the second
-re-encodes only the part where they differ (a 150,000-character document asked about again:
-the cost of ~4,000 characters instead of all of it). The parts of one piece are encoded in
-one batch, which the library spreads over its threads.
+characters, just before a space between two letters, where ``tokenizer_shape`` proves that the
+same as encoding the piece whole (byte-level pre-tokenizers, Metaspace with ``split``,
+SentencePiece BPE whose merges never join across such a space). Each cut is the first such
+space at least ``SUBPIECE_CHARS`` after the previous one, so it depends only on the text before
+it: two prompts that share a long document share its parts, and the second re-encodes only the
+part where they differ (a 150,000-character document asked about again: the cost of ~4,000
+characters instead of all of it). The parts of one piece are encoded in one batch, which the
+library spreads over its threads.
 
 Length limit: with ``max_tokens``, ``encode`` raises ``PromptTooLong`` as soon as the text is
 known to have more tokens: first from its length alone (``token_bound.max_chars_per_token``),
