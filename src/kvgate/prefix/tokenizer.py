@@ -51,7 +51,6 @@ for concurrent use from several threads (a lock held only around dictionary upda
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -59,6 +58,7 @@ from typing import Any
 import tokenizers
 
 from kvgate.prefix import token_count
+from kvgate.prefix.added_token_split import AddedTokenSplit
 from kvgate.prefix.segment_cache import SegmentCache
 from kvgate.prefix.token_bound import max_chars_per_token
 from kvgate.prefix.token_count import LETTER_SPACE_LETTER
@@ -188,8 +188,8 @@ class Tokenizer:
 
     @property
     def max_added_token_chars(self) -> int:
-        """The longest added token: how far past a position the split looks to decide it."""
-        return max(map(len, self._added_ids), default=0)
+        """How far past a position the split on added tokens looks to decide it."""
+        return self._splitter.lookahead if self._splitter is not None else 0
 
     @property
     def segment_hits(self) -> int:
@@ -405,21 +405,25 @@ class Tokenizer:
 
     def _added_token_splitter(
         self, added: dict[int, tokenizers.AddedToken]
-    ) -> tuple[re.Pattern[str] | None, dict[str, int]]:
-        """The split on added tokens, when encoding pieces alone is provably the same."""
+    ) -> tuple[AddedTokenSplit | None, dict[str, int]]:
+        """The split on added tokens, when encoding pieces alone is provably the same: no
+        token strips or matches whole words only, and tokens matched on the normalised text
+        only where that is the raw text."""
         if not self.shape.alone:
             return None, {}
         contents: dict[str, int] = {}
+        raw: list[str] = []
+        normalized: list[str] = []
         for token_id, token in added.items():
-            if token.normalized or token.lstrip or token.rstrip or token.single_word:
+            if token.lstrip or token.rstrip or token.single_word:
                 return None, {}
+            if token.normalized and self.shape.normalizes:
+                return None, {}
+            (normalized if token.normalized else raw).append(token.content)
             contents[token.content] = token_id
         if not contents:
             return None, {}
-        # Longest first: at one position the longest added token wins, as in the library.
-        alternatives = sorted(contents, key=len, reverse=True)
-        pattern = "|".join(re.escape(a) for a in alternatives)
-        return re.compile(f"({pattern})"), contents
+        return AddedTokenSplit(raw, normalized), contents
 
     def _post_processor_affixes(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """The ids the post-processor puts around any single sequence (e.g. ``(BOS,), ()``)."""

@@ -67,7 +67,24 @@ O200K_PATTERN = (  # GPT-4o's o200k and gpt-oss: letter runs split by case, mark
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_SPACE_CUT_PATTERNS = frozenset({LLAMA3_PATTERN, QWEN2_PATTERN, O200K_PATTERN})
+TEKKEN_PATTERN = (  # Mistral's Tekken (NeMo, Small 3, ...): o200k without contractions
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+DEEPSEEK_V3_PATTERN = (  # its third split; the file has CR and LF themselves, not escapes
+    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
+    "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+    "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"
+)
+DEEPSEEK_V3_NUMBERS = r"\p{N}{1,3}"
+DEEPSEEK_V3_CJK = "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"
+# Patterns of which no match crosses a space between two letters and one starts at it.
+_SPACE_START_PATTERNS = frozenset(
+    {LLAMA3_PATTERN, QWEN2_PATTERN, O200K_PATTERN, TEKKEN_PATTERN, DEEPSEEK_V3_PATTERN}
+)
+# Patterns that never match whitespace and look at nothing outside their match.
+_SPACE_FREE_PATTERNS = frozenset({DEEPSEEK_V3_NUMBERS, DEEPSEEK_V3_CJK})
 _PER_CHARACTER_NORMALIZERS = frozenset({"NFC", "NFD", "NFKC", "NFKD", "Lowercase"})
 _PER_PRE_TOKEN_MODELS = frozenset({"BPE", "WordPiece", "WordLevel", "Unigram"})
 
@@ -80,6 +97,8 @@ class TokenizerShape:
     """Whether a piece encoded alone (``lead_text``, ``piece_spec``) has the library's ids."""
     cuts_at_spaces: bool
     """Whether a long piece may be cut just before a space between two letters."""
+    normalizes: bool = True
+    """Whether the normaliser may change a text (False: none, or an empty sequence)."""
     lead: str = ""
     """What is put before a piece's text (``lead_text``)."""
     lead_first_only: bool = False
@@ -107,17 +126,20 @@ def tokenizer_shape(spec: dict[str, Any]) -> TokenizerShape:
     if prepends:
         return _prepended(spec, steps, prepends[0])
     if pre.get("type") == "Metaspace" and pre.get("prepend_scheme") == "first":
-        if normalizer is not None:
+        if steps:
             return TokenizerShape(alone=False, cuts_at_spaces=False)
         never = {**spec, "pre_tokenizer": {**pre, "prepend_scheme": "never"}}
         return TokenizerShape(
             alone=True,
             cuts_at_spaces=_cuts_at_spaces(spec, steps),
+            normalizes=False,
             lead=str(pre.get("replacement", "▁")),
             lead_first_only=True,
             piece_spec=never,
         )
-    return TokenizerShape(alone=True, cuts_at_spaces=_cuts_at_spaces(spec, steps))
+    return TokenizerShape(
+        alone=True, cuts_at_spaces=_cuts_at_spaces(spec, steps), normalizes=bool(steps)
+    )
 
 
 def _normalizer_steps(normalizer: Any) -> list[dict[str, Any]]:
@@ -201,17 +223,25 @@ def _cuts_at_spaces(spec: dict[str, Any], steps: list[dict[str, Any]]) -> bool:
 
 
 def _splits_at_spaces(pre: dict[str, Any]) -> bool:
-    """A split on one of the known patterns before a byte-level map (module doc)."""
+    """Splits on known patterns before a byte-level map (module doc): each split either starts
+    a pre-token at the space without crossing it, or never touches whitespace; at least one
+    of the first kind."""
     steps = pre.get("pretokenizers") if pre.get("type") == "Sequence" else None
-    if not isinstance(steps, list) or len(steps) != 2:
+    if not isinstance(steps, list) or len(steps) < 2:
         return False
-    split, byte_level = steps
-    return (
-        isinstance(split, dict)
+    *splits, byte_level = steps
+    patterns = [
+        (split.get("pattern") or {}).get("Regex")
+        for split in splits
+        if isinstance(split, dict)
         and split.get("type") == "Split"
-        and (split.get("pattern") or {}).get("Regex") in _SPACE_CUT_PATTERNS
         and split.get("behavior") == "Isolated"
         and not split.get("invert")
+    ]
+    return (
+        len(patterns) == len(splits)
+        and all(p in _SPACE_START_PATTERNS or p in _SPACE_FREE_PATTERNS for p in patterns)
+        and any(p in _SPACE_START_PATTERNS for p in patterns)
         and isinstance(byte_level, dict)
         and byte_level.get("type") == "ByteLevel"
         and not byte_level.get("add_prefix_space")

@@ -1,6 +1,6 @@
 """Random texts full of what could make a tokenizer's pieces or parts differ from its whole:
 contractions, digit runs, combining marks, NFC pairs, numbers that are not digits, whitespace
-runs, SentencePiece's own space marker, and (now and then) added tokens."""
+runs, CJK and kana, SentencePiece's own space marker, and (now and then) added tokens."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ WORDS = [
     "x²",
     "Ⅻ",
     "漢字",
+    "ひらがなカタカナ",
+    "x漢",
     "добрый",
     "🙂",
     "foo_bar",

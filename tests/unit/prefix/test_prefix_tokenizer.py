@@ -147,3 +147,47 @@ def test_decode_round_trips_text(hf_tokenizer):
     ids = tok.encode(text)
     assert tok.decode(ids) == hf_tokenizer.decode(ids, skip_special_tokens=True) == text
     assert tok.decode(ids, skip_special_tokens=False).startswith("<s>")
+
+
+def _with_normalized_tokens(normalizer: object = None) -> object:
+    """The test tokenizer plus tokens matched on the raw text and on the normalised text that
+    overlap ("q<x" starts before "<x>": the library finds "<x>" first, in its first stage)."""
+    tokenizers = pytest.importorskip("tokenizers")
+    spec = json.loads((TOKENIZER_DIR / "tokenizer.json").read_text())
+    spec["normalizer"] = normalizer
+    backend = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    backend.add_tokens([tokenizers.AddedToken(t, normalized=False) for t in ("<x>", "<x>y>")])
+    backend.add_tokens(
+        [tokenizers.AddedToken(t, normalized=True) for t in ("q<x", "y><z>", "<z>", "<|U|>")]
+    )
+    return backend
+
+
+def _overlapping_texts(seed: int) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    bits = ["q", "<x>", "y>", "<z>", "x>", "<", "<|U|>", "<|im_start|>", " hello", "\n", "ab"]
+    return ["".join(rng.choice(bits) for _ in range(rng.randint(1, 60))) for _ in range(300)]
+
+
+def test_tokens_matched_on_the_normalized_text_are_split_second():
+    backend = _with_normalized_tokens()
+    tok = Tokenizer(backend)
+    assert tok.segmented
+    for text in _overlapping_texts(1):
+        assert tok.encode(text) == backend.encode(text).ids, text
+        cut = text.find("<|U|>")
+        if cut >= 0:
+            cut += len("<|U|>")
+            tail, _ = tok.encode_tail(text[cut:], starts_text=False)
+            head = backend.encode(text[:cut], add_special_tokens=False).ids
+            assert head + tail == backend.encode(text, add_special_tokens=False).ids, text
+
+
+def test_tokens_matched_on_the_normalized_text_turn_the_cache_off_under_a_normalizer():
+    backend = _with_normalized_tokens({"type": "NFC"})
+    tok = Tokenizer(backend)
+    assert not tok.segmented
+    for text in _overlapping_texts(2)[:50]:
+        assert tok.encode(text) == backend.encode(text).ids, text

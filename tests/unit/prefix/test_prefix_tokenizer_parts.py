@@ -5,7 +5,7 @@ it (`kvgate.prefix.tokenizer_shape`); these tests check the claim against the
 `tokenizers` library itself on random texts full of what could break it (contractions, digit
 runs, combining marks, NFC pairs, numbers that are not digits, whitespace runs, added tokens),
 for the repository's byte-level tokenizer and BPE tokenizers trained here with the Llama 3,
-Qwen 2 and o200k split patterns (and their normalisers).
+Qwen 2, o200k and Tekken split patterns and DeepSeek V3's three splits (and normalisers).
 """
 
 from __future__ import annotations
@@ -21,9 +21,13 @@ from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, tra
 
 from kvgate.prefix.tokenizer import SUBPIECE_CHARS, Tokenizer
 from kvgate.prefix.tokenizer_shape import (
+    DEEPSEEK_V3_CJK,
+    DEEPSEEK_V3_NUMBERS,
+    DEEPSEEK_V3_PATTERN,
     LLAMA3_PATTERN,
     O200K_PATTERN,
     QWEN2_PATTERN,
+    TEKKEN_PATTERN,
     tokenizer_shape,
 )
 
@@ -35,13 +39,16 @@ def _text(rng: random.Random, chars: int) -> str:
     return random_text(rng, chars, SPECIALS)
 
 
-def _trained(pattern: str, normalizer: normalizers.Normalizer | None) -> tokenizers.Tokenizer:
+def _trained(
+    patterns: str | list[str], normalizer: normalizers.Normalizer | None
+) -> tokenizers.Tokenizer:
     backend = tokenizers.Tokenizer(models.BPE())
     if normalizer is not None:
         backend.normalizer = normalizer
+    splits = [patterns] if isinstance(patterns, str) else patterns
     backend.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+            *(pre_tokenizers.Split(Regex(p), behavior="isolated") for p in splits),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ]
     )
@@ -65,6 +72,10 @@ def _backends() -> dict[str, tokenizers.Tokenizer]:
         "Llama 3 split": _trained(LLAMA3_PATTERN, None),
         "Qwen 2 split, NFC": _trained(QWEN2_PATTERN, normalizers.NFC()),
         "o200k split": _trained(O200K_PATTERN, None),
+        "Tekken split": _trained(TEKKEN_PATTERN, None),
+        "DeepSeek V3 splits": _trained(
+            [DEEPSEEK_V3_NUMBERS, DEEPSEEK_V3_CJK, DEEPSEEK_V3_PATTERN], None
+        ),
         "Llama 3 split, Prepend": _trained(LLAMA3_PATTERN, normalizers.Prepend("▁")),
         "Llama 3 split, NFKC + lowercase": _trained(
             LLAMA3_PATTERN, normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()])
@@ -142,6 +153,11 @@ def test_parts_only_where_provably_the_same():
     assert _cuts_at_spaces(pre_tokenizer=metaspace)  # every "▁" starts a pre-token
     assert not _cuts_at_spaces(pre_tokenizer={**metaspace, "split": False})  # no "▁" merges
     assert not _cuts_at_spaces(pre_tokenizer=other_split)
+    deepseek = json.loads(BACKENDS["DeepSeek V3 splits"].to_str())["pre_tokenizer"]
+    assert _cuts_at_spaces(pre_tokenizer=deepseek)
+    steps = deepseek["pretokenizers"]
+    without_words = {**deepseek, "pretokenizers": [*steps[:2], steps[3]]}
+    assert not _cuts_at_spaces(pre_tokenizer=without_words)  # nothing starts one at the space
     assert not _cuts_at_spaces(pre_tokenizer=prefix_space)
     assert _cuts_at_spaces(normalizer=prepend)  # "▁" put before each piece by hand
     assert not _cuts_at_spaces(normalizer={**prepend, "normalizers": [prepend, strip]})

@@ -74,6 +74,40 @@ def test_a_longer_added_token_past_the_common_prefix_is_not_cut():
         assert got == _fresh(tokenizer, text, None, None, 1), text
 
 
+def test_tokens_split_in_two_stages_are_not_cut_before_their_lookahead():
+    """Tokens matched on the raw text and on the (identical) normalised text, overlapping: the
+    second stage's split near a cut also depends on where the first stage cut the piece."""
+    backend = tokenizers.Tokenizer(
+        models.WordLevel({w: i for i, w in enumerate(["ab", "q", "y>", "x>", "[UNK]"])}, "[UNK]")
+    )
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.add_tokens([AddedToken("<x>", normalized=False), AddedToken("<x>y>", normalized=False)])
+    backend.add_tokens([AddedToken(t, normalized=True) for t in ("q<x", "y><z>", "<z>")])
+    tokenizer = Tokenizer(backend)
+    assert tokenizer.segmented
+    reuse = PromptReuse(tokenizer, BlockHasher("sha256", 1), head_chars=1)
+    rng = random.Random(4)
+    bits = ["q", "<x>", "y>", "<z>", "x>", "<", " ab", "ab"]
+    history = "ab"
+    for step in range(400):
+        if rng.random() < 0.1:
+            history = history[: rng.randint(1, len(history))]
+        history += "".join(rng.choice(bits) for _ in range(rng.randint(1, 6)))
+        got = reuse.ids_and_digests(history, cache_salt=None, lora=None)
+        assert got == _fresh(tokenizer, history, None, None, 1), (step, history)
+    assert reuse.reused_tokens > 0
+    # "<z>" ends at 3 in the first text, whose first stage cut the piece at "<xxxxxx>"; in the
+    # second that token is gone, so "<z>ab<x" is matched instead. The texts share 11
+    # characters: 3 plus the longest token of either stage (8) fits, 3 + 8 + 7 does not.
+    backend.add_tokens([AddedToken("<xxxxxx>", normalized=False)])
+    backend.add_tokens([AddedToken("<z>ab<x", normalized=True)])
+    tokenizer = Tokenizer(backend)
+    reuse = PromptReuse(tokenizer, BlockHasher("sha256", 1), head_chars=1)
+    for text in ["<z>ab<xxxxxx> ab", "<z>ab<xxxxx! ab"]:
+        got = reuse.ids_and_digests(text, cache_salt=None, lora=None)
+        assert got == _fresh(tokenizer, text, None, None, 1), text
+
+
 def test_known_digests_continue_the_chain():
     hasher = BlockHasher("sha256", 4, span_blocks=2)
     tokens = list(range(50))
