@@ -5,12 +5,14 @@ walker on seeded random documents full of the cases that move string boundaries.
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pytest
 
 from kvgate.router.core.errors import RouterError
 from kvgate.router.server.body import (
+    STRICT_JSON_ABOVE,
     ClientDisconnected,
     nesting_problem,
     parse_json_object,
@@ -135,6 +137,36 @@ def test_escaped_surrogate_pairs_are_fine():
     assert body == {"a": "😀", "b": "\\ud800"}
 
 
+def test_a_body_is_read_as_pythons_json_reads_it():
+    rng = random.Random(7)
+    for _ in range(500):
+        raw = json.dumps({"k": _random_document(rng)}, ensure_ascii=rng.random() < 0.5).encode()
+        assert parse_json_object(raw, 64) == json.loads(raw)
+
+
+def test_nan_infinity_and_huge_numbers_as_vllm_reads_them_up_to_a_mib():
+    body = parse_json_object(b'{"t": NaN, "u": Infinity, "v": 1e400, "w": -0.0}', 64)
+    assert math.isnan(body["t"]) and body["u"] == body["v"] == math.inf
+    assert math.copysign(1, body["w"]) == -1
+
+
+@pytest.mark.parametrize(
+    ("field", "code"),
+    [
+        (b'"x": NaN', "invalid_request"),
+        (b'"x": "\xc3"', "invalid_utf8"),
+        (b'"x": "\\ud800"', "invalid_request"),
+        (b'"x": [1,]', "invalid_request"),
+    ],
+)
+def test_a_body_over_a_mib_must_be_rfc_8259_json(field, code):
+    raw = b'{"pad": "' + b"a" * STRICT_JSON_ABOVE + b'", ' + field + b"}"
+    with pytest.raises(RouterError) as info:
+        parse_json_object(raw, 64)
+    assert info.value.status == 400
+    assert info.value.code == code
+
+
 async def _receiver(messages):
     it = iter(messages)
 
@@ -157,3 +189,15 @@ async def test_read_body_limits_and_disconnects():
     gone = [{"type": "http.request", "body": b"x", "more_body": True}, {"type": "http.disconnect"}]
     with pytest.raises(ClientDisconnected):
         await read_body(await _receiver(gone), None, 1024)
+
+
+@pytest.mark.parametrize("slice_bytes", [1, 2, 3, 7, 64])
+def test_slices_carry_escapes_strings_and_depth_across_their_edges(monkeypatch, slice_bytes):
+    """Bodies are checked in slices: a run of backslashes, a string or a depth that spans an
+    edge reads as it does in one piece."""
+    monkeypatch.setattr("kvgate.router.server.body._SLICE_BYTES", slice_bytes)
+    rng = random.Random(slice_bytes)
+    for _ in range(300):
+        raw = json.dumps(_random_document(rng)).encode()
+        max_depth = rng.choice([1, 2, 3, 5])
+        assert nesting_problem(raw, max_depth) == _reference(raw, max_depth), raw[:200]

@@ -32,7 +32,12 @@ from kvgate.router.core.routing import RoutePlan
 from kvgate.router.http.proxy import plan_headers
 from kvgate.router.runtime import RouterRuntime
 from kvgate.router.server.admin import authorize, warm
-from kvgate.router.server.body import ClientDisconnected, parse_json_object, read_body
+from kvgate.router.server.body import (
+    PARSE_IN_THREAD_BYTES,
+    ClientDisconnected,
+    parse_json_object,
+    read_body,
+)
 from kvgate.router.server.drain import Drain
 
 log = logging.getLogger(__name__)
@@ -135,7 +140,10 @@ class RouterApp:
         limits = self.runtime.config.limits
         declared = _header(scope, b"content-length")
         raw = await read_body(receive, declared, limits.max_body_bytes)
-        return raw, parse_json_object(raw, limits.max_json_depth)
+        if len(raw) < PARSE_IN_THREAD_BYTES:
+            return raw, parse_json_object(raw, limits.max_json_depth)
+        # Its passes release the GIL (numpy, msgspec): the event loop serves others meanwhile.
+        return raw, await asyncio.to_thread(parse_json_object, raw, limits.max_json_depth)
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send, kind: str) -> None:
         raw, body = await self._read_body(scope, receive)
