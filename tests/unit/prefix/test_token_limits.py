@@ -250,3 +250,24 @@ def test_a_long_text_over_the_limit_is_counted_only_as_far_as_needed():
         tok.encode(text, max_tokens=limit)
     assert backend.encoded_chars <= 2 * (1 << 18)  # one or two chunks, not the whole text
     assert limit < raised.value.at_least < len(tok.encode_uncached(text))
+
+
+def test_letter_space_letter_is_a_space_between_two_letters_or_numbers():
+    """The pattern (written to start at the space, for speed) finds exactly the spaces whose
+    neighbours are both in `[^\\W\\d_]`: letters, and numbers that are not decimal digits."""
+    import random
+
+    from kvgate.prefix.token_count import LETTER_SPACE_LETTER
+
+    def letter(char: str) -> bool:
+        return char.isalnum() and not char.isdecimal()
+
+    rng = random.Random(0)
+    for _ in range(5000):
+        text = "".join(rng.choice("a1_ é\u0301²½漢\n.") for _ in range(rng.randint(0, 16)))
+        expected = [
+            i
+            for i in range(1, len(text) - 1)
+            if text[i] == " " and letter(text[i - 1]) and letter(text[i + 1])
+        ]
+        assert [m.start() for m in LETTER_SPACE_LETTER.finditer(text)] == expected, repr(text)
