@@ -19,7 +19,7 @@ import tokenizers
 from tests.unit.prefix.random_texts import random_text
 from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, trainers
 
-from kvgate.prefix.tokenizer import SUBPIECE_CHARS, Tokenizer
+from kvgate.prefix.tokenizer import CUT_WINDOW_CHARS, SUBPIECE_CHARS, Tokenizer
 from kvgate.prefix.tokenizer_shape import (
     DEEPSEEK_V3_CJK,
     DEEPSEEK_V3_NUMBERS,
@@ -175,3 +175,20 @@ def test_one_long_text_fills_at_most_an_eighth_of_the_segment_cache():
         == backend.encode(text, add_special_tokens=False).ids
     )
     assert 0 < tok.segments.bytes <= (1 << 20) // 8
+
+
+def test_a_long_stretch_without_a_cut_ends_the_cutting():
+    """Past `CUT_WINDOW_CHARS` without a space between two letters the rest is one part (the
+    search never scans a huge piece character by character), and the ids stay the library's."""
+    backend = BACKENDS["byte-level (GPT-2 regex)"]
+    tok = Tokenizer(backend)
+    words = _text(random.Random(4), 4 * SUBPIECE_CHARS).replace("<s>", "").replace("<|im", "")
+    blob = "a1=" * (CUT_WINDOW_CHARS // 2)  # no letter-space-letter for 1.5 windows
+    text = words + blob + words
+    parts = tok._parts(text)
+    assert 2 <= len(parts) <= 5  # cut through the first words, then never again
+    assert len(parts[-1]) > len(blob)
+    assert (
+        tok.encode(text, add_special_tokens=False)
+        == backend.encode(text, add_special_tokens=False).ids
+    )
