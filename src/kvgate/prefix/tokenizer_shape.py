@@ -159,12 +159,15 @@ def _prepended(
     the prepended string, where the ``Prepend`` stood in the sequence makes no difference."""
     lead = prepend.get("prepend")
     others = [step for step in steps if step is not prepend]
+    pre = spec.get("pre_tokenizer") or {}
     if (
         not isinstance(lead, str)
         or not lead
         or " " in lead
         or len(others) != len(steps) - 1
         or not all(_space_marker(step) is not None for step in others)
+        # a piece encoded alone would be "first" to a Metaspace that prepends only there
+        or (pre.get("type") == "Metaspace" and pre.get("prepend_scheme") == "first")
     ):
         return TokenizerShape(alone=False, cuts_at_spaces=False)
     rest = {"type": "Sequence", "normalizers": others} if others else None

@@ -177,11 +177,13 @@ def test_a_document_asked_about_again_costs_only_its_last_part(name):
 
 
 def test_prepending_after_another_normaliser_is_tokenized_whole():
-    """Metaspace "first" after NFKC (which can turn a first character into a space) and a
-    ``Prepend`` beside a normaliser other than the space's ``Replace``: no pieces, same ids."""
+    """Metaspace "first" after NFKC (which can turn a first character into a space), a
+    ``Prepend`` beside a normaliser other than the space's ``Replace``, and a ``Prepend``
+    before Metaspace "first" (each piece alone would be first): no pieces, same ids."""
     for normalizer, pre_tokenizer in (
         (NFKC, _metaspace("first", split=True)),
         ({"type": "Sequence", "normalizers": [PREPEND, REPLACE, NFKC]}, None),
+        ({"type": "Prepend", "prepend": "x"}, _metaspace("first", split=False)),
     ):
         backend = _shaped(BPE, normalizer, pre_tokenizer)
         spec = json.loads(backend.to_str())
