@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Any
 
 
-def _alternation(tokens: Iterable[str]) -> re.Pattern[str] | None:
+def _alternation(tokens: list[str]) -> re.Pattern[str] | None:
     """One capturing group matching, at the leftmost position, the longest of ``tokens``.
 
     The tokens are written as a trie (``<|(?:im_(?:start|end)|endoftext)|>``...): at each
@@ -37,7 +37,11 @@ def _alternation(tokens: Iterable[str]) -> re.Pattern[str] | None:
             node[_END] = True
     if not trie:
         return None
-    return re.compile("(" + _node_pattern(trie) + ")")
+    try:
+        return re.compile("(" + _node_pattern(trie) + ")")
+    except (RecursionError, re.error):  # a trie thousands of branchings deep: the plain way
+        alternatives = sorted(filter(None, tokens), key=len, reverse=True)
+        return re.compile("(" + "|".join(map(re.escape, alternatives)) + ")")
 
 
 _END = ""  # the key marking a token's end in a trie node (no token character is empty)

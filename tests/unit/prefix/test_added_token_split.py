@@ -56,3 +56,8 @@ def test_many_tokens_sharing_a_prefix_cost_a_path_per_position():
     assert pattern.count("place") == 1  # the shared prefix is written once
     text = PREFIX * 2000 + tokens[999]
     assert split.split(text) == [PREFIX * 2000, tokens[999], ""]
+
+
+def test_a_trie_too_deep_to_compile_falls_back_to_the_plain_alternation():
+    tokens = ["a" * n for n in range(1, 2000)]  # 1,999 nested ends: too deep to recurse
+    assert AddedTokenSplit(tokens).split("b" + "a" * 2500) == ["b", "a" * 1999, "", "a" * 501, ""]
