@@ -2,10 +2,10 @@
 
 The library splits in two stages: first on the added tokens matched on the raw text
 (``normalized=False``), then, in each piece between them, on those matched on the normalised
-text (``normalized=True``, e.g. DeepSeek V3's turn and tool-call tokens); each stage takes the leftmost
-match and, at one position, the longest token. Where the tokenizer has no normaliser (or an
-empty one) the normalised text is the raw text, so both stages match literals, which is all
-this does, with a regular expression of the tokens written as a trie (leftmost-longest).
+text (``normalized=True``, e.g. DeepSeek V3's turn and tool-call tokens); each stage takes the
+leftmost match and, at one position, the longest token. Where the tokenizer has no normaliser
+(or an empty one) the normalised text is the raw text, so both stages match literals, which is
+all this does, with a regular expression of the tokens written as a trie (leftmost-longest).
 
 ``lookahead``: how far past a position the split may look to decide it. A stage decides a
 position by the text up to its longest token ahead, and the second stage also by where the
@@ -23,11 +23,12 @@ from typing import Any
 def _alternation(tokens: list[str]) -> re.Pattern[str] | None:
     """One capturing group matching, at the leftmost position, the longest of ``tokens``.
 
-    The tokens are written as a trie (``<|(?:im_(?:start|end)|endoftext)|>``...): at each
-    position the engine follows one path, so a near miss costs the length of the path, not one
-    attempt per token (1,283 DeepSeek V3 tokens sharing a two-character prefix made a text of that prefix
-    repeated cost 4 ms per thousand characters as a plain alternation). Each node tries its
-    longer continuations first and ends at itself last, so the match is the longest token."""
+    The tokens are written as a trie (one branch per distinct next character, a shared run
+    written once): at each position the engine follows one path, so a near miss costs the
+    length of the path, not one attempt per token (1,283 DeepSeek V3 tokens sharing a
+    two-character prefix made a text of that prefix repeated cost 4 ms per thousand
+    characters as a plain alternation). Each node tries its longer continuations first and
+    ends at itself last, so the match is the longest token."""
     trie: dict[str, Any] = {}
     for token in tokens:
         if token:
