@@ -75,6 +75,18 @@ async def test_small_prompts_run_inline_and_large_ones_in_workers():
     pool.close()
 
 
+async def test_the_delayed_trim_is_not_put_off_by_each_offloaded_prompt():
+    """Offloaded prompts arriving more often than `TRIM_DELAY_SECONDS` still get their trim:
+    the one pending is kept, not restarted."""
+    pool = KeyingPool(KeyingConfig(inline_max_chars=10, workers=1, max_waiting_chars=0))
+    keyer = BlockingKeyer()
+    await pool.keys(keyer, {"prompt": "x" * 100}, "completion", None, None, None)  # type: ignore[arg-type]
+    pending = pool._trim
+    await pool.keys(keyer, {"prompt": "y" * 100}, "completion", None, None, None)  # type: ignore[arg-type]
+    assert pending is not None and pool._trim is pending
+    pool.close()
+
+
 async def test_large_prompts_beyond_workers_and_queue_are_refused_with_503():
     # Each walked prompt counts as 50 characters: one keyed, one waiting, the third refused.
     pool = KeyingPool(KeyingConfig(inline_max_chars=50, workers=1, max_waiting_chars=100))

@@ -37,7 +37,8 @@ thread's malloc arena (400 MB after a 4 MB prompt), which would otherwise stay i
 once after a prompt of `TRIM_NOW_CHARS` (1 Mi) characters or more (a trim costs ~1 ms, more than
 keying a mid-sized prompt saves by leaving the loop). The request's own buffers (body, parsed
 JSON, ids) are freed only once it is answered, so one more trim runs in a worker
-`TRIM_DELAY_SECONDS` after the last offloaded prompt was keyed.
+`TRIM_DELAY_SECONDS` after an offloaded prompt was keyed (at most one pending: under steady
+load, one every `TRIM_DELAY_SECONDS`).
 """
 
 from __future__ import annotations
@@ -196,10 +197,11 @@ class KeyingPool:
             self._executor = None
 
     def _schedule_trim(self) -> None:
-        """One trim, in a worker, a while after the last offloaded prompt (restarted by each)."""
-        if self._trim is not None:
-            self._trim.cancel()
-        self._trim = asyncio.get_running_loop().call_later(TRIM_DELAY_SECONDS, self._trim_now)
+        """One trim, in a worker, `TRIM_DELAY_SECONDS` after an offloaded prompt; one already
+        pending is kept (restarting it, steady load would never let it run)."""
+        if self._trim is None:
+            loop = asyncio.get_running_loop()
+            self._trim = loop.call_later(TRIM_DELAY_SECONDS, self._trim_now)
 
     def _trim_now(self) -> None:
         self._trim = None
