@@ -313,7 +313,8 @@ class MemoryBlockIndex:
         check_pod(pod)
         check_ttl(ttl_seconds)
         state = self._pods.get(pod) or self._new_pod(pod, None)
-        keys = keys[: self._max_approx]
+        if len(keys) > self._max_approx:  # the head: a longer history's rest would evict it
+            keys = keys[: self._max_approx]
         for start in range(0, len(keys), HISTORY_CHUNK_KEYS):
             if start:
                 await asyncio.sleep(0)

@@ -278,7 +278,8 @@ class RedisBlockIndex:
             self._max_approx,
             math.ceil(ttl_seconds * 1000),
         ]
-        keys = keys[: self._max_approx]  # the head: a longer history's rest would evict it
+        if len(keys) > self._max_approx:  # the head: a longer history's rest would evict it
+            keys = keys[: self._max_approx]
         for start in range(0, len(keys), HISTORY_CHUNK_KEYS):
             chunk = keys[start : start + HISTORY_CHUNK_KEYS]
             await self._run(self._add_approximate, [*head, *_packed(chunk)])
