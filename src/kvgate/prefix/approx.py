@@ -51,6 +51,16 @@ def _content_text(content: Any) -> str:
     return _canonical(content)
 
 
+def completion_text(body: Mapping[str, Any]) -> str | None:
+    """A completion's text prompt (the first of a batch of texts); None for token ids."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        return str(prompt[0])
+    return None
+
+
 def request_text(body: Mapping[str, Any]) -> str:
     """A stable text rendering of a completion or chat request body, for approximate keys."""
     messages = body.get("messages")
@@ -68,11 +78,10 @@ def request_text(body: Mapping[str, Any]) -> str:
             if message.get("tool_calls"):
                 pieces.append(_canonical(message["tool_calls"]) + "\n")
         return "".join(pieces)
+    text = completion_text(body)
+    if text is not None:
+        return text
     prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        return str(prompt[0])
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], list):
         prompt = prompt[0]
     if isinstance(prompt, list):

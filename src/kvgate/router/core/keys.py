@@ -41,7 +41,7 @@ from kvgate.prefix import (
     completion_prompts,
     request_text,
 )
-from kvgate.prefix.approx import CHARS_PER_TOKEN
+from kvgate.prefix.approx import CHARS_PER_TOKEN, completion_text
 from kvgate.prefix.cache_ops import (
     CacheOps,
     CacheOpsError,
@@ -189,7 +189,7 @@ class Keyer:
                     return self._tokens_with_ops(first, body, cache_salt, lora, max_prompt_tokens)
                 return self._exact(first, cache_salt, lora)
         if self.requests is None:
-            return self._approximate(body, kind, _approximate_salt(cache_salt, lora))
+            return self._approximate(body, _approximate_salt(cache_salt, lora))
         param = "messages" if kind == "chat" else "prompt"
         try:
             if kind == "chat" and self.reuse is not None and _plain_chat(body):
@@ -224,7 +224,7 @@ class Keyer:
         part every branch shares)."""
         if self.requests is None:
             head = {**body, "messages": body["messages"][: ops.boundaries[0] + 1]}
-            approx = self._approximate(head, "chat", _approximate_salt(cache_salt, lora))
+            approx = self._approximate(head, _approximate_salt(cache_salt, lora))
             tokens = max(1, int(len(request_text(body)) / CHARS_PER_TOKEN))
             return RequestKeys(tokens, approx.block_keys, approx.block_tokens, False)
         try:
@@ -289,22 +289,18 @@ class Keyer:
             keys = [digest[-INT_KEY_SIZE:] for digest in digests]
         return RequestKeys(len(tokens), keys, self.engine.block_size, True, tokens)
 
-    def _approximate(
-        self, body: Mapping[str, Any], kind: str, cache_salt: str | None
-    ) -> RequestKeys:
+    def _approximate(self, body: Mapping[str, Any], cache_salt: str | None) -> RequestKeys:
         text = request_text(body)
         keys = self.approx.hash_text(text, cache_salt=cache_salt)
         tokens = max(1, int(len(text) / CHARS_PER_TOKEN))
-        prompt = body.get("prompt")  # a text, or a batch whose first prompt is `text`
-        is_text = isinstance(prompt, str) or (
-            isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str)
-        )
+        # A chat's keyed text is a rendering, not what the engine tokenizes: no copies of it.
+        chat = isinstance(body.get("messages"), list)
         return RequestKeys(
             tokens,
             keys,
             max(1, round(self.approx.tokens_per_block)),
             False,
-            prompt_text=text if kind != "chat" and is_text else None,
+            prompt_text=None if chat else completion_text(body),
             block_chars=self.approx.block_chars,
         )
 

@@ -81,13 +81,14 @@ class PrefixCopies:
         else:
             assert keys.prompt_text is not None
             end = blocks * keys.block_chars
-            cut = _last_space_cut(keys.prompt_text, end - keys.block_chars, end)
-            text = keys.prompt_text[:cut]
-            blocks = cut // keys.block_chars
+            text = keys.prompt_text[
+                : _last_space_cut(keys.prompt_text, end - keys.block_chars, end)
+            ]
+            blocks -= 1  # the last block is cut before a space, or may end mid-word: not counted
             if blocks == 0:
                 return 0
         pool = plan.pool.key
-        name = (pool, keys.block_keys[copy.blocks - 1])
+        name = (pool, keys.block_keys[blocks - 1])  # the last block the copy computes
         if name in self._in_flight or self.in_pool(pool) >= MAX_COPIES_IN_FLIGHT:
             self.metrics.child(self.metrics.prefix_copies, pool, "skipped").inc()
             return 0
@@ -133,7 +134,6 @@ def _last_space_cut(text: str, start: int, end: int) -> int:
     """The last position in ``[start, end)`` just before a space between two letters, else
     ``end`` (a block without one is cut where it ends)."""
     cut = end
-    for found in LETTER_SPACE_LETTER.finditer(text, max(start, 0), end + 1):
-        if found.start() < end:
-            cut = found.start()
+    for found in LETTER_SPACE_LETTER.finditer(text, start, end + 1):  # its lookahead sees `end`
+        cut = found.start()
     return cut
