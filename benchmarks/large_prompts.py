@@ -74,7 +74,8 @@ async def latency(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) 
     try:
         # Built before the load starts: building them blocks this process's event loop.
         if args.prompt_chars:
-            count = args.rounds * args.senders * 1000  # more than a phase can send
+            # More than a phase can send, at most 256 MB of them (a sender that runs out stops).
+            count = min(args.rounds * args.senders * 1000, max(1, 256 * MB // args.prompt_chars))
             bodies = [large_chat_body(args.prompt_chars, seed) for seed in range(count)]
         else:
             bodies = [large_chat_body(args.prompt_mb * MB, seed) for seed in range(args.rounds)]
@@ -93,7 +94,9 @@ async def latency(args: argparse.Namespace, workdir: Path, pod_urls: list[str]) 
             first = True
             while first or time.perf_counter() < until:
                 first = False
-                body = next(fresh) if args.prompt_chars else bodies[round_]
+                body = next(fresh, None) if args.prompt_chars else bodies[round_]
+                if body is None:
+                    return
                 started = time.perf_counter()
                 response = await client.post(
                     "/v1/chat/completions",

@@ -53,10 +53,7 @@ def sum_metrics(
 
 
 async def scrape_sums(
-    client: httpx.AsyncClient,
-    urls: list[str],
-    names: tuple[str, ...],
-    where: Mapping[str, str] | None = None,
+    client: httpx.AsyncClient, urls: list[str], names: tuple[str, ...]
 ) -> dict[str, float]:
     """:func:`sum_metrics` over several servers' /metrics (unreachable ones count as 0)."""
 
@@ -65,7 +62,7 @@ async def scrape_sums(
             response = await client.get(url + "/metrics", timeout=5.0)
         except httpx.HTTPError:
             return dict.fromkeys(names, 0.0)
-        return sum_metrics(response.text, names, where)
+        return sum_metrics(response.text, names)
 
     total = dict.fromkeys(names, 0.0)
     for part in await asyncio.gather(*(one(u) for u in urls)):

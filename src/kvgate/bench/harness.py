@@ -32,6 +32,7 @@ from kvgate.bench.fleet import (
     mean_from_delta,
     scrape_kv_capacity_blocks,
     scrape_sums,
+    sum_metrics,
 )
 from kvgate.bench.hit_bounds import hit_rate_bounds
 from kvgate.bench.loadgen import ProgressCallback, http_client
@@ -258,8 +259,12 @@ async def _router_stats(
     """kvgate's own view: mean decision time (wall), mean TTFT it measured (simulated s) and
     the prefix copies it made (answered)."""
     zero = dict.fromkeys(ROUTER_COUNTERS, 0.0)
-    sums = await scrape_sums(client, [base_url], ROUTER_COUNTERS)
-    copies = await scrape_sums(client, [base_url], (COPIES,), where={"result": "ok"})
+    try:
+        page = (await client.get(base_url + "/metrics", timeout=5.0)).text
+    except httpx.HTTPError:
+        page = ""  # every counter reads 0
+    sums = sum_metrics(page, ROUTER_COUNTERS)
+    copies = sum_metrics(page, (COPIES,), where={"result": "ok"})
     return {
         "decision_mean_s": mean_from_delta(zero, sums, "kvgate_router_decision_latency_seconds"),
         "ttft_mean_s": mean_from_delta(zero, sums, "kvgate_router_ttft_seconds", scale),
