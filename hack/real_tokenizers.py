@@ -94,7 +94,8 @@ def _sentencepiece_bpe(model_file: Path, normalizer: Any, pre_tokenizer: Any) ->
             "normalized": False,
             "special": True,
         }
-        for i in range(3)  # <unk>, <s>, </s>
+        for i in range(len(pieces))  # <unk>, <s>, </s>, and v0.3's [INST], [TOOL_CALLS], ...
+        if sp.is_unknown(i) or sp.is_control(i)
     ]
     bos = {"SpecialToken": {"id": "<s>", "type_id": 0}}
     return json.dumps(

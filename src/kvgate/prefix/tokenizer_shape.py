@@ -125,7 +125,7 @@ def tokenizer_shape(spec: dict[str, Any]) -> TokenizerShape:
     prepends = [step for step in steps if step.get("type") == "Prepend"]
     if prepends:
         return _prepended(spec, steps, prepends[0])
-    if pre.get("type") == "Metaspace" and pre.get("prepend_scheme") == "first":
+    if _is_first_metaspace(pre):
         if steps:
             return TokenizerShape(alone=False, cuts_at_spaces=False)
         never = {**spec, "pre_tokenizer": {**pre, "prepend_scheme": "never"}}
@@ -135,11 +135,35 @@ def tokenizer_shape(spec: dict[str, Any]) -> TokenizerShape:
             normalizes=False,
             lead=str(pre.get("replacement", "▁")),
             lead_first_only=True,
-            piece_spec=never,
+            piece_spec=_without_added_tokens(never),
         )
+    if _has_first_metaspace(pre):  # inside a sequence (T5 without `legacy`): not reproduced
+        return TokenizerShape(alone=False, cuts_at_spaces=False)
     return TokenizerShape(
         alone=True, cuts_at_spaces=_cuts_at_spaces(spec, steps), normalizes=bool(steps)
     )
+
+
+def _is_first_metaspace(pre: Any) -> bool:
+    return (
+        isinstance(pre, dict)
+        and pre.get("type") == "Metaspace"
+        and (pre.get("prepend_scheme") == "first")
+    )
+
+
+def _has_first_metaspace(pre: Any) -> bool:
+    """A Metaspace prepending to the first piece only, at any depth of the pre-tokenizer."""
+    if _is_first_metaspace(pre):
+        return True
+    steps = pre.get("pretokenizers") if isinstance(pre, dict) else None
+    return isinstance(steps, list) and any(_has_first_metaspace(step) for step in steps)
+
+
+def _without_added_tokens(spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` for encoding pieces: the split on added tokens is done before (an added token
+    starting with the lead, CodeLlama's ``▁<PRE>``, would match the lead put there by hand)."""
+    return {**spec, "added_tokens": []}
 
 
 def _normalizer_steps(normalizer: Any) -> list[dict[str, Any]]:
@@ -167,11 +191,11 @@ def _prepended(
         or len(others) != len(steps) - 1
         or not all(_space_marker(step) is not None for step in others)
         # a piece encoded alone would be "first" to a Metaspace that prepends only there
-        or (pre.get("type") == "Metaspace" and pre.get("prepend_scheme") == "first")
+        or _has_first_metaspace(pre)
     ):
         return TokenizerShape(alone=False, cuts_at_spaces=False)
     rest = {"type": "Sequence", "normalizers": others} if others else None
-    piece_spec = {**spec, "normalizer": rest}
+    piece_spec = _without_added_tokens({**spec, "normalizer": rest})
     return TokenizerShape(
         alone=True,
         cuts_at_spaces=_cuts_at_spaces(piece_spec, others),

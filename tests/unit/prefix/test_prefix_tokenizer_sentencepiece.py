@@ -203,3 +203,45 @@ def test_the_merges_decide_whether_a_piece_is_cut():
     ).cuts_at_spaces
     for change in ({"ignore_merges": True}, {"dropout": 0.1}, {"end_of_word_suffix": "</w>"}):
         assert not tokenizer_shape({**spec, "model": {**spec["model"], **change}}).cuts_at_spaces
+
+
+@pytest.mark.parametrize(
+    ("normalizer", "pre_tokenizer"),
+    [
+        ({"type": "Sequence", "normalizers": [PREPEND, REPLACE]}, None),
+        (None, _metaspace("first", split=False)),
+    ],
+)
+def test_an_added_token_starting_with_the_marker_is_not_made_by_the_lead(normalizer, pre_tokenizer):
+    """CodeLlama's `▁<PRE>`: the library splits on added tokens before it prepends `▁`, so the
+    `▁` kvgate puts before a piece must not complete one."""
+    backend = _shaped(BPE, normalizer, pre_tokenizer)
+    backend.add_special_tokens(
+        [tokenizers.AddedToken(t, normalized=False) for t in ("▁<PRE>", "▁<SUF>", "▁ab")]
+    )
+    tok = Tokenizer(backend)
+    assert tok.segmented
+    for text in ["<PRE> foo", "ab cd", "<start_of_turn>ab", "x ▁<PRE> y<SUF>", " <SUF>"]:
+        for special in (False, True):
+            expected = backend.encode(text, add_special_tokens=special).ids
+            assert tok.encode(text, add_special_tokens=special) == expected, text
+
+
+@pytest.mark.parametrize(
+    "pre_tokenizer",
+    [
+        {"type": "Sequence", "pretokenizers": [_metaspace("first", split=True)]},
+        {
+            "type": "Sequence",
+            "pretokenizers": [{"type": "WhitespaceSplit"}, _metaspace("first", split=True)],
+        },
+    ],
+)
+def test_a_first_only_metaspace_inside_a_sequence_is_tokenized_whole(pre_tokenizer):
+    """T5 converted without `legacy`: a sequence ending in Metaspace "first"; not reproduced,
+    so no pieces, and the library's ids."""
+    backend = _shaped(BPE, None, pre_tokenizer)
+    tok = Tokenizer(backend)
+    assert not tok.segmented
+    for text in [*_texts(random.Random(6))[:10], "<start_of_turn>hello world"]:
+        assert tok.encode(text) == backend.encode(text).ids, repr(text[:80])
