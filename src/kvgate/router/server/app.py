@@ -142,7 +142,7 @@ class RouterApp:
         raw = await read_body(receive, declared, limits.max_body_bytes)
         if len(raw) < PARSE_IN_THREAD_BYTES:
             return raw, parse_json_object(raw, limits.max_json_depth)
-        # Its passes release the GIL (numpy, msgspec): the event loop serves others meanwhile.
+        # Its numpy passes release the GIL: the event loop serves others meanwhile (body.py).
         return raw, await asyncio.to_thread(parse_json_object, raw, limits.max_json_depth)
 
     async def _completions(self, scope: Scope, receive: Receive, send: Send, kind: str) -> None:
