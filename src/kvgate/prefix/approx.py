@@ -11,7 +11,8 @@ vLLM's own keys.
 The text of a request: a completion's ``prompt`` string (token-id prompts are written as their
 decimal ids); a chat request's tools (canonical JSON) then each message as
 ``<|role|>\\ncontent\\n`` with tool calls as canonical JSON, which keeps the text of a resent
-history stable turn after turn.
+history stable turn after turn; a Responses API body's tools, instructions and input items
+(`responses_text`).
 """
 
 from __future__ import annotations
@@ -61,23 +62,49 @@ def completion_text(body: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _message_text(message: Any) -> str:
+    if not isinstance(message, Mapping):
+        return f"<|?|>\n{_canonical(message)}\n"
+    text = f"<|{message.get('role')}|>\n{_content_text(message.get('content'))}\n"
+    if message.get("tool_calls"):
+        text += _canonical(message["tool_calls"]) + "\n"
+    return text
+
+
+def _tools_text(body: Mapping[str, Any]) -> str:
+    tools = body.get("tools")
+    return f"<|tools|>\n{_canonical(tools)}\n" if tools else ""
+
+
+def responses_text(body: Mapping[str, Any]) -> str:
+    """A Responses API body: its tools, `instructions` as a system message, then each `input`
+    item in order (a message as a chat message; a tool call, its output, reasoning, ... as
+    canonical JSON), so an agent that resends its items extends the text of its last turn."""
+    pieces = [_tools_text(body)]
+    instructions = body.get("instructions")
+    if isinstance(instructions, str) and instructions:
+        pieces.append(f"<|system|>\n{instructions}\n")
+    items = body.get("input")
+    if isinstance(items, str):
+        pieces.append(f"<|user|>\n{items}\n")
+    elif isinstance(items, list):
+        for item in items:
+            if isinstance(item, Mapping) and "role" in item:
+                pieces.append(_message_text(item))
+            else:
+                kind = item.get("type") if isinstance(item, Mapping) else None
+                pieces.append(f"<|{kind}|>\n{_canonical(item)}\n")
+    return "".join(pieces)
+
+
 def request_text(body: Mapping[str, Any]) -> str:
-    """A stable text rendering of a completion or chat request body, for approximate keys."""
+    """A stable text rendering of a completion, chat or Responses API request body, for
+    approximate keys."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        pieces: list[str] = []
-        tools = body.get("tools")
-        if tools:
-            pieces.append(f"<|tools|>\n{_canonical(tools)}\n")
-        for message in messages:
-            if not isinstance(message, Mapping):
-                pieces.append(f"<|?|>\n{_canonical(message)}\n")
-                continue
-            role = message.get("role")
-            pieces.append(f"<|{role}|>\n{_content_text(message.get('content'))}\n")
-            if message.get("tool_calls"):
-                pieces.append(_canonical(message["tool_calls"]) + "\n")
-        return "".join(pieces)
+        return _tools_text(body) + "".join(_message_text(m) for m in messages)
+    if "input" in body and "prompt" not in body:
+        return responses_text(body)
     text = completion_text(body)
     if text is not None:
         return text

@@ -1,7 +1,8 @@
 """The simulated pod's HTTP API: a raw ASGI app (no framework on the hot path).
 
-Routes (as vLLM 0.33 serves them): ``POST /v1/completions``, ``POST /v1/chat/completions``
-(streaming SSE or not), ``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /version``,
+Routes (as vLLM 0.33 serves them): ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``POST /v1/responses`` (streaming SSE or not; ``sim/responses.py``), ``GET /v1/responses/{id}``,
+``POST /v1/responses/{id}/cancel``, ``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /version``,
 ``POST /reset_prefix_cache``, ``GET /server_info`` and ``GET /model_info`` (plus the
 ``/get_server_info`` and ``/get_model_info`` spellings the SGLang router asks for).
 Simulator-only: ``POST /sim/restart`` restarts the engine (KV event seq back to 0).
@@ -33,6 +34,15 @@ from kvgate.sim.openai import (
     usage,
 )
 from kvgate.sim.pod import SimPod
+from kvgate.sim.responses import (
+    EventWriter,
+    ResponsesRequest,
+    ResponseStore,
+    StoredResponse,
+    parse_responses,
+    response_object,
+    responses_usage,
+)
 from kvgate.tasks import cancel_and_wait
 
 Scope = MutableMapping[str, Any]
@@ -43,6 +53,7 @@ Send = Callable[[Message], Awaitable[None]]
 VLLM_VERSION = "0.33.0"
 _JSON = [(b"content-type", b"application/json")]
 _SSE = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+_STORED = "/v1/responses/"
 
 
 async def _respond(
@@ -73,6 +84,7 @@ class SimApp:
         self._names = set(pod.config.served_model_names or [pod.config.model])
         lora = pod.config.engine.lora
         self._adapters = {m.name: m for m in lora.modules} if lora is not None else {}
+        self.responses = ResponseStore()
         self._routes: dict[tuple[str, str], Callable[[Scope, Receive, Send], Awaitable[None]]] = {
             ("GET", "/health"): self._health,
             ("GET", "/metrics"): self._metrics,
@@ -80,6 +92,7 @@ class SimApp:
             ("GET", "/v1/models"): self._models,
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/chat/completions"): self._chat,
+            ("POST", "/v1/responses"): self._responses,
             ("POST", "/reset_prefix_cache"): self._reset_prefix_cache,
             ("GET", "/server_info"): self._server_info,
             ("GET", "/get_server_info"): self._server_info,
@@ -95,6 +108,8 @@ class SimApp:
         if scope["type"] != "http":
             return
         handler = self._routes.get((scope["method"], scope["path"]))
+        if handler is None and scope["path"].startswith(_STORED):
+            handler = self._stored_response
         if handler is None:
             known = any(path == scope["path"] for _m, path in self._routes)
             status = 405 if known else 404
@@ -248,6 +263,93 @@ class SimApp:
                 await self._complete(send, req, request_id, stream)
         finally:
             await cancel_and_wait(watcher)
+
+    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            raw = await _read_body(receive)
+        except ConnectionError:
+            return
+        try:
+            req = parse_responses(raw, self.responses)
+            if req.model and req.model not in self._names:
+                raise BadRequest(f"The model `{req.model}` does not exist.", 404, "NotFoundError")
+            prompt = self.pod.codec.chat_token_ids({"messages": req.messages})
+            max_tokens = req.max_output_tokens
+            if max_tokens is None:
+                room = self.pod.config.engine.max_model_len - len(prompt)
+                max_tokens = max(1, min(self.pod.config.chat_output_tokens, room))
+            stream = self.pod.driver.submit(
+                req.response_id, prompt, max_tokens, cache_salt=req.cache_salt
+            )
+        except BadRequest as exc:
+            await _respond(send, exc.status, error_body(exc.message, exc.status, exc.err_type))
+            return
+        except (RequestRejected, TypeError, ValueError) as exc:
+            await _respond(send, 400, error_body(str(exc)))
+            return
+        watcher = asyncio.create_task(self._watch_disconnect(receive, stream))
+        try:
+            await self._answer_responses(send, req, stream)
+        finally:
+            await cancel_and_wait(watcher)
+
+    async def _answer_responses(
+        self, send: Send, req: ResponsesRequest, stream: RequestStream
+    ) -> None:
+        model = req.model or self.model
+        created = self.pod.created
+        events = EventWriter(req)
+        if req.stream:
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+            opening = response_object(req, created, model, None, "in_progress", None)
+            await send({"type": "http.response.body", "body": events.opening(opening),
+                        "more_body": True})  # fmt: skip
+        sent = 0
+        while not stream.done:
+            await stream.wait(sent)
+            new = stream.tokens[sent:]
+            if req.stream and new:
+                out = events.output_started() if sent == 0 else b""
+                out += events.delta(self.pod.codec.decode(new))
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            sent += len(new)
+        if not stream.request.is_finished or stream.request.finish_time is None:
+            if req.stream:
+                await send({"type": "http.response.body", "body": b""})
+            else:
+                await _respond(
+                    send, 500, error_body("engine restarted", 500, "InternalServerError")
+                )
+            return
+        text = self.pod.codec.decode(stream.tokens)
+        sim = stream.request
+        cached = max(sim.num_cached_tokens, 0)
+        answer = response_object(
+            req, created, model, text, "completed",
+            responses_usage(sim.num_prompt_tokens, len(stream.tokens), cached),
+        )  # fmt: skip
+        if req.store:
+            conversation = [*req.messages, {"role": "assistant", "content": text}]
+            self.responses.put(req.response_id, StoredResponse(conversation, answer))
+        if req.stream:
+            await send({"type": "http.response.body", "body": events.closing(text, answer)})
+        else:
+            await _respond(send, 200, json.dumps(answer).encode())
+
+    async def _stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel` (a stored answer is
+        complete: cancelling it is vLLM's 400)."""
+        response_id, _, action = scope["path"][len(_STORED) :].partition("/")
+        stored = self.responses.get(response_id)
+        if action not in ("", "cancel") or scope["method"] != ("GET" if not action else "POST"):
+            await _respond(send, 404, json.dumps({"detail": "Not Found"}).encode())
+        elif stored is None:
+            message = f"Response with id '{response_id}' not found."
+            await _respond(send, 404, error_body(message, 404, "invalid_request_error"))
+        elif action == "cancel":
+            await _respond(send, 400, error_body("Cannot cancel a synchronous response."))
+        else:
+            await _respond(send, 200, json.dumps(stored.body).encode())
 
     async def _watch_disconnect(self, receive: Receive, stream: RequestStream) -> None:
         while True:

@@ -18,6 +18,9 @@
   An id longer than `sessions.max_id_chars` is replaced by `h:` + the hex BLAKE2b-128 digest
   of it, so the router keeps (session state, reuse buckets, logs) a few bytes per session
   whatever a client sends, and the same long id still names the same session.
+- **Previous response**: a Responses API request continuing a response the router's pods
+  stored (`previous_response_id` minted by a router, `response_ids.py`) carries that pod's tag:
+  it is routed to that pod only.
 - **Pools for a class**: online → online pools (batch pools only if no online pool has a ready
   endpoint and that is allowed); batch → batch pools plus online pools as borrowable (the caller
   admits an online endpoint for batch only while its load is under the borrowing limits).
@@ -33,6 +36,7 @@ from typing import Any
 
 from kvgate.api.router_config import PoolConfig, RequestClass, RouterConfig
 from kvgate.router.core.errors import RouterError, bad_request
+from kvgate.router.core.response_ids import tag_of
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,9 @@ class Classification:
     session_id: str | None
     home_pools: tuple[PoolConfig, ...]  # pools of the request's class
     borrow_pools: tuple[PoolConfig, ...]  # pools usable only under the borrowing limits
+    # The tag of the pod holding the response a Responses API request continues
+    # (`previous_response_id`, `response_ids.py`): only that pod can serve it.
+    pinned_tag: str | None = None
 
 
 def derive_salt(secret: str, tenant: str) -> str:
@@ -125,6 +132,11 @@ class Classifier:
             tenant, salt = self._named_tenant(as_tenant, client_salt)
         request_class = self._request_class(model, tenant, headers)
         session = self._session(body, headers, tenant)
+        previous = body.get("previous_response_id")
+        if previous is not None and not isinstance(previous, str):
+            raise bad_request(
+                "`previous_response_id` must be a string", param="previous_response_id"
+            )
         if request_class == "online":
             home = tuple(p for p in pools if p.pool_class == "online")
             borrow = (
@@ -139,7 +151,9 @@ class Classifier:
                 if self._config.borrowing.enabled or not home
                 else ()
             )
-        return Classification(model, request_class, tenant, salt, session, home, borrow)
+        return Classification(
+            model, request_class, tenant, salt, session, home, borrow, tag_of(previous)
+        )
 
     def _tenant(
         self, client_salt: str | None, headers: Mapping[str, str]

@@ -36,6 +36,7 @@ from kvgate.router.core.errors import RouterError, unavailable
 from kvgate.router.core.keying import KeyingPool
 from kvgate.router.core.keys import Keyer, RequestKeys, keyer_identity
 from kvgate.router.core.peer_load import PeerLoads
+from kvgate.router.core.response_ids import tagged
 from kvgate.scoring.base import (
     ChoiceHistory,
     Decision,
@@ -378,12 +379,15 @@ class Router:
                 eps = admitted or eps  # every pod warming up: fail open
             return eps
 
-        chosen: list[Endpoint] = [ep for pool in cls.home_pools for ep in usable(pool)]
-        if cls.request_class == "batch":
-            for pool in cls.borrow_pools:
-                chosen.extend(ep for ep in usable(pool) if self._borrowable(ep, now))
-        elif not chosen:
-            chosen = [ep for pool in cls.borrow_pools for ep in usable(pool)]
+        if cls.pinned_tag is not None:
+            chosen = self._pinned(cls, cls.pinned_tag, excluded)
+        else:
+            chosen = [ep for pool in cls.home_pools for ep in usable(pool)]
+            if cls.request_class == "batch":
+                for pool in cls.borrow_pools:
+                    chosen.extend(ep for ep in usable(pool) if self._borrowable(ep, now))
+            elif not chosen:
+                chosen = [ep for pool in cls.borrow_pools for ep in usable(pool)]
         if not chosen:
             return []
         keyers, pools = state.keyer_by_pool, state.pools
@@ -397,6 +401,22 @@ class Router:
             lora = _lora(pools[ep.spec.pool], cls.model)
             groups.setdefault((id(keyer), lora), (keyer, lora, []))[2].append(ep)
         return list(groups.values())
+
+    def _pinned(self, cls: Classification, tag: str, excluded: set[str]) -> list[Endpoint]:
+        """The pod holding the response the request continues, in any pool serving its model,
+        draining or warming up (no other pod can serve it); none once it was tried (a retry).
+        RouterError 404 when it has left: its stored responses left with it."""
+        pools = (*cls.home_pools, *cls.borrow_pools)
+        pod = tagged((ep for pool in pools for ep in self.endpoints.in_pool(pool.key)), tag)
+        if pod is None:
+            raise RouterError(
+                404,
+                "The previous response is not available: the model server that stored it has "
+                "left the pool.",
+                code="previous_response_not_found",
+                param="previous_response_id",
+            )
+        return [] if pod.spec.id in excluded else [pod]
 
     def _borrowable(self, ep: Endpoint, now: float) -> bool:
         """An online pod takes batch work only while it has room (unknown load = no room)."""
@@ -513,8 +533,8 @@ def _within(held: Mapping[str, int], blocks: int) -> dict[str, int]:
 
 def requested_max_tokens(body: Mapping[str, Any]) -> int | None:
     """The answer's length limit the request sets (``max_completion_tokens``, else
-    ``max_tokens``), or None."""
-    for name in ("max_completion_tokens", "max_tokens"):
+    ``max_tokens``, else the Responses API's ``max_output_tokens``), or None."""
+    for name in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
             return value

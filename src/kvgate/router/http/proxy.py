@@ -32,11 +32,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from kvgate.api.router_config import LimitsConfig
+from kvgate.discovery.endpoints import Endpoint
 from kvgate.router.core.accounting import Attempt
 from kvgate.router.core.errors import RouterError, error_bytes
 from kvgate.router.core.learn import Outcome, Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
+from kvgate.router.http.responses_stream import OpeningEvents, error_event
 from kvgate.router.http.upstream import (
     MAX_READ_ALL_BYTES,
     Upstream,
@@ -134,6 +136,64 @@ class Proxy:
                 streamed=answer.streamed,
             )
 
+    async def relay(self, endpoint: Endpoint, method: str, target: str, send: Send) -> None:
+        """A stored response's retrieval or cancel (`/v1/responses/{id}`), sent to the pod
+        that holds it (only that pod can answer: no retry) and answered as it comes: an event
+        stream passes through (each gap bounded by `read_timeout`, the whole by
+        `max_answer_seconds`), any other answer is read whole first (at most
+        `max_response_bytes`). RouterError 502/504 when the pod fails before an answer."""
+        limits = self.limits
+        try:
+            response = await self.upstream.request(
+                method,
+                endpoint.spec.url + target,
+                b"",
+                [(b"accept", b"application/json, text/event-stream")],
+                connect_timeout=limits.connect_timeout_seconds,
+                head_timeout=limits.first_byte_timeout_seconds,
+            )
+        except UpstreamError as exc:
+            raise self._final_error(_Retryable(exc.kind, str(exc))) from None
+        try:
+            until = asyncio.get_running_loop().time() + limits.max_answer_seconds
+            chunks = paced(response.chunks(), limits.read_timeout_seconds, until=until)
+            headers = [
+                (k, v)
+                for k, v in response.headers
+                if k not in _DROP_RESPONSE_HEADERS and not k.startswith(b"x-kvgate-")
+            ]
+            headers.append((b"x-kvgate-endpoint", endpoint.id.encode()))
+            if not _header(response.headers, b"content-type").startswith(b"text/event-stream"):
+                try:
+                    payload = await join_chunks(chunks, limits.max_response_bytes)
+                except UpstreamError as exc:
+                    raise self._final_error(_Retryable(exc.kind, str(exc))) from None
+                headers.append((b"content-length", str(len(payload)).encode()))
+                await send(
+                    {"type": "http.response.start", "status": response.status, "headers": headers}
+                )
+                await send({"type": "http.response.body", "body": payload})
+                return
+            await send(
+                {"type": "http.response.start", "status": response.status, "headers": headers}
+            )
+            events = SseUsageTap(strip_usage_chunk=False)  # whole events only
+            try:
+                async for chunk in chunks:
+                    out = events.feed(chunk)
+                    if out:
+                        await send({"type": "http.response.body", "body": out, "more_body": True})
+            except UpstreamError as exc:
+                message = f"the model server failed mid-stream ({exc.kind})"
+                with contextlib.suppress(Exception):
+                    await send(
+                        {"type": "http.response.body", "body": error_event(message, exc.kind)}
+                    )
+                return
+            await send({"type": "http.response.body", "body": events.flush()})
+        finally:
+            await response.aclose()
+
     @staticmethod
     def _final_error(failure: _Retryable) -> RouterError:
         if failure.kind == "timeout":
@@ -183,6 +243,8 @@ class Proxy:
                 raise _Retryable(exc.kind, str(exc)) from exc
             content_type = _header(response.headers, b"content-type")
             streamed = stream and content_type.startswith(b"text/event-stream")
+            if streamed and request.kind == "responses":
+                first = await self._opening(first, chunks)
             self.core.first_byte(plan, attempt, streamed=streamed)
             gap = limits.read_timeout_seconds
             until = asyncio.get_running_loop().time() + limits.max_answer_seconds
@@ -193,7 +255,9 @@ class Proxy:
                     {"type": "http.response.start", "status": response.status, "headers": headers}
                 )
                 paced_chunks = paced(chunks, gap, until=until)
-                completed = await self._stream(first, paced_chunks, tap, send, plan)
+                completed = await self._stream(
+                    first, paced_chunks, tap, send, plan, responses=request.kind == "responses"
+                )
                 return _Answer(response.status, tap.usage, completed, streamed=True)
             try:  # nothing reached the client yet: a failure here is retried
                 payload = await join_chunks(
@@ -211,6 +275,25 @@ class Proxy:
         finally:
             await response.aclose()
 
+    async def _opening(self, first: bytes, chunks: AsyncIterator[bytes]) -> bytes:
+        """A Responses API stream's opening events, held until its first output event arrives
+        (`responses_stream.py`): that is its first byte. Returns what was held (the stream's
+        end, if it comes first); a failure or `first_byte_timeout` meanwhile is retryable."""
+        opening = OpeningEvents(self.limits.max_response_bytes)
+        try:
+            async with asyncio.timeout(self.limits.first_byte_timeout_seconds):
+                done = opening.feed(first)
+                while not done:
+                    chunk = await anext(chunks, None)
+                    if chunk is None:
+                        break
+                    done = opening.feed(chunk)
+        except TimeoutError as exc:
+            raise _Retryable("timeout", "no first output event in time") from exc
+        except UpstreamError as exc:
+            raise _Retryable(exc.kind, str(exc)) from exc
+        return opening.held
+
     async def _stream(
         self,
         first: bytes,
@@ -218,6 +301,8 @@ class Proxy:
         tap: SseUsageTap,
         send: Send,
         plan: RoutePlan,
+        *,
+        responses: bool,
     ) -> bool:
         try:
             out = tap.feed(first)
@@ -234,7 +319,10 @@ class Proxy:
             # unfinished event is dropped (a client would discard it too, and it would run into
             # the error event).
             message = f"the model server failed mid-stream ({exc.kind})"
-            error = b"data: " + error_bytes(message, "upstream_error", exc.kind) + b"\n\n"
+            if responses:
+                error = error_event(message, exc.kind)
+            else:
+                error = b"data: " + error_bytes(message, "upstream_error", exc.kind) + b"\n\n"
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": error})
             return False

@@ -1,7 +1,8 @@
 """Read `usage` (prompt tokens, cached tokens) out of responses on their way to the client.
 
 Non-streaming responses are JSON with a top-level `usage`. Streaming responses are Server-Sent
-Events; vLLM sends usage only when the client set `stream_options.include_usage`, in one last
+Events; a Responses API stream carries usage in its last event (`response.completed`); for chat
+and completions vLLM sends usage only when the client set `stream_options.include_usage`, in one last
 chunk whose `choices` is empty. The router wants usage for every request (cached tokens are the
 ground truth of its predictions), so when a streaming client did not ask for usage the router
 asks for it and `SseUsageTap` strips that extra chunk back out: the client sees exactly the stream
@@ -35,20 +36,26 @@ def _count(value: Any) -> int | None:
 
 
 def usage_from_obj(obj: Any) -> Usage | None:
+    """The `usage` of an answer or a stream's event: chat and completions name its counts
+    `prompt_tokens`/`completion_tokens`, the Responses API `input_tokens`/`output_tokens`, and
+    its stream carries them in the final event's `response`."""
     if not isinstance(obj, dict):
         return None
     usage = obj.get("usage")
+    if usage is None and isinstance(obj.get("response"), dict):
+        usage = obj["response"].get("usage")
     if not isinstance(usage, dict):
         return None
-    prompt = _count(usage.get("prompt_tokens"))
+    names = ("prompt", "completion") if "prompt_tokens" in usage else ("input", "output")
+    prompt = _count(usage.get(f"{names[0]}_tokens"))
     if prompt is None:
         return None
-    details = usage.get("prompt_tokens_details")
+    details = usage.get(f"{names[0]}_tokens_details")
     cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
     return Usage(
         prompt_tokens=prompt,
         cached_tokens=cached,
-        completion_tokens=_count(usage.get("completion_tokens")) or 0,
+        completion_tokens=_count(usage.get(f"{names[1]}_tokens")) or 0,
     )
 
 

@@ -1,7 +1,10 @@
 """The router's ASGI application (raw ASGI: the hot path has no framework layers).
 
 Routes:
-- `POST /v1/chat/completions`, `POST /v1/completions`: route and proxy (`proxy.py`);
+- `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`: route and proxy
+  (`proxy.py`);
+- `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`: relayed to the pod that stored
+  the response (`core/response_ids.py`);
 - `GET /v1/models`: the union of the models of every pool;
 - `GET /health` (process alive), `GET /ready` (at least one endpoint in rotation);
 - `GET /metrics`: Prometheus text from the app's own registry;
@@ -23,11 +26,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import parse_qs, urlencode
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from kvgate.router.core.errors import RouterError, error_bytes
 from kvgate.router.core.lifecycle import ClientRequest
+from kvgate.router.core.response_ids import mint, tag_of, tagged
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.http.proxy import plan_headers
 from kvgate.router.runtime import RouterRuntime
@@ -47,7 +52,12 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-_KINDS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+_KINDS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/responses": "responses",
+}
+_STORED_RESPONSE = "/v1/responses/"
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -90,6 +100,8 @@ class RouterApp:
                 if method != "POST":
                     raise RouterError(405, f"use POST for {path}", code="method_not_allowed")
                 await self._completions(scope, receive, send, _KINDS[path])
+            elif path.startswith(_STORED_RESPONSE):
+                await self._stored_response(scope, send, path[len(_STORED_RESPONSE) :])
             elif path == "/v1/models" and method == "GET":
                 await _json(send, 200, self._models())
             elif path == "/health":
@@ -152,11 +164,20 @@ class RouterApp:
             body, headers, kind, len(raw), headers.get("x-request-id") or uuid.uuid4().hex
         )
         stream = body.get("stream") is True
-        strip_usage = _needs_usage(body, stream)
+        strip_usage = kind != "responses" and _needs_usage(body, stream)
         bodies: dict[tuple[bool, bool], bytes] = {}
+        # A Responses API answer's id names the pod that wrote it (`response_ids.py`), unless
+        # the client chose the id.
+        names_pod = kind == "responses" and "request_id" not in body
 
         def forward(plan: RoutePlan) -> bytes:
             """The body for the pool `plan` chose (a retry may go to another pool)."""
+            if names_pod:
+                named = {**body, "request_id": mint(plan.endpoint.id)}
+                return _forward_body(
+                    raw, named, plan.classification.cache_salt, False, cache_ops=False,
+                    changed=True,
+                )  # fmt: skip
             ops, added = plan.pool.engine.cache_ops, plan.added_cache
             if (ops, added is not None) not in bodies:
                 bodies[ops, added is not None] = _forward_body(
@@ -195,9 +216,30 @@ class RouterApp:
         finally:
             watcher.cancel()
 
+    async def _stored_response(self, scope: Scope, send: Send, rest: str) -> None:
+        """`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`, relayed to the pod
+        whose tag the id carries (`response_ids.py`); 404 for an id no router minted or whose
+        pod has left."""
+        method = scope["method"]
+        response_id, _, action = rest.partition("/")
+        if action not in ("", "cancel"):
+            raise RouterError(404, f"no route {method} {scope['path']}", code="not_found")
+        wanted = "GET" if action == "" else "POST"
+        if method != wanted:
+            raise RouterError(405, f"use {wanted} for {scope['path']}", code="method_not_allowed")
+        tag = tag_of(response_id)
+        pod = tagged(self.runtime.core.endpoints.all(), tag) if tag is not None else None
+        if pod is None:
+            shown = response_id if tag is not None else response_id[:80]
+            raise RouterError(404, f"Response with id '{shown}' not found.", param="response_id")
+        target = f"{_STORED_RESPONSE}{response_id}" + ("/cancel" if action else "")
+        if action == "":
+            target += _retrieve_query(scope.get("query_string", b""))
+        await self.runtime.proxy.relay(pod, method, target, send)
+
     async def _debug_route(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw, body = await self._read_body(scope, receive)
-        kind = "chat" if "messages" in body else "completion"
+        kind = "chat" if "messages" in body else "responses" if "input" in body else "completion"
         plan = await self.runtime.core.explain(ClientRequest(body, _headers(scope), kind, len(raw)))
         cls = plan.classification
         result = {
@@ -219,6 +261,27 @@ class RouterApp:
         body = await self._read_json(scope, receive)
         result = await warm(self.runtime, body, headers)
         await _json(send, 200, result)
+
+
+def _retrieve_query(raw: bytes) -> str:
+    """The retrieval's query as vLLM reads it (`stream`, `starting_after`), validated and
+    written anew: nothing else of the client's query reaches the pod. RouterError 400."""
+    try:
+        query = parse_qs(raw.decode("latin-1"), max_num_fields=8, strict_parsing=False)
+    except ValueError as exc:
+        raise RouterError(400, f"malformed query string: {exc}") from None
+    kept: dict[str, str] = {}
+    stream = query.get("stream", [None])[-1]
+    if stream is not None:
+        if stream.lower() not in ("true", "false", "1", "0"):
+            raise RouterError(400, "`stream` must be true or false", param="stream")
+        kept["stream"] = "true" if stream.lower() in ("true", "1") else "false"
+    after = query.get("starting_after", [None])[-1]
+    if after is not None:
+        if not (after.isascii() and after.isdigit()) or len(after) > 18:
+            raise RouterError(400, "`starting_after` must be an integer", param="starting_after")
+        kept["starting_after"] = after
+    return "?" + urlencode(kept) if kept else ""
 
 
 def _needs_usage(body: dict[str, Any], stream: bool) -> bool:

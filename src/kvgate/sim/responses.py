@@ -1,0 +1,266 @@
+"""OpenAI's Responses API as vLLM 0.33 serves it (`POST /v1/responses`), for the simulated pod.
+
+The input becomes chat messages as vLLM converts it (`construct_input_messages`): the
+`instructions` as a system message, then a stored previous response's messages (its input
+without the system message, and its output as an assistant message), then the `input` (a string
+is a user message; items: messages, function calls folded into an assistant message's
+`tool_calls`, function call outputs as tool messages). The answer's id is the request's
+`request_id` (vLLM's default `resp_` + a random id). The pod stores each answer in memory, as
+vLLM does with `VLLM_ENABLE_RESPONSES_API_STORE=1`, keeping the newest `MAX_STORED` of them:
+only this pod can serve a follow-up (`previous_response_id`) or a retrieval.
+
+A stream opens with `response.created` and `response.in_progress` at once, before the prefill,
+then the output item's events with the first token, and ends with `response.completed` carrying
+the usage (`input_tokens`, `input_tokens_details.cached_tokens`, `output_tokens`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+from kvgate.sim.openai import BadRequest
+
+MAX_STORED = 4096
+
+
+@dataclass
+class StoredResponse:
+    messages: list[dict[str, Any]]  # the conversation, the answer included
+    body: dict[str, Any]  # the response object, as retrieved
+
+
+class ResponseStore:
+    """The pod's stored responses, newest `max_entries` kept."""
+
+    def __init__(self, max_entries: int = MAX_STORED) -> None:
+        self.max_entries = max_entries
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+
+    def get(self, response_id: str) -> StoredResponse | None:
+        return self._items.get(response_id)
+
+    def put(self, response_id: str, stored: StoredResponse) -> None:
+        self._items[response_id] = stored
+        self._items.move_to_end(response_id)
+        while len(self._items) > self.max_entries:
+            self._items.popitem(last=False)
+
+
+@dataclass
+class ResponsesRequest:
+    response_id: str
+    model: str
+    messages: list[dict[str, Any]]
+    max_output_tokens: int | None
+    stream: bool
+    store: bool
+    cache_salt: str | None
+    instructions: str | None
+    previous_response_id: str | None
+
+
+def parse_responses(raw: bytes, store: ResponseStore) -> ResponsesRequest:
+    """BadRequest (400, or 404 for an unknown `previous_response_id`) for what vLLM refuses."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"JSON decode error: {exc}") from exc
+    if not isinstance(body, dict):
+        raise BadRequest("The request body must be a JSON object")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest("'model' must be a string")
+    instructions = body.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise BadRequest("'instructions' must be a string")
+    response_id = body.get("request_id")
+    if response_id is None:
+        response_id = f"resp_{uuid.uuid4().hex}"
+    if not isinstance(response_id, str):
+        raise BadRequest("'request_id' must be a string")
+    previous_id = body.get("previous_response_id")
+    previous: list[dict[str, Any]] = []
+    if previous_id is not None:
+        stored = store.get(previous_id) if isinstance(previous_id, str) else None
+        if stored is None:
+            raise BadRequest(
+                f"Response with id '{previous_id}' not found.", 404, "invalid_request_error"
+            )
+        previous = [m for m in stored.messages if m.get("role") != "system"]
+    messages: list[dict[str, Any]] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    messages.extend(previous)
+    messages.extend(_input_messages(body.get("input")))
+    max_output = body.get("max_output_tokens")
+    if max_output is not None and (isinstance(max_output, bool) or not isinstance(max_output, int)):
+        raise BadRequest("'max_output_tokens' must be an integer")
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise BadRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
+    return ResponsesRequest(
+        response_id=response_id,
+        model=model or "",
+        messages=messages,
+        max_output_tokens=max_output,
+        stream=body.get("stream") is True,
+        store=body.get("store", True) is not False,
+        cache_salt=salt,
+        instructions=instructions,
+        previous_response_id=previous_id,
+    )
+
+
+def _input_messages(items: Any) -> list[dict[str, Any]]:
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list):
+        raise BadRequest("'input' must be a string or a list of items")
+    messages: list[dict[str, Any]] = []
+    for item in items:
+        if not isinstance(item, dict):
+            raise BadRequest("each input item must be an object")
+        kind = item.get("type")
+        last = messages[-1] if messages and messages[-1].get("role") == "assistant" else None
+        if kind == "function_call":
+            call = {
+                "id": item.get("call_id"),
+                "type": "function",
+                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+            }
+            if last is not None:
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "tool_calls": [call]})
+        elif kind == "function_call_output":
+            messages.append(
+                {"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")}
+            )
+        elif "role" in item:
+            messages.append({"role": item["role"], "content": _text(item.get("content"))})
+        else:
+            raise BadRequest(f"Unsupported input item type: {kind}")
+    return messages
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def response_object(
+    req: ResponsesRequest,
+    created: int,
+    model: str,
+    text: str | None,
+    status: str,
+    usage: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The response object; `text` None: no output yet."""
+    output: list[dict[str, Any]] = []
+    if text is not None:
+        output.append(_message_item(req, text, "completed"))
+    return {
+        "id": req.response_id,
+        "object": "response",
+        "created_at": created,
+        "model": model,
+        "instructions": req.instructions,
+        "output": output,
+        "previous_response_id": req.previous_response_id,
+        "max_output_tokens": req.max_output_tokens,
+        "status": status,
+        "usage": usage,
+    }
+
+
+def _message_item(req: ResponsesRequest, text: str, status: str) -> dict[str, Any]:
+    return {
+        "id": f"msg_{req.response_id}",
+        "type": "message",
+        "role": "assistant",
+        "status": status,
+        "content": [{"type": "output_text", "text": text, "annotations": []}],
+    }
+
+
+def responses_usage(prompt_tokens: int, output_tokens: int, cached: int | None) -> dict[str, Any]:
+    return {
+        "input_tokens": prompt_tokens,
+        "input_tokens_details": {"cached_tokens": cached or 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt_tokens + output_tokens,
+    }
+
+
+class EventWriter:
+    """A Responses stream's events, numbered in order."""
+
+    def __init__(self, req: ResponsesRequest) -> None:
+        self.req = req
+        self.sequence = 0
+
+    def event(self, kind: str, **fields: Any) -> bytes:
+        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        data = json.dumps(payload, separators=(",", ":"))
+        return f"event: {kind}\ndata: {data}\n\n".encode()
+
+    def opening(self, response: dict[str, Any]) -> bytes:
+        return self.event("response.created", response=response) + self.event(
+            "response.in_progress", response=response
+        )
+
+    def output_started(self) -> bytes:
+        item = _message_item(self.req, "", "in_progress")
+        item["content"] = []
+        part = {"type": "output_text", "text": "", "annotations": []}
+        return self.event("response.output_item.added", output_index=0, item=item) + self.event(
+            "response.content_part.added",
+            item_id=item["id"],
+            output_index=0,
+            content_index=0,
+            part=part,
+        )
+
+    def delta(self, text: str) -> bytes:
+        return self.event(
+            "response.output_text.delta",
+            item_id=f"msg_{self.req.response_id}",
+            output_index=0,
+            content_index=0,
+            delta=text,
+        )
+
+    def closing(self, text: str, response: dict[str, Any]) -> bytes:
+        item = _message_item(self.req, text, "completed")
+        item_id = item["id"]
+        part = item["content"][0]
+        return b"".join(
+            (
+                self.event(
+                    "response.output_text.done",
+                    item_id=item_id,
+                    output_index=0,
+                    content_index=0,
+                    text=text,
+                ),
+                self.event(
+                    "response.content_part.done",
+                    item_id=item_id,
+                    output_index=0,
+                    content_index=0,
+                    part=part,
+                ),
+                self.event("response.output_item.done", output_index=0, item=item),
+                self.event("response.completed", response=response),
+            )
+        )
