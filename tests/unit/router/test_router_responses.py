@@ -1,0 +1,178 @@
+"""The Responses API's parts: response ids naming pods, the keyed text, usage, the opening events,
+and the proxy holding a stream's opening events back until its first output (retried before)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import random
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import generate_latest
+from tests.unit.router.fakes import make_config
+
+from kvgate.discovery.endpoints import Endpoint, EndpointSpec
+from kvgate.prefix.approx import request_text, responses_text
+from kvgate.promtext import sum_samples
+from kvgate.router.core.response_ids import PREFIX, endpoint_tag, mint, tag_of, tagged
+from kvgate.router.http.responses_stream import OpeningEvents, is_opening
+from kvgate.router.http.upstream import UpstreamError
+from kvgate.router.http.usage import SseUsageTap, usage_from_json_body
+from kvgate.router.runtime import RouterRuntime
+from kvgate.router.server.app import RouterApp
+
+PREFILL_SECONDS = 0.05
+
+
+def _event(kind: str, *, line: bool = True, **fields: Any) -> bytes:
+    data = json.dumps({**fields, "type": kind})  # vLLM writes the type last
+    return (f"event: {kind}\n" if line else "").encode() + f"data: {data}\n\n".encode()
+
+
+def test_a_minted_id_names_its_pod_and_nothing_else_does():
+    pods = [
+        Endpoint(EndpointSpec(f"ns/pod-{i}", "ns/p", f"http://10.0.0.{i}:8000")) for i in range(5)
+    ]
+    for pod in pods:
+        minted = mint(pod.id)
+        assert minted.startswith(PREFIX) and minted != mint(pod.id)  # random part
+        assert tag_of(minted) == endpoint_tag(pod.id)
+        assert tagged(pods, tag_of(minted)) is pod
+    assert tagged(pods[1:], tag_of(mint(pods[0].id))) is None  # the pod left
+    good = mint("a")
+    for other in (None, 7, "", "resp_" + "0" * 44, good.upper(), good + "0", good[:-1],
+                  good[:-1] + "g", good.replace("resp_kg", "resp_kh")):  # fmt: skip
+        assert tag_of(other) is None, other
+
+
+def test_responses_text_of_a_later_turn_extends_the_earlier_one():
+    tools = [{"type": "function", "name": "ls", "parameters": {"type": "object"}}]
+    items: list[Any] = [{"role": "user", "content": [{"type": "input_text", "text": "list"}]}]
+    base = {"model": "m", "instructions": "be brief", "tools": tools}
+    texts = []
+    rng = random.Random(0)
+    for turn in range(6):
+        texts.append(responses_text({**base, "input": list(items)}))
+        call = {"type": "function_call", "call_id": f"c{turn}", "name": "ls", "arguments": "{}",
+                "id": f"fc_{turn}", "status": "completed"}  # fmt: skip
+        output = {
+            "type": "function_call_output",
+            "call_id": f"c{turn}",
+            "output": "x" * rng.randint(1, 400),
+        }
+        items += [call, output, {"role": "assistant", "content": "ok"}]
+    for earlier, later in itertools.pairwise(texts):
+        assert later.startswith(earlier) and len(later) > len(earlier)
+    assert texts[0].startswith("<|tools|>") and "<|system|>\nbe brief\n" in texts[0]
+    assert request_text({**base, "input": list(items)}) == responses_text({**base, "input": items})
+    # A string input is a user message; a completion body with `input` stays a completion.
+    assert responses_text({"input": "hi"}) == "<|user|>\nhi\n"
+    assert request_text({"prompt": "p", "input": "x"}) == "p"
+
+
+def test_usage_of_responses_answers_and_streams():
+    usage = {"input_tokens": 120, "input_tokens_details": {"cached_tokens": 96},
+             "output_tokens": 7, "output_tokens_details": {"reasoning_tokens": 0},
+             "total_tokens": 127}  # fmt: skip
+    body = {"id": "resp_1", "object": "response", "output": [], "usage": usage, "user": None}
+    got = usage_from_json_body(json.dumps(body).encode())
+    assert got is not None and (got.prompt_tokens, got.cached_tokens, got.completion_tokens) == (
+        120, 96, 7)  # fmt: skip
+    tap = SseUsageTap(strip_usage_chunk=False)
+    stream = (
+        _event("response.created", response={"id": "r", "usage": None})
+        + _event("response.output_text.delta", delta='"usage": {"input_tokens": 9}')
+        + _event("response.completed", response={"id": "r", "usage": usage})
+    )
+    assert tap.feed(stream) == stream  # nothing stripped
+    assert tap.usage is not None and tap.usage.cached_tokens == 96
+
+
+def test_opening_events_end_at_the_first_output_however_the_bytes_are_cut():
+    rng = random.Random(1)
+    for line in (True, False):
+        opening = _event("response.created", line=line, response={"instructions": "x" * 300,
+                         "tools": [{"type": "function"}]}) + _event(
+            "response.in_progress", line=line, response={"status": "in_progress"})  # fmt: skip
+        first = _event("response.output_item.added", line=line, item={"type": "message"})
+        assert all(is_opening(e + b"\n\n") for e in opening.split(b"\n\n")[:-1])
+        assert not is_opening(first)
+        for _ in range(50):
+            data = opening + first + b"event: more\r\n\r\n"
+            reader, fed, done_at = OpeningEvents(1 << 20), 0, None
+            while fed < len(data):
+                cut = min(len(data), fed + rng.randint(1, 40))
+                if reader.feed(data[fed:cut]):
+                    done_at = cut
+                    break
+                fed = cut
+            assert done_at is not None and done_at >= len(opening + first)
+            assert done_at - len(opening + first) < 40 and reader.held == data[:done_at]
+    reader = OpeningEvents(100)
+    assert not reader.feed(b"event: response.created\ndata: {}\n\n")
+    with pytest.raises(UpstreamError):
+        reader.feed(b"x" * 80)
+
+
+async def test_a_stream_that_fails_before_its_first_output_is_retried_unseen():
+    """Pod 0 opens the stream and dies before any output: the client sees pod 1's stream only,
+    whole; the router's TTFT is that of the first output event, not of the opening."""
+    answered: list[str] = []
+    retried = 0
+
+    class Opened(httpx.AsyncByteStream):
+        def __init__(self, pod: str) -> None:
+            self.pod = pod
+
+        async def __aiter__(self):
+            yield _event("response.created", response={"id": self.pod, "usage": None})
+            yield _event("response.in_progress", response={"id": self.pod, "usage": None})
+            if self.pod == "pod0:8000":
+                raise httpx.ReadError("pod died during the prefill")
+            await asyncio.sleep(PREFILL_SECONDS)
+            yield _event("response.output_text.delta", delta="hi")
+            usage = {"input_tokens": 10, "input_tokens_details": {"cached_tokens": 4},
+                     "output_tokens": 1}  # fmt: skip
+            yield _event("response.completed", response={"id": self.pod, "usage": usage})
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(200, text="")
+        pod = request.url.netloc.decode()
+        body = json.loads(request.content)
+        assert tag_of(body["request_id"]) == endpoint_tag(pod)  # each attempt names its pod
+        assert "stream_options" not in body
+        answered.append(pod)
+        return httpx.Response(
+            200, headers={"content-type": "text/event-stream"}, stream=Opened(pod)
+        )
+
+    runtime = RouterRuntime(make_config(2), transport=httpx.MockTransport(handler))
+    await runtime.start()
+    client = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=RouterApp(runtime)), base_url="http://r"
+    )
+    try:
+        for _ in range(4):
+            answered.clear()
+            request = {"model": "m", "input": "hello " * 50, "stream": True}
+            resp = await client.post("/v1/responses", json=request)
+            assert resp.status_code == 200
+            served = answered[-1]
+            retried += answered[0] == "pod0:8000"
+            assert served == "pod1:8000" and resp.headers["x-kvgate-endpoint"] == served
+            assert resp.text.count("response.created") == 2  # its event line and type
+            assert f'"id": "{served}"' in resp.text and "pod0" not in resp.text
+            assert resp.text.endswith(_event("response.completed", response={
+                "id": served, "usage": {"input_tokens": 10, "input_tokens_details":
+                {"cached_tokens": 4}, "output_tokens": 1}}).decode())  # fmt: skip
+        assert retried >= 1
+        page = generate_latest(runtime.metrics.registry).decode()
+        ttft = sum_samples(page, ["kvgate_router_ttft_seconds_sum"])
+        assert ttft["kvgate_router_ttft_seconds_sum"] >= 4 * PREFILL_SECONDS
+    finally:
+        await client.aclose()
+        await runtime.stop()
