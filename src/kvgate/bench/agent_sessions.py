@@ -12,6 +12,10 @@ Scaling to many concurrent sessions: session *i* replays trajectory ``i mod T`` 
 share the system prompt but not the task; session starts form a Poisson process that spreads
 ``num_sessions`` starts over ``ramp_s`` seconds. ``max_turns`` cuts every session short.
 
+With ``api=responses`` each turn goes to ``/v1/responses`` (:func:`responses_body`): the
+system prompt as ``instructions``, the rest as input items, resent whole as the Agents SDK does
+without ``previous_response_id``.
+
 With ``api=completions`` the history is rendered to text (:func:`render_chat_text`, the
 simulator's fallback template) and sent to ``/v1/completions``: the pod computes the same tokens,
 and a client or router that measures TTFT at the first byte is not misled by a server that opens
@@ -39,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kvgate.bench.workload import (
     CHAT_COMPLETIONS,
     COMPLETIONS,
+    RESPONSES,
     BenchRequest,
     Session,
     Workload,
@@ -67,10 +72,12 @@ class AgentSessionParams(BaseModel):
         2.0, ge=0, description="mean pause between a turn's answer and the next turn"
     )
     max_output_len: int = Field(default=256, ge=1, description="cap on the tokens asked per turn")
-    api: Literal["chat", "completions"] = Field(
+    api: Literal["chat", "completions", "responses"] = Field(
         default="chat",
         description="chat: send messages; completions: send the history rendered as text "
-        "with the simulator's fallback chat template (see render_chat_text)",
+        "with the simulator's fallback chat template (see render_chat_text); responses: send "
+        "the system prompt as `instructions` and the rest as `input` items to /v1/responses, "
+        "the whole history every turn, nothing stored",
     )
     trajectory_dir: str | None = Field(
         None, description="folder of *.traj files; default: bundled copy"
@@ -129,6 +136,28 @@ def character_units(messages: Sequence[Message]) -> list[int]:
     return out
 
 
+_PATHS = {"chat": CHAT_COMPLETIONS, "completions": COMPLETIONS, "responses": RESPONSES}
+
+
+def responses_body(prompt: Sequence[Message], output: int, session_id: str) -> dict[str, Any]:
+    """A Responses API turn: a leading system message as `instructions`, the rest as message
+    items, exactly `output` tokens asked (vLLM's Responses API takes `ignore_eos`), not stored
+    (the agent resends its history)."""
+    system = prompt[0]["content"] if prompt and prompt[0]["role"] == "system" else None
+    items = [dict(m) for m in prompt[1 if system is not None else 0 :]]
+    body: dict[str, Any] = {
+        "input": items,
+        "max_output_tokens": output,
+        "ignore_eos": True,
+        "temperature": 0.0,
+        "store": False,
+        "user": session_id,
+    }
+    if system is not None:
+        body["instructions"] = system
+    return body
+
+
 def session_turns(
     session_id: str,
     history: list[Message],
@@ -149,12 +178,14 @@ def session_turns(
         body: dict[str, Any] = {**exact_output_fields(output), "user": session_id}
         if params.api == "chat":
             body["messages"] = [dict(m) for m in prompt]
+        elif params.api == "responses":
+            body = responses_body(prompt, output, session_id)
         else:
             body["prompt"] = render_chat_text(prompt)
         turns.append(
             BenchRequest(
                 request_id=f"{session_id}-t{len(turns)}",
-                path=CHAT_COMPLETIONS if params.api == "chat" else COMPLETIONS,
+                path=_PATHS[params.api],
                 body=body,
                 max_tokens=output,
                 prefix_units=tuple(units),

@@ -1,7 +1,8 @@
 """Load generator: open-loop arrivals and closed-loop sessions over streaming HTTP.
 
-Every request is sent with ``stream: true`` and ``stream_options.include_usage`` so that one
-response gives both timings and the pod's own token accounting:
+Every request is sent with ``stream: true`` and ``stream_options.include_usage`` (a Responses
+API request without it: its stream always ends with the usage) so that one response gives both
+timings and the pod's own token accounting:
 
 - TTFT = arrival of the first SSE chunk carrying generated text - send time (with vLLM that is
   the first byte of the body; a chat stream's opening role-only chunk does not count);
@@ -35,7 +36,7 @@ from typing import Any
 import httpx
 
 from kvgate.bench.records import LATE_SEND_S, LOOP_STALL_S, GeneratorHealth, RequestRecord
-from kvgate.bench.workload import BenchRequest, Session, Workload
+from kvgate.bench.workload import RESPONSES, BenchRequest, Session, Workload
 
 CLASS_HEADER = "x-kvgate-class"
 SESSION_HEADER = "x-session-id"
@@ -69,8 +70,12 @@ def parse_usage(line: str) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
-# A JSON string value of a token field that is not empty: `"text": "x`, `"content":"x`.
-_TEXT_VALUE = re.compile(rb'"(?:text|content|reasoning_content)"\s*:\s*"(?!")')
+# A JSON string value of a token field that is not empty: `"text": "x`, `"content":"x`, and a
+# Responses API stream's `"delta":"x` (its opening events echo the request, with no such field).
+_TEXT_VALUE = re.compile(rb'"(?:text|content|reasoning_content|delta)"\s*:\s*"(?!")')
+# The last `usage` object of a stream's tail (a Responses stream's last event holds the whole
+# response, which may be longer than the tail, but `usage` is among its last fields).
+_USAGE = re.compile(rb'(?<!\\)"usage"\s*:\s*(?=\{)')
 _TAIL_BYTES = 8192
 
 
@@ -94,10 +99,25 @@ def carries_text(line: str) -> bool:
     return bool(choice.get("text") or delta.get("content") or delta.get("reasoning_content"))
 
 
+def responses_usage(tail: bytes) -> dict[str, Any] | None:
+    """The usage of a Responses API stream, from its tail (the last `usage` object in it)."""
+    starts = [match.end() for match in _USAGE.finditer(tail)]
+    if not starts:
+        return None
+    try:
+        usage, _ = json.JSONDecoder().raw_decode(tail[starts[-1] :].decode(errors="replace"))
+    except json.JSONDecodeError:
+        return None
+    return usage if isinstance(usage, dict) else None
+
+
 def apply_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
-    record.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-    record.completion_tokens = int(usage.get("completion_tokens") or 0)
-    details = usage.get("prompt_tokens_details") or {}
+    """Chat and completions name the counts `prompt_tokens`..., the Responses API
+    `input_tokens`..."""
+    names = ("prompt", "completion") if "prompt_tokens" in usage else ("input", "output")
+    record.prompt_tokens = int(usage.get(f"{names[0]}_tokens") or 0)
+    record.completion_tokens = int(usage.get(f"{names[1]}_tokens") or 0)
+    details = usage.get(f"{names[0]}_tokens_details") or {}
     record.cached_tokens = (
         int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
     )
@@ -221,7 +241,8 @@ class LoadGenerator:
         body = dict(request.body)
         body["model"] = self._model
         body["stream"] = True
-        body["stream_options"] = {"include_usage": True}
+        if request.path != RESPONSES:
+            body["stream_options"] = {"include_usage": True}
         record = RequestRecord(
             request_id=request.request_id,
             request_class=request.request_class,
@@ -262,6 +283,13 @@ class LoadGenerator:
                     record.first_byte_s = self._now()
                 tail = (tail + chunk)[-_TAIL_BYTES:]
             record.end_s = self._now()
+            if path == RESPONSES:
+                usage = responses_usage(tail)
+                if usage is not None:
+                    apply_usage(record, usage)
+                elif b'"type":"error"' in tail or b'"type": "error"' in tail:
+                    record.error = tail[-200:].decode(errors="replace")
+                return
             for raw_line in reversed(tail.split(b"\n")):
                 line = raw_line.decode(errors="replace").strip()
                 usage = parse_usage(line)

@@ -23,6 +23,7 @@ from typing import Any
 
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
+RESPONSES = "/v1/responses"
 
 
 @dataclass(frozen=True)

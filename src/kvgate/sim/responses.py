@@ -6,7 +6,8 @@ without the system message, and its output as an assistant message), then the `i
 is a user message; items: messages, function calls folded into an assistant message's
 `tool_calls`, function call outputs as tool messages). The answer's id is the request's
 `request_id` (vLLM's default `resp_` + a random id). The pod stores each answer in memory, as
-vLLM does with `VLLM_ENABLE_RESPONSES_API_STORE=1`, keeping the newest `MAX_STORED` of them:
+vLLM does with `VLLM_ENABLE_RESPONSES_API_STORE=1`, keeping the newest `MAX_STORED` of them (at
+most `MAX_STORED_BYTES`; vLLM keeps every one):
 only this pod can serve a follow-up (`previous_response_id`) or a retrieval.
 
 A stream opens with `response.created` and `response.in_progress` at once, before the prefill,
@@ -25,6 +26,7 @@ from typing import Any
 from kvgate.sim.openai import BadRequest
 
 MAX_STORED = 4096
+MAX_STORED_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -34,20 +36,28 @@ class StoredResponse:
 
 
 class ResponseStore:
-    """The pod's stored responses, newest `max_entries` kept."""
+    """The pod's stored responses: the newest `max_entries`, at most `max_bytes` of JSON."""
 
-    def __init__(self, max_entries: int = MAX_STORED) -> None:
+    def __init__(self, max_entries: int = MAX_STORED, max_bytes: int = MAX_STORED_BYTES) -> None:
         self.max_entries = max_entries
-        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self.max_bytes = max_bytes
+        self.bytes = 0
+        self._items: OrderedDict[str, tuple[StoredResponse, int]] = OrderedDict()
 
     def get(self, response_id: str) -> StoredResponse | None:
-        return self._items.get(response_id)
+        found = self._items.get(response_id)
+        return found[0] if found is not None else None
 
     def put(self, response_id: str, stored: StoredResponse) -> None:
-        self._items[response_id] = stored
-        self._items.move_to_end(response_id)
-        while len(self._items) > self.max_entries:
-            self._items.popitem(last=False)
+        size = len(json.dumps(stored.messages)) + len(json.dumps(stored.body))
+        old = self._items.pop(response_id, None)
+        if old is not None:
+            self.bytes -= old[1]
+        self._items[response_id] = (stored, size)
+        self.bytes += size
+        while self._items and (len(self._items) > self.max_entries or self.bytes > self.max_bytes):
+            _, (_, dropped) = self._items.popitem(last=False)
+            self.bytes -= dropped
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """Load generator against an in-process ASGI-free mock transport (httpx.MockTransport)."""
 
+import asyncio
 import gc
 import json
 import time
@@ -114,3 +115,47 @@ async def test_a_stalled_loop_is_reported_with_its_time_and_the_collector_is_unf
     assert stall_s >= 0.3 and 0.1 < stall_end_s <= records[0].end_s + 0.1
     assert health.client_limited(len(records))
     assert gc.get_freeze_count() == 0  # the workload was frozen only while it ran
+
+
+async def test_a_responses_stream_is_timed_at_its_first_delta_and_its_usage_read():
+    """The opening events (the request echoed, `usage: null`) are not a token; the usage is
+    the last event's, however long the response object before it."""
+    from kvgate.bench.workload import RESPONSES, BenchRequest
+
+    def event(kind: str, **fields: object) -> bytes:
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n".encode()
+
+    usage = {"input_tokens": 40, "input_tokens_details": {"cached_tokens": 32}, "output_tokens": 2}
+    echo = {"instructions": "x" * 20_000, "text": {"format": {"type": "text"}}, "usage": None}
+    stream = (
+        event("response.created", response=echo)
+        + event("response.content_part.added", part={"type": "output_text", "text": ""})
+        + event("response.output_text.delta", delta="hi")
+        + event("response.completed", response={**echo, "output": [], "usage": usage})
+    )
+    seen: list[dict] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        seen.append(json.loads(request.content))
+        chunks = [stream[: stream.index(b"event: response.output_text.delta")]]
+        chunks.append(stream[len(chunks[0]) :])
+
+        class Slow(httpx.AsyncByteStream):
+            async def __aiter__(self):
+                yield chunks[0]
+                await asyncio.sleep(0.05)
+                yield chunks[1]
+
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, stream=Slow())
+
+    turn = BenchRequest(
+        request_id="r", path=RESPONSES, body={"input": "hi"}, max_tokens=2, prefix_units=()
+    )
+    workload = Workload(name="w", requests=(turn,))
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        records, _ = await LoadGenerator(client, "http://target", "m", duration_s=1.0).run(workload)
+    (record,) = records
+    assert record.ok, record.error
+    assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (40, 32, 2)
+    assert record.ttft_s is not None and record.ttft_s >= 0.05
+    assert "stream_options" not in seen[0] and seen[0]["stream"] is True

@@ -1,6 +1,7 @@
 """Workload generators: the documented shapes, determinism, and scaling overrides."""
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -175,4 +176,22 @@ def test_completions_api_sends_the_text_the_pod_would_render():
             assert turn.path == "/v1/completions" and "messages" not in turn.body
             assert turn.body["prompt"] == render_chat_text(chat_turn.body["messages"])
             assert codec.encode(turn.body["prompt"]) == chat_tokenizer()(chat_turn.body["messages"])
+            assert turn.prefix_units == chat_turn.prefix_units
+
+
+def test_responses_api_sends_what_the_pod_renders_as_the_chat_turn():
+    from kvgate.bench.bench_command import chat_tokenizer
+    from kvgate.sim.responses import ResponseStore, parse_responses
+
+    params = AgentSessionParams(num_sessions=2, max_turns=3, api="responses")
+    w = build_agent_sessions(params, tokenize=chat_tokenizer())
+    chat = build_agent_sessions(
+        params.model_copy(update={"api": "chat"}), tokenize=chat_tokenizer()
+    )
+    for session, chat_session in zip(w.sessions, chat.sessions, strict=True):
+        for turn, chat_turn in zip(session.turns, chat_session.turns, strict=True):
+            assert turn.path == "/v1/responses" and turn.body["store"] is False
+            assert turn.body["max_output_tokens"] == chat_turn.max_tokens
+            parsed = parse_responses(json.dumps(turn.body).encode(), ResponseStore())
+            assert parsed.messages == chat_turn.body["messages"]
             assert turn.prefix_units == chat_turn.prefix_units
