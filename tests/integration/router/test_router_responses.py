@@ -127,3 +127,36 @@ async def test_ids_the_router_cannot_place_are_a_clear_404(sim_pods):
             assert ok.status_code == 200 and ok.json()["id"] == live.id
             empty = await http.post(url + "/v1/responses", json={"model": "m", "input": []})
             assert empty.status_code == 400 and empty.json()["error"]["param"] == "input"
+
+
+async def test_with_tenants_a_response_is_reachable_only_with_its_tenants_key(sim_pods):
+    pods = sim_pods(2)
+    tenants = {
+        "tenants": [
+            {"name": "a", "api_keys": [{"value": "key-a"}]},
+            {"name": "b", "api_keys": [{"value": "key-b"}]},
+        ],
+        "unknown_key": "reject",
+    }
+    config = pool_config([p.url for p in pods], tenants=tenants)
+    async with serve_router(config) as (url, _):
+        a = openai.AsyncOpenAI(base_url=url + "/v1", api_key="key-a", max_retries=0)
+        b = openai.AsyncOpenAI(base_url=url + "/v1", api_key="key-b", max_retries=0)
+        nobody = openai.AsyncOpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0)
+        async with a, b, nobody:
+            written = await a.responses.create(model="m", input="secret plan", max_output_tokens=4)
+            assert (await a.responses.retrieve(written.id)).id == written.id
+            follow_up = await a.responses.create(
+                model="m", input="more", previous_response_id=written.id, max_output_tokens=2
+            )
+            assert follow_up.status == "completed"
+            with pytest.raises(openai.NotFoundError):
+                await b.responses.retrieve(written.id)
+            with pytest.raises(openai.NotFoundError):
+                await b.responses.cancel(written.id)
+            with pytest.raises(openai.NotFoundError):
+                await b.responses.create(
+                    model="m", input="x", previous_response_id=written.id, max_output_tokens=2
+                )
+            with pytest.raises(openai.AuthenticationError):
+                await nobody.responses.retrieve(written.id)

@@ -17,7 +17,18 @@ from tests.unit.router.fakes import make_config
 from kvgate.discovery.endpoints import Endpoint, EndpointSpec
 from kvgate.prefix.approx import request_text, responses_text
 from kvgate.promtext import sum_samples
-from kvgate.router.core.response_ids import PREFIX, endpoint_tag, mint, tag_of, tagged
+from kvgate.router.core.classify import Classifier
+from kvgate.router.core.errors import RouterError
+from kvgate.router.core.response_ids import (
+    PREFIX,
+    UNSCOPED,
+    ResponseId,
+    endpoint_tag,
+    mint,
+    parse,
+    scope_tag,
+    tagged,
+)
 from kvgate.router.http.responses_stream import OpeningEvents, is_opening
 from kvgate.router.http.upstream import UpstreamError
 from kvgate.router.http.usage import SseUsageTap, usage_from_json_body
@@ -32,20 +43,55 @@ def _event(kind: str, *, line: bool = True, **fields: Any) -> bytes:
     return (f"event: {kind}\n" if line else "").encode() + f"data: {data}\n\n".encode()
 
 
-def test_a_minted_id_names_its_pod_and_nothing_else_does():
+def test_a_minted_id_names_its_pod_and_tenant_and_nothing_else_does():
     pods = [
         Endpoint(EndpointSpec(f"ns/pod-{i}", "ns/p", f"http://10.0.0.{i}:8000")) for i in range(5)
     ]
+    scopes = [UNSCOPED, scope_tag("salt-a"), scope_tag("salt-b")]
+    assert len(set(scopes)) == 3
     for pod in pods:
-        minted = mint(pod.id)
-        assert minted.startswith(PREFIX) and minted != mint(pod.id)  # random part
-        assert tag_of(minted) == endpoint_tag(pod.id)
-        assert tagged(pods, tag_of(minted)) is pod
-    assert tagged(pods[1:], tag_of(mint(pods[0].id))) is None  # the pod left
-    good = mint("a")
-    for other in (None, 7, "", "resp_" + "0" * 44, good.upper(), good + "0", good[:-1],
+        for scope in scopes:
+            minted = mint(pod.id, scope)
+            assert minted.startswith(PREFIX) and minted != mint(pod.id, scope)  # random part
+            assert parse(minted) == ResponseId(endpoint_tag(pod.id), scope)
+            assert tagged(pods, endpoint_tag(pod.id)) is pod
+    assert tagged(pods[1:], endpoint_tag(pods[0].id)) is None  # the pod left
+    good = mint("a", scopes[1])
+    for other in (None, 7, "", "resp_" + "0" * 58, good.upper(), good + "0", good[:-1],
                   good[:-1] + "g", good.replace("resp_kg", "resp_kh")):  # fmt: skip
-        assert tag_of(other) is None, other
+        assert parse(other) is None, other
+
+
+def test_with_tenants_a_previous_response_of_another_tenant_is_unknown():
+    config = make_config(
+        2,
+        tenants={
+            "tenants": [
+                {"name": "a", "api_keys": [{"value": "key-a"}]},
+                {"name": "b", "api_keys": [{"value": "key-b"}]},
+            ]
+        },
+    )
+    classifier = Classifier(config)
+    as_a, as_b = {"authorization": "Bearer key-a"}, {"authorization": "Bearer key-b"}
+    body = {"model": "m", "input": "hi"}
+    salt_a = classifier.classify(body, as_a).cache_salt
+    scope_a = classifier.response_scope(salt_a)
+    assert scope_a != UNSCOPED and scope_a == classifier.caller_scope(as_a)
+    assert classifier.caller_scope(as_b) not in (scope_a, UNSCOPED)
+    written = mint("pod0:8000", scope_a)
+    follow_up = {**body, "previous_response_id": written}
+    assert classifier.classify(follow_up, as_a).pinned_tag == endpoint_tag("pod0:8000")
+    with pytest.raises(RouterError) as err:
+        classifier.classify(follow_up, as_b)
+    assert err.value.status == 404 and "not found" in err.value.message
+    # Without tenants every id is unscoped, and an id that is not a router's pins nothing.
+    open_classifier = Classifier(make_config(2))
+    assert open_classifier.response_scope("client-salt") == UNSCOPED
+    unscoped = {**body, "previous_response_id": mint("pod1:8000")}
+    assert open_classifier.classify(unscoped, {}).pinned_tag == endpoint_tag("pod1:8000")
+    foreign = {**body, "previous_response_id": "resp_123"}
+    assert open_classifier.classify(foreign, {}).pinned_tag is None
 
 
 def test_responses_text_of_a_later_turn_extends_the_earlier_one():
@@ -143,7 +189,8 @@ async def test_a_stream_that_fails_before_its_first_output_is_retried_unseen():
             return httpx.Response(200, text="")
         pod = request.url.netloc.decode()
         body = json.loads(request.content)
-        assert tag_of(body["request_id"]) == endpoint_tag(pod)  # each attempt names its pod
+        named = parse(body["request_id"])  # each attempt names its pod
+        assert named is not None and named.pod == endpoint_tag(pod)
         assert "stream_options" not in body
         answered.append(pod)
         return httpx.Response(

@@ -20,7 +20,7 @@
   whatever a client sends, and the same long id still names the same session.
 - **Previous response**: a Responses API request continuing a response the router's pods
   stored (`previous_response_id` minted by a router, `response_ids.py`) carries that pod's tag:
-  it is routed to that pod only.
+  it is routed to that pod only. With tenants, an id minted for another tenant is a 404.
 - **Pools for a class**: online → online pools (batch pools only if no online pool has a ready
   endpoint and that is allowed); batch → batch pools plus online pools as borrowable (the caller
   admits an online endpoint for batch only while its load is under the borrowing limits).
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.api.router_config import PoolConfig, RequestClass, RouterConfig
-from kvgate.router.core.errors import RouterError, bad_request
-from kvgate.router.core.response_ids import tag_of
+from kvgate.router.core.errors import RouterError, bad_request, not_found_response
+from kvgate.router.core.response_ids import UNSCOPED, parse, scope_tag
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,9 @@ class Classifier:
             raise bad_request(
                 "`previous_response_id` must be a string", param="previous_response_id"
             )
+        continued = parse(previous)
+        if continued is not None and continued.scope != self.response_scope(salt):
+            raise not_found_response(str(previous), "previous_response_id")
         if request_class == "online":
             home = tuple(p for p in pools if p.pool_class == "online")
             borrow = (
@@ -152,8 +155,20 @@ class Classifier:
                 else ()
             )
         return Classification(
-            model, request_class, tenant, salt, session, home, borrow, tag_of(previous)
-        )
+            model, request_class, tenant, salt, session, home, borrow,
+            continued.pod if continued is not None else None,
+        )  # fmt: skip
+
+    def response_scope(self, salt: str | None) -> str:
+        """The tenant scope of the response ids minted for a request with this cache salt
+        (`response_ids.py`): the tenant's tag with tenants configured, else unscoped."""
+        return scope_tag(salt) if self._tenants_enabled and salt is not None else UNSCOPED
+
+    def caller_scope(self, headers: Mapping[str, str]) -> str:
+        """The tenant scope of a request without a body (a stored response's retrieval), from
+        its API key; RouterError 401 as `classify` for an unknown key under `reject`."""
+        _tenant, salt = self._tenant(None, headers)
+        return self.response_scope(salt)
 
     def _tenant(
         self, client_salt: str | None, headers: Mapping[str, str]

@@ -58,6 +58,11 @@ def bad_request(
     return RouterError(400, message, code=code, param=param)
 
 
+def not_found_response(response_id: str, param: str) -> RouterError:
+    """vLLM's answer for a stored response it does not hold (the id shown cut to 80 chars)."""
+    return RouterError(404, f"Response with id '{response_id[:80]}' not found.", param=param)
+
+
 def unavailable(message: str, *, code: str = "no_endpoint") -> RouterError:
     return RouterError(503, message, type="service_unavailable", code=code)
 

@@ -30,9 +30,9 @@ from urllib.parse import parse_qs, urlencode
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvgate.router.core.errors import RouterError, error_bytes
+from kvgate.router.core.errors import RouterError, error_bytes, not_found_response
 from kvgate.router.core.lifecycle import ClientRequest
-from kvgate.router.core.response_ids import mint, tag_of, tagged
+from kvgate.router.core.response_ids import mint, parse, tagged
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.http.proxy import plan_headers
 from kvgate.router.runtime import RouterRuntime
@@ -169,11 +169,13 @@ class RouterApp:
         # A Responses API answer's id names the pod that wrote it (`response_ids.py`), unless
         # the client chose the id.
         names_pod = kind == "responses" and "request_id" not in body
+        classifier = self.runtime.core.state.classifier
 
         def forward(plan: RoutePlan) -> bytes:
             """The body for the pool `plan` chose (a retry may go to another pool)."""
             if names_pod:
-                named = {**body, "request_id": mint(plan.endpoint.id)}
+                scope = classifier.response_scope(plan.classification.cache_salt)
+                named = {**body, "request_id": mint(plan.endpoint.id, scope)}
                 return _forward_body(
                     raw, named, plan.classification.cache_salt, False, cache_ops=False,
                     changed=True,
@@ -218,8 +220,8 @@ class RouterApp:
 
     async def _stored_response(self, scope: Scope, send: Send, rest: str) -> None:
         """`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`, relayed to the pod
-        whose tag the id carries (`response_ids.py`); 404 for an id no router minted or whose
-        pod has left."""
+        whose tag the id carries (`response_ids.py`); 404 for an id no router minted, minted
+        for another tenant, or whose pod has left."""
         method = scope["method"]
         response_id, _, action = rest.partition("/")
         if action not in ("", "cancel"):
@@ -227,11 +229,13 @@ class RouterApp:
         wanted = "GET" if action == "" else "POST"
         if method != wanted:
             raise RouterError(405, f"use {wanted} for {scope['path']}", code="method_not_allowed")
-        tag = tag_of(response_id)
-        pod = tagged(self.runtime.core.endpoints.all(), tag) if tag is not None else None
+        named = parse(response_id)
+        caller = self.runtime.core.state.classifier.caller_scope(_headers(scope))
+        pod = None
+        if named is not None and named.scope == caller:  # another tenant's: as if unknown
+            pod = tagged(self.runtime.core.endpoints.all(), named.pod)
         if pod is None:
-            shown = response_id if tag is not None else response_id[:80]
-            raise RouterError(404, f"Response with id '{shown}' not found.", param="response_id")
+            raise not_found_response(response_id, "response_id")
         target = f"{_STORED_RESPONSE}{response_id}" + ("/cancel" if action else "")
         if action == "":
             target += _retrieve_query(scope.get("query_string", b""))
