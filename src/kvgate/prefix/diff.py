@@ -33,7 +33,7 @@ _MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "rea
 _CHAT_TAIL_FIELDS = ("documents", "chat_template_kwargs", "add_generation_prompt")
 FIELD_NAMES = frozenset(
     ("chat_template", "tools", "messages", *_MESSAGE_FIELDS, *_CHAT_TAIL_FIELDS, "prompt")
-)
+) | {"input", "instructions"}
 """The field names a `FieldDifference.path` ends in (its `[index]` cut off), except a message's
 other keys: those the client chooses, so they are no bounded set (e.g. of metric labels)."""
 
@@ -83,35 +83,51 @@ def _differ(path: str, a: Any, b: Any) -> FieldDifference:
     return FieldDifference(path, None, _excerpt(a, 0), _excerpt(b, 0))
 
 
-def _message_difference(index: int, a: Any, b: Any) -> FieldDifference | None:
+def _message_difference(path: str, a: Any, b: Any) -> FieldDifference | None:
     if not isinstance(a, Mapping) or not isinstance(b, Mapping):
-        return None if a == b else _differ(f"messages[{index}]", a, b)
+        return None if a == b else _differ(path, a, b)
     for name in (*_MESSAGE_FIELDS, *sorted((set(a) | set(b)) - set(_MESSAGE_FIELDS))):
         if a.get(name) != b.get(name):
-            return _differ(f"messages[{index}].{name}", a.get(name), b.get(name))
+            return _differ(f"{path}.{name}", a.get(name), b.get(name))
     return None
+
+
+# Where a prompt's items are, with the fields rendered before and after them: chat messages,
+# and a Responses API body's input items (a string input is one user message).
+_ITEM_LISTS = (
+    ("messages", ("chat_template", "tools"), _CHAT_TAIL_FIELDS),
+    ("input", ("tools", "instructions"), ()),
+)
 
 
 def first_difference(
     a: Mapping[str, Any], b: Mapping[str, Any]
 ) -> tuple[DiffKind, FieldDifference | None]:
-    """The first differing field of two request bodies, in prompt order."""
-    a_messages, b_messages = a.get("messages"), b.get("messages")
-    if isinstance(a_messages, list) and isinstance(b_messages, list):
-        for name in ("chat_template", "tools"):
+    """The first differing field of two request bodies (chat, completion or Responses API), in
+    prompt order."""
+    for key, heads, tails in _ITEM_LISTS:
+        a_items, b_items = a.get(key), b.get(key)
+        if not (isinstance(a_items, list) and isinstance(b_items, list)):
+            continue
+        for name in heads:
             if a.get(name) != b.get(name):
                 return "diverges", _differ(name, a.get(name), b.get(name))
-        for index, (ma, mb) in enumerate(zip(a_messages, b_messages, strict=False)):
-            difference = _message_difference(index, ma, mb)
+        for index, (ia, ib) in enumerate(zip(a_items, b_items, strict=False)):
+            difference = _message_difference(f"{key}[{index}]", ia, ib)
             if difference is not None:
                 return "diverges", difference
-        if len(a_messages) != len(b_messages):
-            index = min(len(a_messages), len(b_messages))
-            path = f"messages[{index}]"
-            if len(a_messages) < len(b_messages):
-                return "extends", FieldDifference(path, None, "", _excerpt(b_messages[index], 0))
-            return "diverges", FieldDifference(path, None, _excerpt(a_messages[index], 0), "")
-        for name in _CHAT_TAIL_FIELDS:
+        if len(a_items) != len(b_items):
+            index = min(len(a_items), len(b_items))
+            path = f"{key}[{index}]"
+            if len(a_items) < len(b_items):
+                return "extends", FieldDifference(path, None, "", _excerpt(b_items[index], 0))
+            return "diverges", FieldDifference(path, None, _excerpt(a_items[index], 0), "")
+        for name in tails:
+            if a.get(name) != b.get(name):
+                return "diverges", _differ(name, a.get(name), b.get(name))
+        return "identical", None
+    if "input" in a and "input" in b and "prompt" not in a:
+        for name in ("tools", "instructions", "input"):
             if a.get(name) != b.get(name):
                 return "diverges", _differ(name, a.get(name), b.get(name))
         return "identical", None

@@ -125,3 +125,21 @@ def test_prefix_diff_command_errors(tmp_path, capsys):
     assert "error" in capsys.readouterr().err
     assert main([*base, str(tmp_path / "b.json"), "--tokenizer", str(tmp_path)]) == 1
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_first_difference_of_responses_bodies_names_the_item_and_field():
+    items = [{"role": "user", "content": "fix the bug"},
+             {"type": "function_call", "call_id": "c1", "name": "ls", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "a.py"}]  # fmt: skip
+    a = {"instructions": "be brief", "input": items}
+    assert first_difference(a, {**a, "input": [*items, {"role": "user", "content": "go"}]})[0] == (
+        "extends"
+    )
+    changed = [items[0], {**items[1], "arguments": '{"path": "."}'}, items[2]]
+    kind, field = first_difference(a, {**a, "input": changed})
+    assert kind == "diverges" and field is not None and field.path == "input[1].arguments"
+    kind, field = first_difference(a, {**a, "instructions": "be long"})
+    assert field is not None and field.path == "instructions" and field.char_offset == 3
+    kind, field = first_difference({"input": "hi"}, {"input": "ho"})
+    assert kind == "diverges" and field is not None and field.path == "input"
+    assert first_difference(a, dict(a)) == ("identical", None)

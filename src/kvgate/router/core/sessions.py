@@ -115,6 +115,17 @@ def digest_body(body: Mapping[str, Any]) -> dict[str, Any]:
                 out[name] = _digest(body[name])
     elif "prompt" in body:
         out["prompt"] = _digest(body["prompt"])
+    elif "input" in body:  # the Responses API
+        items = body["input"]
+        out["input"] = (
+            [{k: _digest(v) for k, v in i.items()} if isinstance(i, dict) else _digest(i)
+             for i in items]
+            if isinstance(items, list)
+            else _digest(items)
+        )  # fmt: skip
+        for name in ("tools", "instructions"):
+            if name in body:
+                out[name] = _digest(body[name])
     return out
 
 
