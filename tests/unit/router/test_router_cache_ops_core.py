@@ -23,7 +23,7 @@ from kvgate.router.core.routing import Router
 from kvgate.router.core.tokenize import load_request_tokenizer
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.runtime import build_state
-from kvgate.router.server.app import _forward_body
+from kvgate.router.server.forward import forward_body
 
 TOKENIZER = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
 
@@ -108,8 +108,8 @@ def test_chat_turns_with_a_rolling_drop_extend_each_other() -> None:
 def test_forward_body_strips_ops_for_pods_without_them() -> None:
     body = {"model": "m", "prompt": [1, 2], "cache": {"drop": {"1": [0]}}}
     raw = json.dumps(body).encode()
-    assert _forward_body(raw, body, None, False, cache_ops=True) == raw
-    stripped = json.loads(_forward_body(raw, body, None, False, cache_ops=False))
+    assert forward_body(raw, body, None, False, cache_ops=True) == raw
+    stripped = json.loads(forward_body(raw, body, None, False, cache_ops=False))
     assert "cache" not in stripped and stripped["prompt"] == [1, 2]
 
 
@@ -174,7 +174,7 @@ async def test_the_router_keys_and_forwards_the_ops_it_adds() -> None:
     assert plan.keys.lookup is not None
     raw = json.dumps(body).encode()
     forwarded = json.loads(
-        _forward_body(raw, client_sent, None, False, cache_ops=True, changed=True)
+        forward_body(raw, client_sent, None, False, cache_ops=True, changed=True)
     )
     assert forwarded["cache"] == plan.added_cache
     # A request queued before its plan is keyed (prompt_keys) as it will be sent: with the ops.

@@ -44,6 +44,7 @@ from kvgate.router.server.body import (
     read_body,
 )
 from kvgate.router.server.drain import Drain
+from kvgate.router.server.forward import forward_body
 
 log = logging.getLogger(__name__)
 
@@ -175,14 +176,13 @@ class RouterApp:
             """The body for the pool `plan` chose (a retry may go to another pool)."""
             if names_pod:
                 scope = classifier.response_scope(plan.classification.cache_salt)
-                named = {**body, "request_id": mint(plan.endpoint.id, scope)}
-                return _forward_body(
-                    raw, named, plan.classification.cache_salt, False, cache_ops=False,
-                    changed=True,
+                return forward_body(
+                    raw, body, plan.classification.cache_salt, False, cache_ops=False,
+                    response_id=mint(plan.endpoint.id, scope),
                 )  # fmt: skip
             ops, added = plan.pool.engine.cache_ops, plan.added_cache
             if (ops, added is not None) not in bodies:
-                bodies[ops, added is not None] = _forward_body(
+                bodies[ops, added is not None] = forward_body(
                     raw,
                     body if added is None else {**body, "cache": added},
                     plan.classification.cache_salt,
@@ -294,38 +294,6 @@ def _needs_usage(body: dict[str, Any], stream: bool) -> bool:
         return False
     options = body.get("stream_options")
     return not (isinstance(options, dict) and options.get("include_usage") is True)
-
-
-def _forward_body(
-    raw: bytes,
-    body: dict[str, Any],
-    salt: str | None,
-    add_usage: bool,
-    *,
-    cache_ops: bool,
-    changed: bool = False,
-) -> bytes:
-    """The body sent to the pod: tenant salt injected, usage requested for streams, `cache`
-    ops removed for engines that do not support them (vLLM would ignore them; the router keyed
-    the prompt without them). `changed`: `body` is no longer what `raw` holds."""
-    if salt is not None and body.get("cache_salt") != salt:
-        body = {**body, "cache_salt": salt}
-        changed = True
-    elif salt is None and "cache_salt" in body:
-        body = {k: v for k, v in body.items() if k != "cache_salt"}
-        changed = True
-    if not cache_ops and "cache" in body:
-        body = {k: v for k, v in body.items() if k != "cache"}
-        changed = True
-    if add_usage:
-        options = body.get("stream_options")
-        merged = dict(options) if isinstance(options, dict) else {}
-        merged["include_usage"] = True
-        body = {**body, "stream_options": merged}
-        changed = True
-    if not changed:
-        return raw
-    return json.dumps(body, separators=(",", ":")).encode()
 
 
 async def _cancel_on_disconnect(
