@@ -7,12 +7,15 @@ import asyncio
 import itertools
 import json
 import random
+import re
+import zipfile
 from typing import Any
 
 import httpx
 import pytest
 from prometheus_client import generate_latest
 from tests.unit.router.fakes import make_config
+from tests.vllm_wheel import vllm_wheel
 
 from kvgate.discovery.endpoints import Endpoint, EndpointSpec
 from kvgate.prefix.approx import request_text, responses_text
@@ -223,3 +226,25 @@ async def test_a_stream_that_fails_before_its_first_output_is_retried_unseen():
     finally:
         await client.aclose()
         await runtime.stop()
+
+
+def test_what_the_router_assumes_of_vllms_responses_api_holds_in_its_code():
+    """vLLM 0.33's own code: the response's id is the request's `request_id` (so the router can
+    name the pod in it), the retrieval and cancel routes and query, the stream's opening events
+    before any output, `event:` lines, and the not-found answer the router mimics."""
+    with zipfile.ZipFile(vllm_wheel()) as zf:
+        read = lambda name: zf.read(f"vllm/entrypoints/openai/responses/{name}").decode()  # noqa: E731
+        protocol, routes, serving = read("protocol.py"), read("api_router.py"), read("serving.py")
+    request = protocol[protocol.index("class ResponsesRequest(") :]
+    assert re.search(r'\n    request_id: str = Field\(\s*default_factory=lambda: f"resp_', request)
+    assert re.search(r"\n    previous_response_id: str \| None = None", request)
+    from_request = protocol[protocol.index("def from_request(") :]
+    assert "id=request.request_id," in from_request[: from_request.index("return cls(") + 200]
+    assert '@router.get("/v1/responses/{response_id}")' in routes
+    assert '@router.post("/v1/responses/{response_id}/cancel")' in routes
+    assert "starting_after: int | None = None,\n    stream: bool | None = False," in routes
+    assert 'f"event: {event_type}\\ndata: "' in routes
+    created = serving.index('type="response.created"')
+    in_progress = serving.index('type="response.in_progress"', created)
+    assert created < in_progress < serving.index("async for event_data in processor(", in_progress)
+    assert "message=f\"Response with id '{response_id}' not found.\"" in serving
