@@ -11,8 +11,9 @@ vLLM's own keys.
 The text of a request: a completion's ``prompt`` string (token-id prompts are written as their
 decimal ids); a chat request's tools (canonical JSON) then each message as
 ``<|role|>\\ncontent\\n`` with tool calls as canonical JSON, which keeps the text of a resent
-history stable turn after turn; a Responses API body's tools, instructions and input items
-(`responses_text`).
+history stable turn after turn (an Anthropic Messages body's `system` after its tools, without
+Claude Code's per-request billing header); a Responses API body's tools, instructions and input
+items (`responses_text`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,20 @@ CHARS_PER_TOKEN = 4.0
 
 
 def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    return json.dumps(
+        _without_cache_control(value), sort_keys=True, ensure_ascii=False, separators=(",", ":")
+    )
+
+
+def _without_cache_control(value: Any) -> Any:
+    """`value` without Anthropic's `cache_control` markers, at any depth: they are no part of
+    the prompt, and Claude Code moves its marker to the newest block every turn (kept, the
+    block the marker left would key differently from the turn before)."""
+    if isinstance(value, Mapping):
+        return {k: _without_cache_control(v) for k, v in value.items() if k != "cache_control"}
+    if isinstance(value, list):
+        return [_without_cache_control(v) for v in value]
+    return value
 
 
 def _content_text(content: Any) -> str:
@@ -76,6 +90,28 @@ def _tools_text(body: Mapping[str, Any]) -> str:
     return f"<|tools|>\n{_canonical(tools)}\n" if tools else ""
 
 
+BILLING_HEADER = "x-anthropic-billing-header"
+"""A system text block Claude Code sends with a hash of each request: vLLM drops it (it would
+defeat prefix caching), and so do the keys."""
+
+
+def _system_text(body: Mapping[str, Any]) -> str:
+    """An Anthropic Messages API body's top-level `system` (a string, or text blocks)."""
+    system = body.get("system")
+    if isinstance(system, str):
+        return f"<|system|>\n{system}\n" if system else ""
+    if not isinstance(system, list):
+        return ""
+    texts = [
+        block["text"]
+        for block in system
+        if isinstance(block, Mapping)
+        and isinstance(block.get("text"), str)
+        and not block["text"].startswith(BILLING_HEADER)
+    ]
+    return f"<|system|>\n{''.join(texts)}\n" if texts else ""
+
+
 def responses_text(body: Mapping[str, Any]) -> str:
     """A Responses API body: its tools, `instructions` as a system message, then each `input`
     item in order (a message as a chat message; a tool call, its output, reasoning, ... as
@@ -98,11 +134,12 @@ def responses_text(body: Mapping[str, Any]) -> str:
 
 
 def request_text(body: Mapping[str, Any]) -> str:
-    """A stable text rendering of a completion, chat or Responses API request body, for
-    approximate keys."""
+    """A stable text rendering of a completion, chat, Anthropic Messages or Responses API request
+    body, for approximate keys."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        return _tools_text(body) + "".join(_message_text(m) for m in messages)
+        head = _tools_text(body) + _system_text(body)
+        return head + "".join(_message_text(m) for m in messages)
     if "input" in body and "prompt" not in body:
         return responses_text(body)
     text = completion_text(body)

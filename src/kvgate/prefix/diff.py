@@ -33,7 +33,7 @@ _MESSAGE_FIELDS = ("role", "content", "name", "tool_calls", "tool_call_id", "rea
 _CHAT_TAIL_FIELDS = ("documents", "chat_template_kwargs", "add_generation_prompt")
 FIELD_NAMES = frozenset(
     ("chat_template", "tools", "messages", *_MESSAGE_FIELDS, *_CHAT_TAIL_FIELDS, "prompt")
-) | {"input", "instructions"}
+) | {"input", "instructions", "system"}
 """The field names a `FieldDifference.path` ends in (its `[index]` cut off), except a message's
 other keys: those the client chooses, so they are no bounded set (e.g. of metric labels)."""
 
@@ -92,10 +92,11 @@ def _message_difference(path: str, a: Any, b: Any) -> FieldDifference | None:
     return None
 
 
-# Where a prompt's items are, with the fields rendered before and after them: chat messages,
-# and a Responses API body's input items (a string input is one user message).
+# Where a prompt's items are, with the fields rendered before and after them: chat messages
+# (Anthropic's with a top-level `system`), and a Responses API body's input items (a string
+# input is one user message).
 _ITEM_LISTS = (
-    ("messages", ("chat_template", "tools"), _CHAT_TAIL_FIELDS),
+    ("messages", ("chat_template", "tools", "system"), _CHAT_TAIL_FIELDS),
     ("input", ("tools", "instructions"), ()),
 )
 

@@ -2,7 +2,7 @@
 
 Routes (as vLLM 0.33 serves them): ``POST /v1/completions``, ``POST /v1/chat/completions``,
 ``POST /v1/responses`` (streaming SSE or not; ``sim/responses.py``), ``GET /v1/responses/{id}``,
-``POST /v1/responses/{id}/cancel``, ``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /version``,
+``POST /v1/responses/{id}/cancel``, ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's; ``sim/messages.py``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /version``,
 ``POST /reset_prefix_cache``, ``GET /server_info`` and ``GET /model_info`` (plus the
 ``/get_server_info`` and ``/get_model_info`` spellings the SGLang router asks for).
 Simulator-only: ``POST /sim/restart`` restarts the engine (KV event seq back to 0).
@@ -21,6 +21,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kvgate.sim import messages as anthropic
 from kvgate.sim.driver import RequestStream
 from kvgate.sim.engine import RequestRejected
 from kvgate.sim.openai import (
@@ -93,6 +94,8 @@ class SimApp:
             ("POST", "/v1/completions"): self._completions,
             ("POST", "/v1/chat/completions"): self._chat,
             ("POST", "/v1/responses"): self._responses,
+            ("POST", "/v1/messages"): self._messages,
+            ("POST", "/v1/messages/count_tokens"): self._count_tokens,
             ("POST", "/reset_prefix_cache"): self._reset_prefix_cache,
             ("GET", "/server_info"): self._server_info,
             ("GET", "/get_server_info"): self._server_info,
@@ -335,6 +338,78 @@ class SimApp:
             await send({"type": "http.response.body", "body": events.closing(text, answer)})
         else:
             await _respond(send, 200, json.dumps(answer).encode())
+
+    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            raw = await _read_body(receive)
+        except ConnectionError:
+            return
+        try:
+            req = anthropic.parse_messages(raw)
+            if req.model not in self._names:
+                raise BadRequest(f"The model `{req.model}` does not exist.", 404)
+            prompt = self.pod.codec.chat_token_ids({"messages": req.messages})
+            stream = self.pod.driver.submit(
+                req.message_id, prompt, req.max_tokens, cache_salt=req.cache_salt
+            )
+        except BadRequest as exc:
+            await _respond(send, exc.status, anthropic.error_body(exc.message, exc.status))
+            return
+        except (RequestRejected, TypeError, ValueError) as exc:
+            await _respond(send, 400, anthropic.error_body(str(exc), 400))
+            return
+        watcher = asyncio.create_task(self._watch_disconnect(receive, stream))
+        try:
+            await self._answer_messages(send, req, stream)
+        finally:
+            await cancel_and_wait(watcher)
+
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            req = anthropic.parse_messages(await _read_body(receive), counting=True)
+            count = len(self.pod.codec.chat_token_ids({"messages": req.messages}))
+        except ConnectionError:
+            return
+        except BadRequest as exc:
+            await _respond(send, exc.status, anthropic.error_body(exc.message, exc.status))
+            return
+        except (TypeError, ValueError) as exc:
+            await _respond(send, 400, anthropic.error_body(str(exc), 400))
+            return
+        await _respond(send, 200, json.dumps({"input_tokens": count}).encode())
+
+    async def _answer_messages(
+        self, send: Send, req: anthropic.MessagesRequest, stream: RequestStream
+    ) -> None:
+        sent = 0
+        while not stream.done:
+            await stream.wait(sent)
+            new = stream.tokens[sent:]
+            if req.stream and new:
+                out = b""
+                if sent == 0:  # vLLM's chat stream, which it converts, opens now
+                    await send({"type": "http.response.start", "status": 200, "headers": _SSE})
+                    out = anthropic.opening(req)
+                out += anthropic.delta(self.pod.codec.decode(new))
+                await send({"type": "http.response.body", "body": out, "more_body": True})
+            sent += len(new)
+        sim = stream.request
+        if not sim.is_finished or sim.finish_time is None or (req.stream and sent == 0):
+            if req.stream and sent:
+                await send({"type": "http.response.body", "body": b""})
+            else:
+                await _respond(send, 500, anthropic.error_body("engine restarted", 500))
+            return
+        text = self.pod.codec.decode(stream.tokens)
+        stop = "max_tokens" if len(stream.tokens) >= sim.max_tokens else "end_turn"
+        usage_ = anthropic.usage(sim.num_prompt_tokens, len(stream.tokens),
+                                 max(sim.num_cached_tokens, 0))  # fmt: skip
+        if req.stream:
+            await send({"type": "http.response.body", "body": anthropic.closing(stop, usage_)})
+        else:
+            await _respond(
+                send, 200, json.dumps(anthropic.message_body(req, text, stop, usage_)).encode()
+            )
 
     async def _stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
         """`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel` (a stored answer is

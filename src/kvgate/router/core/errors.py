@@ -1,4 +1,5 @@
-"""Errors in the OpenAI shape: `{"error": {"message", "type", "code", "param"}}` with a status.
+"""Errors in the OpenAI shape: `{"error": {"message", "type", "code", "param"}}` with a status
+(on Anthropic's Messages API routes, in its shape: `anthropic_error_body`).
 
 Client mistakes are 4xx (`invalid_request_error`, `authentication_error`, ...); the router's or
 the pods' failures are 5xx (`server_error`, `upstream_error`, `service_unavailable`).
@@ -46,6 +47,23 @@ def error_body(
     message: str, type: str, code: str | None = None, param: str | None = None
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "code": code, "param": param}}
+
+
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict[str, Any]:
+    """An error in the shape of Anthropic's Messages API (`/v1/messages`), whose clients read
+    it: `{"type": "error", "error": {"type", "message"}}`."""
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def error_bytes(message: str, type: str, code: str | None = None) -> bytes:

@@ -9,8 +9,9 @@ engines publish in KV events.
 Approximate mode (no tokenizer): `kvgate.prefix.ApproxBlockHasher` cuts the request's text into
 fixed-size character blocks, chained and salted the same way. Such keys predict hits only
 between requests routed by kvgate (routing history); tokens are estimated at 4 characters each.
-Responses API bodies (`/v1/responses`) are always keyed so: the engine converts their input
-items to chat messages its own way, which the router does not reproduce.
+Responses API bodies (`/v1/responses`) and Anthropic Messages API bodies (`/v1/messages`) are
+always keyed so: the engine converts them to chat messages its own way, which the router does
+not reproduce.
 
 A `Keyer` is shared by every pool with the same settings; its hasher and tokenizer cache what
 they have seen, and for chat prompts `reuse.PromptReuse` takes the ids and digests of a recent
@@ -159,12 +160,12 @@ class Keyer:
         *,
         max_prompt_tokens: int | None = None,
     ) -> RequestKeys:
-        """`kind` is "chat", "completion" or "responses"; `lora`: the adapter the request names (vLLM adds
+        """`kind` is "chat", "completion", "responses" or "messages"; `lora`: the adapter the request names (vLLM adds
         its key to every block); `session`: where to look for an earlier turn to reuse (never
         changes the keys); `max_prompt_tokens`: the router's own limit, on top of the pool's
         `max_model_len`. Raises RouterError (400) on a malformed or too long prompt."""
-        if kind == "responses":
-            return self._responses(body, _approximate_salt(cache_salt, lora))
+        if kind in ("responses", "messages"):
+            return self._converted(body, kind, _approximate_salt(cache_salt, lora))
         limits = [n for n in (self.max_tokens, max_prompt_tokens) if n is not None]
         limit = min(limits) if limits else None
         with_ops = body.get("cache") is not None and self.engine.cache_ops
@@ -293,15 +294,20 @@ class Keyer:
             keys = [digest[-INT_KEY_SIZE:] for digest in digests]
         return RequestKeys(len(tokens), keys, self.engine.block_size, True, tokens)
 
-    def _responses(self, body: Mapping[str, Any], cache_salt: str | None) -> RequestKeys:
-        """A Responses API body: approximate keys whatever the pool, as the engine's prompt is
-        its own conversion of the input items to chat messages (`responses_text`)."""
-        items = body.get("input")
-        if not isinstance(items, (str, list)) or not items:
-            raise RouterError(
-                400, "`input` must be a non-empty string or list of items", param="input"
-            )
-        return self._approximate(body, cache_salt, "responses")
+    def _converted(self, body: Mapping[str, Any], kind: str, cache_salt: str | None) -> RequestKeys:
+        """A Responses API or Anthropic Messages API body: approximate keys whatever the pool,
+        as the engine's prompt is its own conversion of the body to chat messages."""
+        if kind == "responses":
+            items = body.get("input")
+            if not isinstance(items, (str, list)) or not items:
+                raise RouterError(
+                    400, "`input` must be a non-empty string or list of items", param="input"
+                )
+        else:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise RouterError(400, "`messages` must be a non-empty list", param="messages")
+        return self._approximate(body, cache_salt, kind)
 
     def _approximate(
         self, body: Mapping[str, Any], cache_salt: str | None, kind: str = ""
@@ -311,7 +317,7 @@ class Keyer:
         tokens = max(1, int(len(text) / CHARS_PER_TOKEN))
         # A chat's or a Responses body's keyed text is a rendering, not what the engine
         # tokenizes: no copies of it.
-        rendered = isinstance(body.get("messages"), list) or kind == "responses"
+        rendered = isinstance(body.get("messages"), list) or kind in ("responses", "messages")
         return RequestKeys(
             tokens,
             keys,

@@ -110,7 +110,7 @@ def digest_body(body: Mapping[str, Any]) -> dict[str, Any]:
             {k: _digest(v) for k, v in m.items()} if isinstance(m, dict) else _digest(m)
             for m in messages
         ]
-        for name in ("tools", "chat_template", "documents", "chat_template_kwargs"):
+        for name in ("tools", "system", "chat_template", "documents", "chat_template_kwargs"):
             if name in body:
                 out[name] = _digest(body[name])
     elif "prompt" in body:

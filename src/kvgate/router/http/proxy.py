@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from kvgate.api.router_config import LimitsConfig
 from kvgate.discovery.endpoints import Endpoint
 from kvgate.router.core.accounting import Attempt
-from kvgate.router.core.errors import RouterError, error_bytes
+from kvgate.router.core.errors import RouterError, anthropic_error_body, error_bytes
 from kvgate.router.core.learn import Outcome, Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
@@ -136,19 +137,24 @@ class Proxy:
                 streamed=answer.streamed,
             )
 
-    async def relay(self, endpoint: Endpoint, method: str, target: str, send: Send) -> None:
-        """A stored response's retrieval or cancel (`/v1/responses/{id}`), sent to the pod
-        that holds it (only that pod can answer: no retry) and answered as it comes: an event
-        stream passes through (each gap bounded by `read_timeout`, the whole by
+    async def relay(
+        self, endpoint: Endpoint, method: str, target: str, send: Send, body: bytes = b""
+    ) -> None:
+        """A request only one pod answers and nothing is learned from (a stored response's
+        retrieval or cancel, a token count), sent to `endpoint` (no retry) and answered as it
+        comes: an event stream passes through (each gap bounded by `read_timeout`, the whole by
         `max_answer_seconds`), any other answer is read whole first (at most
         `max_response_bytes`). RouterError 502/504 when the pod fails before an answer."""
         limits = self.limits
+        headers = [(b"accept", b"application/json, text/event-stream")]
+        if body:
+            headers.append((b"content-type", b"application/json"))
         try:
             response = await self.upstream.request(
                 method,
                 endpoint.spec.url + target,
-                b"",
-                [(b"accept", b"application/json, text/event-stream")],
+                body,
+                headers,
                 connect_timeout=limits.connect_timeout_seconds,
                 head_timeout=limits.first_byte_timeout_seconds,
             )
@@ -255,9 +261,7 @@ class Proxy:
                     {"type": "http.response.start", "status": response.status, "headers": headers}
                 )
                 paced_chunks = paced(chunks, gap, until=until)
-                completed = await self._stream(
-                    first, paced_chunks, tap, send, plan, responses=request.kind == "responses"
-                )
+                completed = await self._stream(first, paced_chunks, tap, send, plan, request.kind)
                 return _Answer(response.status, tap.usage, completed, streamed=True)
             try:  # nothing reached the client yet: a failure here is retried
                 payload = await join_chunks(
@@ -301,8 +305,7 @@ class Proxy:
         tap: SseUsageTap,
         send: Send,
         plan: RoutePlan,
-        *,
-        responses: bool,
+        kind: str,
     ) -> bool:
         try:
             out = tap.feed(first)
@@ -319,15 +322,22 @@ class Proxy:
             # unfinished event is dropped (a client would discard it too, and it would run into
             # the error event).
             message = f"the model server failed mid-stream ({exc.kind})"
-            if responses:
-                error = error_event(message, exc.kind)
-            else:
-                error = b"data: " + error_bytes(message, "upstream_error", exc.kind) + b"\n\n"
+            error = stream_error(kind, message, exc.kind)
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": error})
             return False
         await send({"type": "http.response.body", "body": tap.flush()})
         return True
+
+
+def stream_error(kind: str, message: str, code: str) -> bytes:
+    """The event that ends a stream broken after its first byte, in the shape of its API."""
+    if kind == "responses":
+        return error_event(message, code)
+    if kind == "messages":
+        payload = anthropic_error_body(502, message)
+        return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
+    return b"data: " + error_bytes(message, "upstream_error", code) + b"\n\n"
 
 
 def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes:

@@ -37,8 +37,9 @@ def _count(value: Any) -> int | None:
 
 def usage_from_obj(obj: Any) -> Usage | None:
     """The `usage` of an answer or a stream's event: chat and completions name its counts
-    `prompt_tokens`/`completion_tokens`, the Responses API `input_tokens`/`output_tokens`, and
-    its stream carries them in the final event's `response`."""
+    `prompt_tokens`/`completion_tokens`, the Responses API `input_tokens`/`output_tokens` (its
+    stream carries them in the final event's `response`), and Anthropic's Messages API
+    `input_tokens` (the uncached ones), `cache_read_input_tokens`, `output_tokens`."""
     if not isinstance(obj, dict):
         return None
     usage = obj.get("usage")
@@ -52,6 +53,10 @@ def usage_from_obj(obj: Any) -> Usage | None:
         return None
     details = usage.get(f"{names[0]}_tokens_details")
     cached = _count(details.get("cached_tokens")) if isinstance(details, dict) else None
+    if "cache_read_input_tokens" in usage:  # Anthropic: `input_tokens` are the uncached ones
+        cached = _count(usage.get("cache_read_input_tokens"))
+        created = _count(usage.get("cache_creation_input_tokens")) or 0
+        prompt = min(prompt + (cached or 0) + created, MAX_USAGE_TOKENS)
     return Usage(
         prompt_tokens=prompt,
         cached_tokens=cached,

@@ -1,10 +1,12 @@
 """The router's ASGI application (raw ASGI: the hot path has no framework layers).
 
 Routes:
-- `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`: route and proxy
-  (`proxy.py`);
+- `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`,
+  `POST /v1/messages`: route and proxy (`proxy.py`);
 - `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`: relayed to the pod that stored
   the response (`core/response_ids.py`);
+- `POST /v1/messages` (Anthropic's Messages API, as vLLM serves it): routed and proxied, errors
+  in Anthropic's shape; `POST /v1/messages/count_tokens`: to the pod it would be routed to;
 - `GET /v1/models`: the union of the models of every pool;
 - `GET /health` (process alive), `GET /ready` (at least one endpoint in rotation);
 - `GET /metrics`: Prometheus text from the app's own registry;
@@ -12,7 +14,8 @@ Routes:
 - `GET /debug/warm`: every pod's warm-up phase and the hottest prefixes (`core/warmup.py`);
 - `POST /admin/warm`: bearer-token authenticated prefix warming (`admin.py`).
 
-Every error is an OpenAI-shaped JSON error; client mistakes are 4xx. A client that disconnects
+Every error is an OpenAI-shaped JSON error (Anthropic-shaped on `/v1/messages`); client mistakes
+are 4xx. A client that disconnects
 cancels the request, which closes the upstream connection.
 """
 
@@ -30,7 +33,12 @@ from urllib.parse import parse_qs, urlencode
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from kvgate.router.core.errors import RouterError, error_bytes, not_found_response
+from kvgate.router.core.errors import (
+    RouterError,
+    anthropic_error_body,
+    error_bytes,
+    not_found_response,
+)
 from kvgate.router.core.lifecycle import ClientRequest
 from kvgate.router.core.response_ids import mint, parse, tagged
 from kvgate.router.core.routing import RoutePlan
@@ -57,7 +65,9 @@ _KINDS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
     "/v1/responses": "responses",
+    "/v1/messages": "messages",
 }
+_COUNT_TOKENS = "/v1/messages/count_tokens"
 _STORED_RESPONSE = "/v1/responses/"
 _JSON = [(b"content-type", b"application/json")]
 
@@ -101,6 +111,10 @@ class RouterApp:
                 if method != "POST":
                     raise RouterError(405, f"use POST for {path}", code="method_not_allowed")
                 await self._completions(scope, receive, send, _KINDS[path])
+            elif path == _COUNT_TOKENS:
+                if method != "POST":
+                    raise RouterError(405, f"use POST for {path}", code="method_not_allowed")
+                await self._count_tokens(scope, receive, send)
             elif path.startswith(_STORED_RESPONSE):
                 await self._stored_response(scope, send, path[len(_STORED_RESPONSE) :])
             elif path == "/v1/models" and method == "GET":
@@ -123,7 +137,12 @@ class RouterApp:
             else:
                 raise RouterError(404, f"no route {method} {path}", code="not_found")
         except RouterError as err:
-            await _raw(send, err.status, json.dumps(err.body()).encode(), _JSON + err.headers())
+            body = (
+                anthropic_error_body(err.status, err.message)
+                if path.startswith("/v1/messages")
+                else err.body()
+            )
+            await _raw(send, err.status, json.dumps(body).encode(), _JSON + err.headers())
         except ClientDisconnected:
             # The client's doing, and frequent under load: a counter and a DEBUG line.
             self.runtime.metrics.client_disconnects.labels("body").inc()
@@ -241,9 +260,24 @@ class RouterApp:
             target += _retrieve_query(scope.get("query_string", b""))
         await self.runtime.proxy.relay(pod, method, target, send)
 
+    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """`POST /v1/messages/count_tokens`: to the pod the request would be routed to (nothing
+        is recorded: no prompt is computed there)."""
+        raw, body = await self._read_body(scope, receive)
+        request = ClientRequest(body, _headers(scope), "messages", len(raw))
+        plan = await self.runtime.core.explain(request)
+        await self.runtime.proxy.relay(plan.endpoint, "POST", _COUNT_TOKENS, send, raw)
+
     async def _debug_route(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw, body = await self._read_body(scope, receive)
-        kind = "chat" if "messages" in body else "responses" if "input" in body else "completion"
+        # The API, guessed from the body: Anthropic's has a top-level `system`, the Responses
+        # API's an `input`.
+        kind = (
+            "messages" if "messages" in body and "system" in body
+            else "chat" if "messages" in body
+            else "responses" if "input" in body
+            else "completion"
+        )  # fmt: skip
         plan = await self.runtime.core.explain(ClientRequest(body, _headers(scope), kind, len(raw)))
         cls = plan.classification
         result = {
