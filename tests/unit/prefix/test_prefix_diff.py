@@ -143,3 +143,9 @@ def test_first_difference_of_responses_bodies_names_the_item_and_field():
     kind, field = first_difference({"input": "hi"}, {"input": "ho"})
     assert kind == "diverges" and field is not None and field.path == "input"
     assert first_difference(a, dict(a)) == ("identical", None)
+
+
+def test_first_difference_of_anthropic_bodies_reads_the_system_first():
+    a = {"system": "you are helpful", "messages": [{"role": "user", "content": "hi"}]}
+    kind, field = first_difference(a, {**a, "system": "you are terse"})
+    assert kind == "diverges" and field is not None and field.path == "system"

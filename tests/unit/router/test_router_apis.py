@@ -1,5 +1,6 @@
-"""The Responses API's parts: response ids naming pods, the keyed text, usage, the opening events,
-and the proxy holding a stream's opening events back until its first output (retried before)."""
+"""The Responses and Anthropic Messages APIs' parts: response ids naming pods and tenants, the
+keyed text, usage, error shapes, the opening events, and the proxy holding a stream's opening
+events back until its first output (retried before)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from kvgate.discovery.endpoints import Endpoint, EndpointSpec
 from kvgate.prefix.approx import request_text, responses_text
 from kvgate.promtext import sum_samples
 from kvgate.router.core.classify import Classifier
-from kvgate.router.core.errors import RouterError
+from kvgate.router.core.errors import RouterError, anthropic_error_body
 from kvgate.router.core.response_ids import (
     PREFIX,
     UNSCOPED,
@@ -32,6 +33,7 @@ from kvgate.router.core.response_ids import (
     scope_tag,
     tagged,
 )
+from kvgate.router.http.proxy import stream_error
 from kvgate.router.http.responses_stream import OpeningEvents, is_opening
 from kvgate.router.http.upstream import UpstreamError
 from kvgate.router.http.usage import SseUsageTap, usage_from_json_body
@@ -248,3 +250,46 @@ def test_what_the_router_assumes_of_vllms_responses_api_holds_in_its_code():
     in_progress = serving.index('type="response.in_progress"', created)
     assert created < in_progress < serving.index("async for event_data in processor(", in_progress)
     assert "message=f\"Response with id '{response_id}' not found.\"" in serving
+
+
+def test_anthropic_bodies_key_without_the_billing_header_or_cache_markers():
+    system = [{"type": "text", "text": "x-anthropic-billing-header: cch=1;"},
+              {"type": "text", "text": "You are Claude Code.", "cache_control": {"type": "ephemeral"}}]  # fmt: skip
+    result = {
+        "type": "tool_result",
+        "tool_use_id": "t1",
+        "content": [{"type": "text", "text": "ok"}],
+    }
+    turn1 = {"system": system, "messages": [
+        {"role": "user", "content": [{**result, "cache_control": {"type": "ephemeral"}}]}]}  # fmt: skip
+    other_hash = [{**system[0], "text": "x-anthropic-billing-header: cch=2;"}, system[1]]
+    turn2 = {"system": other_hash, "messages": [
+        {"role": "user", "content": [result]}, {"role": "assistant", "content": "done"}]}  # fmt: skip
+    first, second = request_text(turn1), request_text(turn2)
+    assert first.startswith("<|system|>\nYou are Claude Code.\n") and "billing" not in first
+    assert second.startswith(first) and len(second) > len(first)
+    assert request_text({"system": "plain", "messages": []}) == "<|system|>\nplain\n"
+
+
+def test_anthropic_usage_counts_the_cached_tokens_in_the_prompt():
+    usage = {"input_tokens": 20, "cache_read_input_tokens": 300, "cache_creation_input_tokens": 0,
+             "output_tokens": 5}  # fmt: skip
+    got = usage_from_json_body(json.dumps({"type": "message", "usage": usage}).encode())
+    assert got is not None and (got.prompt_tokens, got.cached_tokens, got.completion_tokens) == (
+        320, 300, 5)  # fmt: skip
+    tap = SseUsageTap(strip_usage_chunk=False)
+    tap.feed(_event("message_start", message={"usage": {"input_tokens": 0, "output_tokens": 0}}))
+    tap.feed(_event("message_delta", delta={"stop_reason": "end_turn"}, usage=usage))
+    assert tap.usage is not None and tap.usage.cached_tokens == 300
+    plain = usage_from_json_body(b'{"usage": {"input_tokens": 7, "output_tokens": 1}}')
+    assert plain is not None and (plain.prompt_tokens, plain.cached_tokens) == (7, None)
+
+
+def test_errors_and_broken_streams_speak_each_apis_shape():
+    assert anthropic_error_body(404, "gone") == {
+        "type": "error", "error": {"type": "not_found_error", "message": "gone"}}  # fmt: skip
+    assert anthropic_error_body(400, "x")["error"]["type"] == "invalid_request_error"
+    assert anthropic_error_body(502, "x")["error"]["type"] == "api_error"
+    assert stream_error("messages", "broke", "stream").startswith(b"event: error\ndata: ")
+    assert b'"type": "error"' in stream_error("responses", "broke", "stream")
+    assert stream_error("chat", "broke", "stream").startswith(b'data: {"error"')
