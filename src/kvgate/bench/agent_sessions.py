@@ -14,7 +14,8 @@ share the system prompt but not the task; session starts form a Poisson process 
 
 With ``api=responses`` each turn goes to ``/v1/responses`` (:func:`responses_body`): the
 system prompt as ``instructions``, the rest as input items, resent whole as the Agents SDK does
-without ``previous_response_id``.
+without ``previous_response_id``; with ``api=messages`` to ``/v1/messages`` (Anthropic's
+Messages API, :func:`messages_body`), the system prompt as ``system``.
 
 With ``api=completions`` the history is rendered to text (:func:`render_chat_text`, the
 simulator's fallback template) and sent to ``/v1/completions``: the pod computes the same tokens,
@@ -43,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from kvgate.bench.workload import (
     CHAT_COMPLETIONS,
     COMPLETIONS,
+    MESSAGES,
     RESPONSES,
     BenchRequest,
     Session,
@@ -72,12 +74,13 @@ class AgentSessionParams(BaseModel):
         2.0, ge=0, description="mean pause between a turn's answer and the next turn"
     )
     max_output_len: int = Field(default=256, ge=1, description="cap on the tokens asked per turn")
-    api: Literal["chat", "completions", "responses"] = Field(
+    api: Literal["chat", "completions", "responses", "messages"] = Field(
         default="chat",
         description="chat: send messages; completions: send the history rendered as text "
         "with the simulator's fallback chat template (see render_chat_text); responses: send "
         "the system prompt as `instructions` and the rest as `input` items to /v1/responses, "
-        "the whole history every turn, nothing stored",
+        "the whole history every turn, nothing stored; messages: Anthropic's Messages API "
+        "(/v1/messages), the system prompt as `system`",
     )
     trajectory_dir: str | None = Field(
         None, description="folder of *.traj files; default: bundled copy"
@@ -136,7 +139,12 @@ def character_units(messages: Sequence[Message]) -> list[int]:
     return out
 
 
-_PATHS = {"chat": CHAT_COMPLETIONS, "completions": COMPLETIONS, "responses": RESPONSES}
+_PATHS = {
+    "chat": CHAT_COMPLETIONS,
+    "completions": COMPLETIONS,
+    "responses": RESPONSES,
+    "messages": MESSAGES,
+}
 
 
 def responses_body(prompt: Sequence[Message], output: int, session_id: str) -> dict[str, Any]:
@@ -155,6 +163,17 @@ def responses_body(prompt: Sequence[Message], output: int, session_id: str) -> d
     }
     if system is not None:
         body["instructions"] = system
+    return body
+
+
+def messages_body(prompt: Sequence[Message], output: int) -> dict[str, Any]:
+    """An Anthropic Messages API turn: a leading system message as `system`, the rest as
+    messages (plain text content), `output` tokens at most."""
+    system = prompt[0]["content"] if prompt and prompt[0]["role"] == "system" else None
+    messages = [dict(m) for m in prompt[1 if system is not None else 0 :]]
+    body: dict[str, Any] = {"messages": messages, "max_tokens": output, "temperature": 0.0}
+    if system is not None:
+        body["system"] = system
     return body
 
 
@@ -180,6 +199,8 @@ def session_turns(
             body["messages"] = [dict(m) for m in prompt]
         elif params.api == "responses":
             body = responses_body(prompt, output, session_id)
+        elif params.api == "messages":
+            body = messages_body(prompt, output)
         else:
             body["prompt"] = render_chat_text(prompt)
         turns.append(

@@ -1,8 +1,8 @@
 """Load generator: open-loop arrivals and closed-loop sessions over streaming HTTP.
 
 Every request is sent with ``stream: true`` and ``stream_options.include_usage`` (a Responses
-API request without it: its stream always ends with the usage) so that one response gives both
-timings and the pod's own token accounting:
+or Anthropic Messages API request without it: its stream always ends with the usage) so that
+one response gives both timings and the pod's own token accounting:
 
 - TTFT = arrival of the first SSE chunk carrying generated text - send time (with vLLM that is
   the first byte of the body; a chat stream's opening role-only chunk does not count);
@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 
 from kvgate.bench.records import LATE_SEND_S, LOOP_STALL_S, GeneratorHealth, RequestRecord
-from kvgate.bench.workload import RESPONSES, BenchRequest, Session, Workload
+from kvgate.bench.workload import MESSAGES, RESPONSES, BenchRequest, Session, Workload
 
 CLASS_HEADER = "x-kvgate-class"
 SESSION_HEADER = "x-session-id"
@@ -99,8 +99,9 @@ def carries_text(line: str) -> bool:
     return bool(choice.get("text") or delta.get("content") or delta.get("reasoning_content"))
 
 
-def responses_usage(tail: bytes) -> dict[str, Any] | None:
-    """The usage of a Responses API stream, from its tail (the last `usage` object in it)."""
+def last_usage(tail: bytes) -> dict[str, Any] | None:
+    """The usage of a Responses API or Anthropic Messages stream, from its tail (the last
+    `usage` object in it)."""
     starts = [match.end() for match in _USAGE.finditer(tail)]
     if not starts:
         return None
@@ -113,7 +114,7 @@ def responses_usage(tail: bytes) -> dict[str, Any] | None:
 
 def apply_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
     """Chat and completions name the counts `prompt_tokens`..., the Responses API
-    `input_tokens`..."""
+    `input_tokens`..., Anthropic's `input_tokens` (uncached) and `cache_read_input_tokens`."""
     names = ("prompt", "completion") if "prompt_tokens" in usage else ("input", "output")
     record.prompt_tokens = int(usage.get(f"{names[0]}_tokens") or 0)
     record.completion_tokens = int(usage.get(f"{names[1]}_tokens") or 0)
@@ -121,6 +122,10 @@ def apply_usage(record: RequestRecord, usage: dict[str, Any]) -> None:
     record.cached_tokens = (
         int(details.get("cached_tokens") or 0) if isinstance(details, dict) else 0
     )
+    if "cache_read_input_tokens" in usage:
+        record.cached_tokens = int(usage.get("cache_read_input_tokens") or 0)
+        created = int(usage.get("cache_creation_input_tokens") or 0)
+        record.prompt_tokens += record.cached_tokens + created
 
 
 class LoadGenerator:
@@ -241,7 +246,7 @@ class LoadGenerator:
         body = dict(request.body)
         body["model"] = self._model
         body["stream"] = True
-        if request.path != RESPONSES:
+        if request.path not in (RESPONSES, MESSAGES):  # their streams end with the usage
             body["stream_options"] = {"include_usage": True}
         record = RequestRecord(
             request_id=request.request_id,
@@ -283,8 +288,8 @@ class LoadGenerator:
                     record.first_byte_s = self._now()
                 tail = (tail + chunk)[-_TAIL_BYTES:]
             record.end_s = self._now()
-            if path == RESPONSES:
-                usage = responses_usage(tail)
+            if path in (RESPONSES, MESSAGES):
+                usage = last_usage(tail)
                 if usage is not None:
                     apply_usage(record, usage)
                 elif b'"type":"error"' in tail or b'"type": "error"' in tail:

@@ -24,6 +24,7 @@ from typing import Any
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
+MESSAGES = "/v1/messages"
 
 
 @dataclass(frozen=True)

@@ -159,3 +159,18 @@ async def test_a_responses_stream_is_timed_at_its_first_delta_and_its_usage_read
     assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (40, 32, 2)
     assert record.ttft_s is not None and record.ttft_s >= 0.05
     assert "stream_options" not in seen[0] and seen[0]["stream"] is True
+
+
+def test_anthropic_usage_counts_the_cache_reads_in_the_prompt():
+    from kvgate.bench.loadgen import apply_usage, last_usage
+    from kvgate.bench.records import RequestRecord
+
+    tail = (b'event: message_delta\ndata: {"type":"message_delta","delta":{},"usage":'
+            b'{"input_tokens":12,"output_tokens":3,"cache_read_input_tokens":88}}\n\n'
+            b'event: message_stop\ndata: {"type":"message_stop"}\n\n')  # fmt: skip
+    usage = last_usage(tail)
+    assert usage is not None
+    record = RequestRecord(request_id="r", request_class="online", session_id=None,
+                           scheduled_s=0.0, sent_s=0.0)  # fmt: skip
+    apply_usage(record, usage)
+    assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (100, 88, 3)

@@ -195,3 +195,19 @@ def test_responses_api_sends_what_the_pod_renders_as_the_chat_turn():
             parsed = parse_responses(json.dumps(turn.body).encode(), ResponseStore())
             assert parsed.messages == chat_turn.body["messages"]
             assert turn.prefix_units == chat_turn.prefix_units
+
+
+def test_messages_api_sends_what_the_pod_renders_as_the_chat_turn():
+    from kvgate.bench.bench_command import chat_tokenizer
+    from kvgate.sim.messages import parse_messages
+
+    params = AgentSessionParams(num_sessions=2, max_turns=3, api="messages")
+    w = build_agent_sessions(params, tokenize=chat_tokenizer())
+    chat = build_agent_sessions(
+        params.model_copy(update={"api": "chat"}), tokenize=chat_tokenizer()
+    )
+    for session, chat_session in zip(w.sessions, chat.sessions, strict=True):
+        for turn, chat_turn in zip(session.turns, chat_session.turns, strict=True):
+            assert turn.path == "/v1/messages" and turn.body["max_tokens"] == chat_turn.max_tokens
+            parsed = parse_messages(json.dumps({**turn.body, "model": "m"}).encode())
+            assert parsed.messages == chat_turn.body["messages"]
