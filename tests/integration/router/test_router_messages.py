@@ -98,3 +98,19 @@ async def test_errors_are_in_anthropics_shape(sim_pods):
             with pytest.raises(anthropic.BadRequestError) as bad:
                 await client.messages.create(model="m", max_tokens=4, messages=[])
             assert bad.value.body["type"] == "error"  # type: ignore[index]
+
+
+async def test_an_anthropic_clients_key_names_its_tenant(sim_pods):
+    pods = sim_pods(1)
+    tenants = {"tenants": [{"name": "a", "api_keys": [{"value": "key-a"}]}],
+               "unknown_key": "reject"}  # fmt: skip
+    async with serve_router(pool_config([pods[0].url], tenants=tenants)) as (url, _):
+        mine = anthropic.AsyncAnthropic(base_url=url, api_key="key-a", max_retries=0)
+        wrong = anthropic.AsyncAnthropic(base_url=url, api_key="key-x", max_retries=0)
+        async with mine, wrong:
+            hello = [{"role": "user", "content": "hi"}]
+            answer = await mine.messages.create(model="m", max_tokens=2, messages=hello)
+            assert answer.usage.output_tokens == 2
+            with pytest.raises(anthropic.AuthenticationError) as err:
+                await wrong.messages.create(model="m", max_tokens=2, messages=hello)
+            assert err.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]

@@ -281,7 +281,9 @@ def _admin_token(config: RouterConfig, tenant_keys: Mapping[str, str]) -> str | 
 
 
 def _bearer(headers: Mapping[str, str]) -> str | None:
+    """The API key: `Authorization: Bearer KEY` (OpenAI clients), `api-key: KEY` (Azure's), or
+    `x-api-key: KEY` (Anthropic's clients, Claude Code)."""
     auth = headers.get("authorization")
     if auth and auth[:7].lower() == "bearer ":
         return auth[7:].strip() or None
-    return headers.get("api-key")
+    return headers.get("api-key") or headers.get("x-api-key")

@@ -7,17 +7,21 @@ The proxy is I/O only: every decision and every piece of endpoint state is the r
    `first_byte_timeout`). Nothing has reached the client yet, so a connection failure, a timeout
    or a 5xx from the pod is retried on another pod: `core.failed`, then `core.plan` again (the
    core excludes the pods already tried), up to `max_retries` times.
-3. At the first body byte: `core.first_byte`. An event stream's head goes to the client at once
-   with the `x-kvgate-*` headers; a whole answer (JSON, any error status) is first read to its end
+3. At the first body byte (of a Responses API stream: its first output event, the opening
+   events held back until then, `responses_stream.py`): `core.first_byte`. An event stream's
+   head goes to the client at once with the `x-kvgate-*` headers; a whole answer (JSON, any error status) is first read to its end
    (each gap bounded by `read_timeout`, at most `max_response_bytes`): a failure while reading it
    has sent the client nothing, so it is retried as in 2; an answer over `max_response_bytes` is
    not (another pod would write it again): a 502.
 4. A stream passes through as it arrives (each gap bounded by `read_timeout`; from the first
    byte to the last, an answer of either kind by `max_answer_seconds`). Usage is read on
    the way (`usage.py`). A pod failing after the first byte cannot be retried without
-   duplicating output: a stream ends with an OpenAI error event instead of `[DONE]`, and
-   `core.broke` counts it against the pod as a failure before the first byte is. Then
-   `core.finished` learns from the outcome.
+   duplicating output: a stream ends with an error event in its API's shape instead of its
+   normal end (`stream_error`), and `core.broke` counts it against the pod as a failure before
+   the first byte is. Then `core.finished` learns from the outcome.
+
+`relay` sends a request only one pod can answer and nothing is learned from (a stored
+response's retrieval or cancel, a token count) to that pod, bounded as above, never retried.
 
 Cancellation (the client went away) propagates into the upstream request, which closes the
 connection to the pod, and vLLM aborts the request.
@@ -163,11 +167,7 @@ class Proxy:
         try:
             until = asyncio.get_running_loop().time() + limits.max_answer_seconds
             chunks = paced(response.chunks(), limits.read_timeout_seconds, until=until)
-            headers = [
-                (k, v)
-                for k, v in response.headers
-                if k not in _DROP_RESPONSE_HEADERS and not k.startswith(b"x-kvgate-")
-            ]
+            headers = _passed_headers(response.headers)
             headers.append((b"x-kvgate-endpoint", endpoint.id.encode()))
             if not _header(response.headers, b"content-type").startswith(b"text/event-stream"):
                 try:
@@ -350,13 +350,18 @@ def _header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes:
 def _response_headers(
     upstream: list[tuple[bytes, bytes]], plan: RoutePlan, request_id: str
 ) -> list[tuple[bytes, bytes]]:
-    headers = [
+    headers = _passed_headers(upstream)
+    headers.extend(plan_headers(plan, request_id))
+    return headers
+
+
+def _passed_headers(upstream: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """A pod's response headers the client gets (the router sets framing and its own)."""
+    return [
         (k, v)
         for k, v in upstream
         if k not in _DROP_RESPONSE_HEADERS and not k.startswith(b"x-kvgate-")
     ]
-    headers.extend(plan_headers(plan, request_id))
-    return headers
 
 
 def plan_headers(plan: RoutePlan, request_id: str) -> list[tuple[bytes, bytes]]:

@@ -1,12 +1,12 @@
 """The router's ASGI application (raw ASGI: the hot path has no framework layers).
 
 Routes:
-- `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`,
-  `POST /v1/messages`: route and proxy (`proxy.py`);
+- `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`, and
+  `POST /v1/messages` (Anthropic's Messages API, as vLLM serves it; errors in its shape): route
+  and proxy (`proxy.py`);
 - `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`: relayed to the pod that stored
   the response (`core/response_ids.py`);
-- `POST /v1/messages` (Anthropic's Messages API, as vLLM serves it): routed and proxied, errors
-  in Anthropic's shape; `POST /v1/messages/count_tokens`: to the pod it would be routed to;
+- `POST /v1/messages/count_tokens`: relayed to the pod the body would be routed to;
 - `GET /v1/models`: the union of the models of every pool;
 - `GET /health` (process alive), `GET /ready` (at least one endpoint in rotation);
 - `GET /metrics`: Prometheus text from the app's own registry;
@@ -15,8 +15,7 @@ Routes:
 - `POST /admin/warm`: bearer-token authenticated prefix warming (`admin.py`).
 
 Every error is an OpenAI-shaped JSON error (Anthropic-shaped on `/v1/messages`); client mistakes
-are 4xx. A client that disconnects
-cancels the request, which closes the upstream connection.
+are 4xx. A client that disconnects cancels the request, which closes the upstream connection.
 """
 
 from __future__ import annotations
@@ -184,7 +183,8 @@ class RouterApp:
             body, headers, kind, len(raw), headers.get("x-request-id") or uuid.uuid4().hex
         )
         stream = body.get("stream") is True
-        strip_usage = kind != "responses" and _needs_usage(body, stream)
+        # Responses and Messages streams always end with their usage.
+        strip_usage = kind in ("chat", "completion") and _needs_usage(body, stream)
         bodies: dict[tuple[bool, bool], bytes] = {}
         # A Responses API answer's id names the pod that wrote it (`response_ids.py`), unless
         # the client chose the id.
