@@ -12,7 +12,9 @@ from kvgate.router.server.drain import Drain
 SSE = [(b"content-type", b"text/event-stream")]
 
 
-async def _serve(drain: Drain, handler) -> tuple[asyncio.Task, list[dict]]:
+async def _serve(
+    drain: Drain, handler, path: str = "/v1/chat/completions"
+) -> tuple[asyncio.Task, list[dict]]:
     sent: list[dict] = []
 
     async def send(message):
@@ -21,7 +23,8 @@ async def _serve(drain: Drain, handler) -> tuple[asyncio.Task, list[dict]]:
     async def receive():
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    task = asyncio.create_task(drain.run(handler, {"type": "http"}, receive, send))
+    scope = {"type": "http", "path": path}
+    task = asyncio.create_task(drain.run(handler, scope, receive, send))
     await asyncio.sleep(0.01)
     return task, sent
 
@@ -68,3 +71,18 @@ async def test_a_cancellation_that_is_not_the_drains_passes_through():
     with pytest.raises(asyncio.CancelledError):
         await task
     assert sent == [] and len(drain) == 0
+
+
+async def test_the_responses_and_messages_apis_get_their_own_shapes():
+    drain = Drain()
+    responses, responses_sent = await _serve(drain, _stream_forever, "/v1/responses")
+    messages, messages_sent = await _serve(drain, _stream_forever, "/v1/messages")
+    waiting, waiting_sent = await _serve(drain, _think_forever, "/v1/messages")
+    drain.expire()
+    await asyncio.wait_for(asyncio.gather(responses, messages, waiting), 5)
+    for sent in (responses_sent, messages_sent):
+        event, data = sent[-1]["body"].split(b"\n", 1)
+        assert event == b"event: error"
+        assert json.loads(data.removeprefix(b"data: "))["type"] == "error"
+    assert waiting_sent[0]["status"] == 503
+    assert json.loads(waiting_sent[1]["body"])["error"]["type"] == "overloaded_error"

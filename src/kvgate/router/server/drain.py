@@ -8,9 +8,10 @@ request still running is cancelled (which closes its pod connection, so the engi
 work) and then finished here:
 
 - a stream that started (SSE): an OpenAI error event, `data: {"error": {..., "type":
-  "service_unavailable", "code": "shutting_down"}}`, then the end of the body (no `[DONE]`);
+  "service_unavailable", "code": "shutting_down"}}`, then the end of the body (no `[DONE]`); on
+  the Responses and Messages APIs their own `error` event;
 - no response started yet (also a request still queued): a 503 in the OpenAI error shape
-  (`connection: close`, `retry-after: 1`);
+  (Anthropic's on `/v1/messages`; `connection: close`, `retry-after: 1`);
 - another response half sent (rare: non-streaming answers go out in one piece): nothing can
   be added; the connection closes.
 
@@ -21,13 +22,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from kvgate.router.core.errors import error_bytes
+from kvgate.router.core.errors import anthropic_error_body, error_bytes
+from kvgate.router.http.proxy import stream_error
 
 log = logging.getLogger(__name__)
+
+
+def _api(path: str) -> str:
+    """Whose error shapes a request's client reads: Anthropic's, the Responses API's, or chat
+    and completions'."""
+    if path.startswith("/v1/messages"):
+        return "messages"
+    return "responses" if path.startswith("/v1/responses") else "chat"
+
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -86,7 +98,7 @@ class Drain:
             if not self.expired:
                 raise
             task.uncancel()
-            await self._finish(response, send)
+            await self._finish(response, send, _api(scope.get("path", "")))
         finally:
             self._requests.pop(task, None)
 
@@ -99,12 +111,14 @@ class Drain:
         for task in running:
             task.cancel()
 
-    async def _finish(self, response: _Response, send: Send) -> None:
+    async def _finish(self, response: _Response, send: Send, api: str) -> None:
         if response.complete:
             return
         if not response.started:
             kind = "unavailable"
             payload = error_bytes(_MESSAGE, "service_unavailable", "shutting_down")
+            if api == "messages":
+                payload = json.dumps(anthropic_error_body(503, _MESSAGE)).encode()
             messages: list[Message] = [
                 {
                     "type": "http.response.start",
@@ -120,8 +134,12 @@ class Drain:
             ]
         elif response.event_stream:
             kind = "stream"
-            event = b"data: " + error_bytes(_MESSAGE, "service_unavailable", "shutting_down")
-            messages = [{"type": "http.response.body", "body": event + b"\n\n"}]
+            if api == "chat":
+                body = error_bytes(_MESSAGE, "service_unavailable", "shutting_down")
+                event = b"data: " + body + b"\n\n"
+            else:
+                event = stream_error(api, _MESSAGE, "shutting_down")
+            messages = [{"type": "http.response.body", "body": event}]
         else:
             self._on_cut("closed")
             return
