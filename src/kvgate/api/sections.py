@@ -283,7 +283,9 @@ class SessionsConfig(ConfigModel):
         description="Header carrying a session id; empty: only the OpenAI `user` field.",
     )
     use_openai_user: bool = Field(
-        default=True, description="Use the OpenAI `user` field as a session id."
+        default=True,
+        description="Use the OpenAI `user` field as a session id (on Anthropic's Messages API, "
+        "`metadata.user_id`, which Claude Code sets per session).",
     )
     max_sessions: int = Field(default=10_000, ge=0, description="Sessions remembered (LRU).")
     ttl_seconds: float = Field(

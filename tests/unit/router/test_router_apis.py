@@ -293,3 +293,12 @@ def test_errors_and_broken_streams_speak_each_apis_shape():
     assert stream_error("messages", "broke", "stream").startswith(b"event: error\ndata: ")
     assert b'"type": "error"' in stream_error("responses", "broke", "stream")
     assert stream_error("chat", "broke", "stream").startswith(b'data: {"error"')
+
+
+def test_claude_codes_metadata_user_id_is_the_session():
+    classifier = Classifier(make_config(1))
+    body = {"model": "m", "messages": [], "metadata": {"user_id": "user_1_session_abc"}}
+    assert classifier.classify(body, {}).session_id == "user_1_session_abc"
+    assert classifier.classify({**body, "user": "u"}, {}).session_id == "u"
+    assert classifier.classify(body, {"x-session-id": "s"}).session_id == "s"
+    assert classifier.classify({**body, "metadata": {"user_id": 7}}, {}).session_id is None

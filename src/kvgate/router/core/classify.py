@@ -14,7 +14,8 @@
 - **Admin**: the admin token is read with the other secrets; empty, unreadable or equal to a
   tenant API key, it is a config error. The admin API warms *as* an explicit tenant
   (`classify_as`), never as whoever its bearer token would map to.
-- **Session**: the session header, else (if enabled) the OpenAI `user` field; scoped by tenant.
+- **Session**: the session header, else (if enabled) the OpenAI `user` field (Anthropic's
+  `metadata.user_id`); scoped by tenant.
   An id longer than `sessions.max_id_chars` is replaced by `h:` + the hex BLAKE2b-128 digest
   of it, so the router keeps (session state, reuse buckets, logs) a few bytes per session
   whatever a client sends, and the same long id still names the same session.
@@ -256,6 +257,9 @@ class Classifier:
         session = headers.get(sessions.header.lower()) if sessions.header else None
         if session is None and sessions.use_openai_user:
             user = body.get("user")
+            metadata = body.get("metadata")
+            if user is None and isinstance(metadata, dict):  # Anthropic's Messages API
+                user = metadata.get("user_id")
             session = user if isinstance(user, str) and user else None
         if session is None:
             return None
