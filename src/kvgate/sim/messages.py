@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.prefix.approx import BILLING_HEADER
-from kvgate.sim.openai import BadRequest
+from kvgate.sim.openai import BadRequest, json_object
 
 
 @dataclass
@@ -33,12 +33,7 @@ class MessagesRequest:
 
 def parse_messages(raw: bytes, *, counting: bool = False) -> MessagesRequest:
     """BadRequest for what vLLM refuses. `counting`: a token count's body (no `max_tokens`)."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"JSON decode error: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object")
+    body = json_object(raw)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadRequest("Model is required")

@@ -89,19 +89,25 @@ def _op_history(
         raise BadRequest(str(exc)) from None
 
 
-def parse_request(
-    raw: bytes, chat: bool, codec: TextCodec, *, cache_ops: bool = False
-) -> ParsedRequest:
-    """``cache_ops`` (``--sim-akv``): honour the ``cache`` field; otherwise it is ignored."""
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A request body as vLLM reads it: a JSON object whose `model`, if any, is a string."""
     try:
         body = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"JSON decode error: {exc}") from exc
     if not isinstance(body, dict):
         raise BadRequest("The request body must be a JSON object")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
+    if body.get("model") is not None and not isinstance(body["model"], str):
         raise BadRequest("'model' must be a string")
+    return body
+
+
+def parse_request(
+    raw: bytes, chat: bool, codec: TextCodec, *, cache_ops: bool = False
+) -> ParsedRequest:
+    """``cache_ops`` (``--sim-akv``): honour the ``cache`` field; otherwise it is ignored."""
+    body = json_object(raw)
+    model = body.get("model")
     try:
         if chat:
             tokens = codec.chat_token_ids(body)

@@ -23,7 +23,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from kvgate.sim.openai import BadRequest
+from kvgate.sim.openai import BadRequest, json_object
 
 MAX_STORED = 4096
 MAX_STORED_BYTES = 64 * 1024 * 1024
@@ -75,15 +75,8 @@ class ResponsesRequest:
 
 def parse_responses(raw: bytes, store: ResponseStore) -> ResponsesRequest:
     """BadRequest (400, or 404 for an unknown `previous_response_id`) for what vLLM refuses."""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"JSON decode error: {exc}") from exc
-    if not isinstance(body, dict):
-        raise BadRequest("The request body must be a JSON object")
+    body = json_object(raw)
     model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise BadRequest("'model' must be a string")
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
         raise BadRequest("'instructions' must be a string")

@@ -179,35 +179,28 @@ def test_completions_api_sends_the_text_the_pod_would_render():
             assert turn.prefix_units == chat_turn.prefix_units
 
 
-def test_responses_api_sends_what_the_pod_renders_as_the_chat_turn():
-    from kvgate.bench.bench_command import chat_tokenizer
-    from kvgate.sim.responses import ResponseStore, parse_responses
-
-    params = AgentSessionParams(num_sessions=2, max_turns=3, api="responses")
-    w = build_agent_sessions(params, tokenize=chat_tokenizer())
-    chat = build_agent_sessions(
-        params.model_copy(update={"api": "chat"}), tokenize=chat_tokenizer()
-    )
-    for session, chat_session in zip(w.sessions, chat.sessions, strict=True):
-        for turn, chat_turn in zip(session.turns, chat_session.turns, strict=True):
-            assert turn.path == "/v1/responses" and turn.body["store"] is False
-            assert turn.body["max_output_tokens"] == chat_turn.max_tokens
-            parsed = parse_responses(json.dumps(turn.body).encode(), ResponseStore())
-            assert parsed.messages == chat_turn.body["messages"]
-            assert turn.prefix_units == chat_turn.prefix_units
-
-
-def test_messages_api_sends_what_the_pod_renders_as_the_chat_turn():
+@pytest.mark.parametrize("api", ["responses", "messages"])
+def test_responses_and_messages_apis_send_what_the_pod_renders_as_the_chat_turn(api):
+    """The simulated pod, reading the body as vLLM converts it, computes the chat turn's tokens."""
     from kvgate.bench.bench_command import chat_tokenizer
     from kvgate.sim.messages import parse_messages
+    from kvgate.sim.responses import ResponseStore, parse_responses
 
-    params = AgentSessionParams(num_sessions=2, max_turns=3, api="messages")
+    params = AgentSessionParams(num_sessions=2, max_turns=3, api=api)
     w = build_agent_sessions(params, tokenize=chat_tokenizer())
     chat = build_agent_sessions(
         params.model_copy(update={"api": "chat"}), tokenize=chat_tokenizer()
     )
     for session, chat_session in zip(w.sessions, chat.sessions, strict=True):
         for turn, chat_turn in zip(session.turns, chat_session.turns, strict=True):
-            assert turn.path == "/v1/messages" and turn.body["max_tokens"] == chat_turn.max_tokens
-            parsed = parse_messages(json.dumps({**turn.body, "model": "m"}).encode())
-            assert parsed.messages == chat_turn.body["messages"]
+            raw = json.dumps({**turn.body, "model": "m"}).encode()
+            if api == "responses":
+                assert turn.path == "/v1/responses" and turn.body["store"] is False
+                assert turn.body["max_output_tokens"] == chat_turn.max_tokens
+                parsed = parse_responses(raw, ResponseStore()).messages
+            else:
+                assert turn.path == "/v1/messages"
+                assert turn.body["max_tokens"] == chat_turn.max_tokens
+                parsed = parse_messages(raw).messages
+            assert parsed == chat_turn.body["messages"]
+            assert turn.prefix_units == chat_turn.prefix_units
