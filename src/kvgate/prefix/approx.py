@@ -32,19 +32,22 @@ CHARS_PER_TOKEN = 4.0
 
 
 def _canonical(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    if '"cache_control"' not in text:  # the usual case: no copy of `value` to make
+        return text
     return json.dumps(
-        _without_cache_control(value), sort_keys=True, ensure_ascii=False, separators=(",", ":")
+        without_cache_control(value), sort_keys=True, ensure_ascii=False, separators=(",", ":")
     )
 
 
-def _without_cache_control(value: Any) -> Any:
+def without_cache_control(value: Any) -> Any:
     """`value` without Anthropic's `cache_control` markers, at any depth: they are no part of
     the prompt, and Claude Code moves its marker to the newest block every turn (kept, the
     block the marker left would key differently from the turn before)."""
     if isinstance(value, Mapping):
-        return {k: _without_cache_control(v) for k, v in value.items() if k != "cache_control"}
+        return {k: without_cache_control(v) for k, v in value.items() if k != "cache_control"}
     if isinstance(value, list):
-        return [_without_cache_control(v) for v in value]
+        return [without_cache_control(v) for v in value]
     return value
 
 
@@ -95,7 +98,7 @@ BILLING_HEADER = "x-anthropic-billing-header"
 defeat prefix caching), and so do the keys."""
 
 
-def _system_text(body: Mapping[str, Any]) -> str:
+def system_text(body: Mapping[str, Any]) -> str:
     """An Anthropic Messages API body's top-level `system` (a string, or text blocks)."""
     system = body.get("system")
     if isinstance(system, str):
@@ -138,10 +141,10 @@ def request_text(body: Mapping[str, Any]) -> str:
     body, for approximate keys."""
     messages = body.get("messages")
     if isinstance(messages, list):
-        head = _tools_text(body) + _system_text(body)
+        head = _tools_text(body) + system_text(body)
         return head + "".join(_message_text(m) for m in messages)
-    if "input" in body and "prompt" not in body:
-        return responses_text(body)
+    if "input" in body and not isinstance(body.get("prompt"), (str, list)):
+        return responses_text(body)  # (a Responses `prompt` is a template reference)
     text = completion_text(body)
     if text is not None:
         return text

@@ -93,8 +93,7 @@ def _message_difference(path: str, a: Any, b: Any) -> FieldDifference | None:
 
 
 # Where a prompt's items are, with the fields rendered before and after them: chat messages
-# (Anthropic's with a top-level `system`), and a Responses API body's input items (a string
-# input is one user message).
+# (Anthropic's with a top-level `system`), and a Responses API body's list of input items.
 _ITEM_LISTS = (
     ("messages", ("chat_template", "tools", "system"), _CHAT_TAIL_FIELDS),
     ("input", ("tools", "instructions"), ()),
@@ -127,7 +126,7 @@ def first_difference(
             if a.get(name) != b.get(name):
                 return "diverges", _differ(name, a.get(name), b.get(name))
         return "identical", None
-    if "input" in a and "input" in b and "prompt" not in a:
+    if "input" in a and "input" in b and not isinstance(a.get("prompt"), (str, list)):
         for name in ("tools", "instructions", "input"):
             if a.get(name) != b.get(name):
                 return "diverges", _differ(name, a.get(name), b.get(name))

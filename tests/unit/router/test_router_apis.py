@@ -86,17 +86,20 @@ def test_with_tenants_a_previous_response_of_another_tenant_is_unknown():
     assert classifier.caller_scope(as_b) not in (scope_a, UNSCOPED)
     written = mint("pod0:8000", scope_a)
     follow_up = {**body, "previous_response_id": written}
-    assert classifier.classify(follow_up, as_a).pinned_tag == endpoint_tag("pod0:8000")
+    assert classifier.classify(follow_up, as_a, "responses").pinned_tag == endpoint_tag("pod0:8000")
+    assert classifier.classify(follow_up, as_b, "chat").pinned_tag is None  # not chat's field
     with pytest.raises(RouterError) as err:
-        classifier.classify(follow_up, as_b)
+        classifier.classify(follow_up, as_b, "responses")
     assert err.value.status == 404 and "not found" in err.value.message
     # Without tenants every id is unscoped, and an id that is not a router's pins nothing.
     open_classifier = Classifier(make_config(2))
     assert open_classifier.response_scope("client-salt") == UNSCOPED
     unscoped = {**body, "previous_response_id": mint("pod1:8000")}
-    assert open_classifier.classify(unscoped, {}).pinned_tag == endpoint_tag("pod1:8000")
+    assert open_classifier.classify(unscoped, {}, "responses").pinned_tag == endpoint_tag(
+        "pod1:8000"
+    )
     foreign = {**body, "previous_response_id": "resp_123"}
-    assert open_classifier.classify(foreign, {}).pinned_tag is None
+    assert open_classifier.classify(foreign, {}, "responses").pinned_tag is None
 
 
 def test_responses_text_of_a_later_turn_extends_the_earlier_one():
@@ -298,7 +301,8 @@ def test_errors_and_broken_streams_speak_each_apis_shape():
 def test_claude_codes_metadata_user_id_is_the_session():
     classifier = Classifier(make_config(1))
     body = {"model": "m", "messages": [], "metadata": {"user_id": "user_1_session_abc"}}
-    assert classifier.classify(body, {}).session_id == "user_1_session_abc"
-    assert classifier.classify({**body, "user": "u"}, {}).session_id == "u"
-    assert classifier.classify(body, {"x-session-id": "s"}).session_id == "s"
-    assert classifier.classify({**body, "metadata": {"user_id": 7}}, {}).session_id is None
+    assert classifier.classify(body, {}, "messages").session_id == "user_1_session_abc"
+    assert classifier.classify(body, {}, "chat").session_id is None  # OpenAI's metadata
+    assert classifier.classify(body, {"x-session-id": "s"}, "messages").session_id == "s"
+    odd = {**body, "metadata": {"user_id": 7}}
+    assert classifier.classify(odd, {}, "messages").session_id is None

@@ -70,7 +70,9 @@ from kvgate.router.metrics import RouterMetrics
 if TYPE_CHECKING:
     from kvgate.router.core.lifecycle import ClientRequest
 
-QueueKey = tuple[str, tuple[str, ...], tuple[str, ...]]  # class, home pools, borrow pools
+QueueKey = tuple[
+    str, tuple[str, ...], tuple[str, ...], str | None
+]  # class, home and borrow pools, pinned pod
 _CLASS_ORDER = {"online": 0, "batch": 1}
 # Waiters looked at per queue and pump: held waiters (rule 2) are passed, not re-sorted.
 _MAX_SCAN = 64
@@ -190,7 +192,7 @@ class FlowControl:
         with a batch pool wait for it: online traffic does not make room for them."""
         return sum(
             len(queue.fair)
-            for (request_class, home, borrow), queue in self._queues.items()
+            for (request_class, home, borrow, _pinned), queue in self._queues.items()
             if request_class == "batch" and not home and pool in borrow
         )
 
@@ -568,8 +570,11 @@ def _shared_blocks(a: Sequence[bytes], b: Sequence[bytes]) -> int:
 
 
 def _queue_key(cls: Classification) -> QueueKey:
+    """Requests that may use the same pods wait in one queue (a Responses follow-up only its
+    pinned pod)."""
     return (
         cls.request_class,
         tuple(p.key for p in cls.home_pools),
         tuple(p.key for p in cls.borrow_pools),
+        cls.pinned_tag,
     )

@@ -93,9 +93,16 @@ class Classifier:
     def models(self) -> list[str]:
         return list(self._pools_by_model)
 
-    def classify(self, body: Mapping[str, Any], headers: Mapping[str, str]) -> Classification:
-        """`headers` must have lower-case names. Raises RouterError for client mistakes."""
-        return self._classify(body, headers, as_tenant=None, by_key=True)
+    def classify(
+        self, body: Mapping[str, Any], headers: Mapping[str, str], kind: str = "chat"
+    ) -> Classification:
+        """`headers` must have lower-case names; `kind`: the API ("chat", "completion",
+        "responses", "messages"). Raises RouterError for client mistakes."""
+        return self._classify(body, headers, as_tenant=None, by_key=True, kind=kind)
+
+    def pools(self, model: str) -> list[PoolConfig]:
+        """Every pool serving `model`, whatever its class."""
+        return self._pools_by_model.get(model, [])
 
     def classify_as(
         self, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None
@@ -112,6 +119,7 @@ class Classifier:
         *,
         as_tenant: str | None,
         by_key: bool,
+        kind: str = "chat",
     ) -> Classification:
         model = body.get("model")
         if not isinstance(model, str) or not model:
@@ -132,15 +140,17 @@ class Classifier:
         else:
             tenant, salt = self._named_tenant(as_tenant, client_salt)
         request_class = self._request_class(model, tenant, headers)
-        session = self._session(body, headers, tenant)
-        previous = body.get("previous_response_id")
-        if previous is not None and not isinstance(previous, str):
-            raise bad_request(
-                "`previous_response_id` must be a string", param="previous_response_id"
-            )
-        continued = parse(previous)
-        if continued is not None and continued.scope != self.response_scope(salt):
-            raise not_found_response(str(previous), "previous_response_id")
+        session = self._session(body, headers, tenant, kind)
+        continued = None
+        if kind == "responses":
+            previous = body.get("previous_response_id")
+            if previous is not None and not isinstance(previous, str):
+                raise bad_request(
+                    "`previous_response_id` must be a string", param="previous_response_id"
+                )
+            continued = parse(previous)
+            if continued is not None and continued.scope != self.response_scope(salt):
+                raise not_found_response(str(previous), "response_id")  # as vLLM answers
         if request_class == "online":
             home = tuple(p for p in pools if p.pool_class == "online")
             borrow = (
@@ -251,14 +261,14 @@ class Classifier:
         return self._config.classes.header_may_raise  # no tenants, or the anonymous tenant
 
     def _session(
-        self, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None
+        self, body: Mapping[str, Any], headers: Mapping[str, str], tenant: str | None, kind: str
     ) -> str | None:
         sessions = self._config.sessions
         session = headers.get(sessions.header.lower()) if sessions.header else None
         if session is None and sessions.use_openai_user:
             user = body.get("user")
             metadata = body.get("metadata")
-            if user is None and isinstance(metadata, dict):  # Anthropic's Messages API
+            if kind == "messages" and isinstance(metadata, dict):  # Anthropic: no `user`
                 user = metadata.get("user_id")
             session = user if isinstance(user, str) and user else None
         if session is None:

@@ -44,7 +44,7 @@ from kvgate.prefix import (
     completion_prompts,
     request_text,
 )
-from kvgate.prefix.approx import CHARS_PER_TOKEN, completion_text
+from kvgate.prefix.approx import CHARS_PER_TOKEN, completion_text, responses_text
 from kvgate.prefix.cache_ops import (
     CacheOps,
     CacheOpsError,
@@ -312,7 +312,7 @@ class Keyer:
     def _approximate(
         self, body: Mapping[str, Any], cache_salt: str | None, kind: str = ""
     ) -> RequestKeys:
-        text = request_text(body)
+        text = responses_text(body) if kind == "responses" else request_text(body)
         keys = self.approx.hash_text(text, cache_salt=cache_salt)
         tokens = max(1, int(len(text) / CHARS_PER_TOKEN))
         # A chat's or a Responses body's keyed text is a rendering, not what the engine

@@ -213,7 +213,7 @@ class RoutingCore:
             return await self.plan(request)
         cls = request.classification
         if cls is None:
-            cls = self.state.classifier.classify(request.body, request.headers)
+            cls = self.state.classifier.classify(request.body, request.headers, request.kind)
             request.classification = cls
         now = self.clock()
         flow.shares.seen(cls.tenant or "", now)
@@ -325,7 +325,10 @@ class RoutingCore:
             await self._copy(plan, plan.decision.copy)
         if first_try:
             self.warmup.hot.observe(plan, self.clock())
-            if plan.classification.session_id is not None:
+            # A Responses follow-up sends only its new items: its keys never extend the turn
+            # before, which is no prefix break.
+            cls = plan.classification
+            if cls.session_id is not None and cls.pinned_tag is None:
                 self.sessions.observe(plan, request.body)
         return plan
 

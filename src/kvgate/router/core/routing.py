@@ -22,7 +22,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvgate.api.router_config import PoolConfig, RouterConfig
@@ -142,11 +142,19 @@ class Router:
         that is only explained (round-robin history stays as it was). Raises RouterError."""
         started = time.perf_counter()
         state = self.state
-        cls = classification or state.classifier.classify(body, headers)
+        cls = classification or state.classifier.classify(body, headers, kind)
         now = self.clock()
         excluded = set(exclude)
         groups = self._candidate_groups(cls, now, excluded)
         if not groups:
+            if cls.pinned_tag is not None and self._pinned_pod(cls) is None:
+                raise RouterError(
+                    404,
+                    "The previous response is not available: the model server that stored it "
+                    "has left the pool.",
+                    code="previous_response_not_found",
+                    param="previous_response_id",
+                )
             raise unavailable(f"no ready endpoint serves model `{cls.model}`")
         best: tuple[Decision, RequestKeys, dict[str, Any] | None] | None = None
         for keyer, lora, members in groups:
@@ -180,6 +188,8 @@ class Router:
                 ),
             )
             snapshots = self.snapshots(members, now)
+            if cls.pinned_tag is not None:  # the only pod that can answer, leaving or not
+                snapshots = [replace(s, draining=False) for s in snapshots]
             try:
                 decision = state.policy.decide(
                     request, snapshots, matched, now=now, rng=self.rng, history=self.history
@@ -340,7 +350,10 @@ class Router:
         ]
 
     def serves(self, cls: Classification) -> bool:
-        """Some non-draining endpoint of the class's pools exists (a request may wait for it)."""
+        """Some non-draining endpoint of the class's pools exists (a request may wait for it);
+        for a request pinned to a pod, that pod exists."""
+        if cls.pinned_tag is not None:
+            return self._pinned_pod(cls) is not None
         pools = (*cls.home_pools, *cls.borrow_pools)
         return any(not ep.draining for pool in pools for ep in self.endpoints.in_pool(pool.key))
 
@@ -380,7 +393,7 @@ class Router:
             return eps
 
         if cls.pinned_tag is not None:
-            chosen = self._pinned(cls, cls.pinned_tag, excluded)
+            chosen = self._pinned(cls, excluded)
         else:
             chosen = [ep for pool in cls.home_pools for ep in usable(pool)]
             if cls.request_class == "batch":
@@ -402,21 +415,18 @@ class Router:
             groups.setdefault((id(keyer), lora), (keyer, lora, []))[2].append(ep)
         return list(groups.values())
 
-    def _pinned(self, cls: Classification, tag: str, excluded: set[str]) -> list[Endpoint]:
-        """The pod holding the response the request continues, in any pool serving its model,
-        draining or warming up (no other pod can serve it); none once it was tried (a retry).
-        RouterError 404 when it has left: its stored responses left with it."""
-        pools = (*cls.home_pools, *cls.borrow_pools)
-        pod = tagged((ep for pool in pools for ep in self.endpoints.in_pool(pool.key)), tag)
-        if pod is None:
-            raise RouterError(
-                404,
-                "The previous response is not available: the model server that stored it has "
-                "left the pool.",
-                code="previous_response_not_found",
-                param="previous_response_id",
-            )
-        return [] if pod.spec.id in excluded else [pod]
+    def _pinned_pod(self, cls: Classification) -> Endpoint | None:
+        """The pod holding the response the request continues, in any pool serving its model
+        (None: it has left, and its stored responses with it)."""
+        pools = self.state.classifier.pools(cls.model)
+        tag = cls.pinned_tag or ""
+        return tagged((ep for pool in pools for ep in self.endpoints.in_pool(pool.key)), tag)
+
+    def _pinned(self, cls: Classification, excluded: set[str]) -> list[Endpoint]:
+        """The pinned pod, draining or warming up (no other pod can serve the request); none
+        once it was tried (a retry) or once it has left (`plan` answers 404)."""
+        pod = self._pinned_pod(cls)
+        return [] if pod is None or pod.spec.id in excluded else [pod]
 
     def _borrowable(self, ep: Endpoint, now: float) -> bool:
         """An online pod takes batch work only while it has room (unknown load = no room)."""

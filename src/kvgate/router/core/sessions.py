@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.prefix import FIELD_NAMES, first_difference
+from kvgate.prefix.approx import system_text, without_cache_control
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.metrics import RouterMetrics
 
@@ -96,7 +97,11 @@ def _common_blocks(a: bytes, b: bytes) -> int:
 
 
 def _digest(value: Any) -> str:
+    """A short digest of a field's value, as the keys read it (Anthropic's `cache_control`
+    markers left out)."""
     raw = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    if not isinstance(value, str) and '"cache_control"' in raw:
+        raw = json.dumps(without_cache_control(value), sort_keys=True, default=str)
     # surrogatepass: a digest must never fail on text the parser let through.
     return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
@@ -110,12 +115,12 @@ def digest_body(body: Mapping[str, Any]) -> dict[str, Any]:
             {k: _digest(v) for k, v in m.items()} if isinstance(m, dict) else _digest(m)
             for m in messages
         ]
-        for name in ("tools", "system", "chat_template", "documents", "chat_template_kwargs"):
+        for name in ("tools", "chat_template", "documents", "chat_template_kwargs"):
             if name in body:
                 out[name] = _digest(body[name])
-    elif "prompt" in body:
-        out["prompt"] = _digest(body["prompt"])
-    elif "input" in body:  # the Responses API
+        if "system" in body:  # Anthropic's, as the keys read it (no Claude Code billing header)
+            out["system"] = _digest(system_text(body))
+    elif "input" in body and not isinstance(body.get("prompt"), (str, list)):  # Responses
         items = body["input"]
         out["input"] = (
             [{k: _digest(v) for k, v in i.items()} if isinstance(i, dict) else _digest(i)
@@ -126,6 +131,8 @@ def digest_body(body: Mapping[str, Any]) -> dict[str, Any]:
         for name in ("tools", "instructions"):
             if name in body:
                 out[name] = _digest(body[name])
+    elif "prompt" in body:
+        out["prompt"] = _digest(body["prompt"])
     return out
 
 

@@ -281,8 +281,8 @@ class Proxy:
 
     async def _opening(self, first: bytes, chunks: AsyncIterator[bytes]) -> bytes:
         """A Responses API stream's opening events, held until its first output event arrives
-        (`responses_stream.py`): that is its first byte. Returns what was held (the stream's
-        end, if it comes first); a failure or `first_byte_timeout` meanwhile is retryable."""
+        (`responses_stream.py`): that is its first byte. Returns what was held; a failure, the
+        stream's end or `first_byte_timeout` meanwhile is retryable (the client saw nothing)."""
         opening = OpeningEvents(self.limits.max_response_bytes)
         try:
             async with asyncio.timeout(self.limits.first_byte_timeout_seconds):
@@ -290,7 +290,7 @@ class Proxy:
                 while not done:
                     chunk = await anext(chunks, None)
                     if chunk is None:
-                        break
+                        raise _Retryable("stream", "the stream ended before its first output")
                     done = opening.feed(chunk)
         except TimeoutError as exc:
             raise _Retryable("timeout", "no first output event in time") from exc
@@ -330,12 +330,13 @@ class Proxy:
         return True
 
 
-def stream_error(kind: str, message: str, code: str) -> bytes:
-    """The event that ends a stream broken after its first byte, in the shape of its API."""
+def stream_error(kind: str, message: str, code: str, status: int = 502) -> bytes:
+    """The event that ends a stream broken after its first byte, in the shape of its API
+    (`status`: the HTTP status the failure would have had, for Anthropic's error type)."""
     if kind == "responses":
         return error_event(message, code)
     if kind == "messages":
-        payload = anthropic_error_body(502, message)
+        payload = anthropic_error_body(status, message)
         return b"event: error\ndata: " + json.dumps(payload).encode() + b"\n\n"
     return b"data: " + error_bytes(message, "upstream_error", code) + b"\n\n"
 

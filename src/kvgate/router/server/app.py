@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -115,7 +116,7 @@ class RouterApp:
                     raise RouterError(405, f"use POST for {path}", code="method_not_allowed")
                 await self._count_tokens(scope, receive, send)
             elif path.startswith(_STORED_RESPONSE):
-                await self._stored_response(scope, send, path[len(_STORED_RESPONSE) :])
+                await self._stored_response(scope, receive, send, path[len(_STORED_RESPONSE) :])
             elif path == "/v1/models" and method == "GET":
                 await _json(send, 200, self._models())
             elif path == "/health":
@@ -150,8 +151,11 @@ class RouterApp:
             # A bug, never the client's doing: log it, and answer in the OpenAI shape if the
             # response has not started (otherwise the server closes the connection).
             log.exception("unhandled error serving %s %s", method, path)
+            payload = error_bytes("internal router error", "server_error")
+            if path.startswith("/v1/messages"):
+                payload = json.dumps(anthropic_error_body(500, "internal router error")).encode()
             with contextlib.suppress(Exception):
-                await _raw(send, 500, error_bytes("internal router error", "server_error"), _JSON)
+                await _raw(send, 500, payload, _JSON)
 
     def _models(self) -> dict[str, Any]:
         created = int(time.time())
@@ -189,6 +193,11 @@ class RouterApp:
         # A Responses API answer's id names the pod that wrote it (`response_ids.py`), unless
         # the client chose the id.
         names_pod = kind == "responses" and "request_id" not in body
+        if kind == "responses" and parse(body.get("request_id")) is not None:
+            # vLLM stores a response under its id, over any response stored there before.
+            raise RouterError(
+                400, "`request_id` values of this form are the router's own", param="request_id"
+            )
         classifier = self.runtime.core.state.classifier
 
         def forward(plan: RoutePlan) -> bytes:
@@ -196,7 +205,8 @@ class RouterApp:
             if names_pod:
                 scope = classifier.response_scope(plan.classification.cache_salt)
                 return forward_body(
-                    raw, body, plan.classification.cache_salt, False, cache_ops=False,
+                    raw, body, plan.classification.cache_salt, False,
+                    cache_ops=plan.pool.engine.cache_ops,
                     response_id=mint(plan.endpoint.id, scope),
                 )  # fmt: skip
             ops, added = plan.pool.engine.cache_ops, plan.added_cache
@@ -237,7 +247,7 @@ class RouterApp:
         finally:
             watcher.cancel()
 
-    async def _stored_response(self, scope: Scope, send: Send, rest: str) -> None:
+    async def _stored_response(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
         """`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`, relayed to the pod
         whose tag the id carries (`response_ids.py`); 404 for an id no router minted, minted
         for another tenant, or whose pod has left."""
@@ -258,7 +268,7 @@ class RouterApp:
         target = f"{_STORED_RESPONSE}{response_id}" + ("/cancel" if action else "")
         if action == "":
             target += _retrieve_query(scope.get("query_string", b""))
-        await self.runtime.proxy.relay(pod, method, target, send)
+        await _until_disconnect(receive, self.runtime.proxy.relay(pod, method, target, send))
 
     async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
         """`POST /v1/messages/count_tokens`: to the pod the request would be routed to (nothing
@@ -266,18 +276,12 @@ class RouterApp:
         raw, body = await self._read_body(scope, receive)
         request = ClientRequest(body, _headers(scope), "messages", len(raw))
         plan = await self.runtime.core.explain(request)
-        await self.runtime.proxy.relay(plan.endpoint, "POST", _COUNT_TOKENS, send, raw)
+        relayed = self.runtime.proxy.relay(plan.endpoint, "POST", _COUNT_TOKENS, send, raw)
+        await _until_disconnect(receive, relayed)
 
     async def _debug_route(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw, body = await self._read_body(scope, receive)
-        # The API, guessed from the body: Anthropic's has a top-level `system`, the Responses
-        # API's an `input`.
-        kind = (
-            "messages" if "messages" in body and "system" in body
-            else "chat" if "messages" in body
-            else "responses" if "input" in body
-            else "completion"
-        )  # fmt: skip
+        kind = _debug_api(scope.get("query_string", b""), body)
         plan = await self.runtime.core.explain(ClientRequest(body, _headers(scope), kind, len(raw)))
         cls = plan.classification
         result = {
@@ -301,6 +305,24 @@ class RouterApp:
         await _json(send, 200, result)
 
 
+def _debug_api(query: bytes, body: dict[str, Any]) -> str:
+    """The API a body to explain is for: `?api=chat|completion|responses|messages`, else
+    guessed (Anthropic's has a top-level `system`, the Responses API's an `input`)."""
+    named = parse_qs(query.decode("latin-1"), max_num_fields=8).get("api", [None])[-1]
+    if named is not None:
+        if named not in ("chat", "completion", "responses", "messages"):
+            raise RouterError(400, "`api` must be chat, completion, responses or messages")
+        return named
+    if "messages" in body:
+        return "messages" if "system" in body else "chat"
+    return "responses" if "input" in body else "completion"
+
+
+_TRUE = frozenset(("1", "true", "t", "yes", "y", "on"))  # as FastAPI reads a bool
+_FALSE = frozenset(("0", "false", "f", "no", "n", "off"))
+_INTEGER = re.compile(r"-?[0-9]{1,18}")
+
+
 def _retrieve_query(raw: bytes) -> str:
     """The retrieval's query as vLLM reads it (`stream`, `starting_after`), validated and
     written anew: nothing else of the client's query reaches the pod. RouterError 400."""
@@ -311,12 +333,12 @@ def _retrieve_query(raw: bytes) -> str:
     kept: dict[str, str] = {}
     stream = query.get("stream", [None])[-1]
     if stream is not None:
-        if stream.lower() not in ("true", "false", "1", "0"):
+        if stream.lower() not in _TRUE | _FALSE:
             raise RouterError(400, "`stream` must be true or false", param="stream")
-        kept["stream"] = "true" if stream.lower() in ("true", "1") else "false"
+        kept["stream"] = "true" if stream.lower() in _TRUE else "false"
     after = query.get("starting_after", [None])[-1]
     if after is not None:
-        if not (after.isascii() and after.isdigit()) or len(after) > 18:
+        if _INTEGER.fullmatch(after) is None:
             raise RouterError(400, "`starting_after` must be an integer", param="starting_after")
         kept["starting_after"] = after
     return "?" + urlencode(kept) if kept else ""
@@ -328,6 +350,22 @@ def _needs_usage(body: dict[str, Any], stream: bool) -> bool:
         return False
     options = body.get("stream_options")
     return not (isinstance(options, dict) and options.get("include_usage") is True)
+
+
+async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> None:
+    """Run `work`, cancelled (its pod connection closed) if the client disconnects first."""
+    this = asyncio.current_task()
+    assert this is not None
+    disconnected = asyncio.Event()
+    watcher = asyncio.create_task(_cancel_on_disconnect(receive, this, disconnected))
+    try:
+        await work
+    except asyncio.CancelledError:
+        if not disconnected.is_set():
+            raise
+        this.uncancel()
+    finally:
+        watcher.cancel()
 
 
 async def _cancel_on_disconnect(

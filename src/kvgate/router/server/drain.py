@@ -138,7 +138,7 @@ class Drain:
                 body = error_bytes(_MESSAGE, "service_unavailable", "shutting_down")
                 event = b"data: " + body + b"\n\n"
             else:
-                event = stream_error(api, _MESSAGE, "shutting_down")
+                event = stream_error(api, _MESSAGE, "shutting_down", 503)
             messages = [{"type": "http.response.body", "body": event}]
         else:
             self._on_cut("closed")

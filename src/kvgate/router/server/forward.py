@@ -37,15 +37,11 @@ def forward_body(
 ) -> bytes:
     """The body sent to the pod: tenant salt injected, usage requested for streams, `cache` ops
     removed for engines that do not support them (vLLM would ignore them; the router keyed the
-    prompt without them), `request_id` set to `response_id` (a Responses API request the client
-    gave no id). `changed`: `body` is no longer what `raw` holds."""
+    prompt without them), `request_id` set to `response_id` (a Responses API request without
+    one). `changed`: `body` is no longer what `raw` holds."""
     added: dict[str, Any] = {}
-    if response_id is not None:
-        if "request_id" in body:
-            body = {**body, "request_id": response_id}
-            changed = True
-        else:
-            added["request_id"] = response_id
+    if response_id is not None:  # the client sent none
+        added["request_id"] = response_id
     if salt is not None and body.get("cache_salt") != salt:
         if "cache_salt" in body:
             body = {**body, "cache_salt": salt}
