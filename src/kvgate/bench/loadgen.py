@@ -70,9 +70,15 @@ def parse_usage(line: str) -> dict[str, Any] | None:
     return usage if isinstance(usage, dict) else None
 
 
-# A JSON string value of a token field that is not empty: `"text": "x`, `"content":"x`, and a
-# Responses API stream's `"delta":"x` (its opening events echo the request, with no such field).
-_TEXT_VALUE = re.compile(rb'"(?:text|content|reasoning_content|delta)"\s*:\s*"(?!")')
+# A JSON string value of a token field that is not empty: `"text": "x`, `"content":"x`, a
+# Responses API stream's `"delta":"x` (its opening events echo the request, with no such field),
+# an Anthropic thinking block's `"thinking":"x`.
+_TEXT_VALUE = re.compile(rb'"(?:text|content|reasoning_content|delta|thinking)"\s*:\s*"(?!")')
+# A Responses or Messages stream's end, and its error event (by its event line or its type).
+_TERMINAL = re.compile(
+    rb'(?:event: ?|"type"\s*:\s*")(?:message_stop|response\.completed|response\.incomplete)\b'
+)
+_ERROR_EVENT = re.compile(rb"(?:^|\n)event: ?(?:error|response\.failed)\b")
 # The last `usage` object of a stream's tail (a Responses stream's last event holds the whole
 # response, which may be longer than the tail, but `usage` is among its last fields).
 _USAGE = re.compile(rb'(?<!\\)"usage"\s*:\s*(?=\{)')
@@ -283,17 +289,21 @@ class LoadGenerator:
             # Raw chunks, not lines: a regex per chunk until the first token, then only a
             # bounded tail is kept; the usage and any error are read from it at the end.
             tail = b""
+            ended = False  # a Responses or Messages stream's terminal event was seen
             async for chunk in response.aiter_bytes():
                 if record.first_byte_s is None and _TEXT_VALUE.search(chunk):
                     record.first_byte_s = self._now()
+                ended = ended or _TERMINAL.search(tail[-64:] + chunk) is not None
                 tail = (tail + chunk)[-_TAIL_BYTES:]
             record.end_s = self._now()
             if path in (RESPONSES, MESSAGES):
                 usage = last_usage(tail)
-                if usage is not None:
-                    apply_usage(record, usage)
-                elif b'"type":"error"' in tail or b'"type": "error"' in tail:
+                if _ERROR_EVENT.search(tail) is not None:
                     record.error = tail[-200:].decode(errors="replace")
+                elif not ended or usage is None:
+                    record.error = "the stream ended before its terminal event"
+                else:
+                    apply_usage(record, usage)
                 return
             for raw_line in reversed(tail.split(b"\n")):
                 line = raw_line.decode(errors="replace").strip()

@@ -3,11 +3,12 @@
 vLLM turns the request into a chat request: the top-level `system` (a string, or text blocks
 without Claude Code's per-request `x-anthropic-billing-header` block) becomes a system message,
 each message's text blocks its content, an assistant's `tool_use` blocks its tool calls, a
-user's `tool_result` blocks tool messages. The answer is Anthropic-shaped: `usage.input_tokens`
-counts the prompt tokens not read from the cache, `cache_read_input_tokens` those that were. A
-stream opens with `message_start` when the first token is out (vLLM converts its chat stream,
-which opens then), sends the text as `content_block_delta` events, and ends with
-`message_delta` (stop reason, usage) and `message_stop`.
+user's `tool_result` blocks tool messages. The answer is Anthropic-shaped; with
+`--enable-prompt-tokens-details`, `usage.cache_read_input_tokens` counts the prompt tokens read
+from the cache, `cache_creation_input_tokens` those written to it (its full blocks not read) and
+`input_tokens` the rest. A stream's headers go out at once; `message_start` comes with the first
+token (vLLM converts its chat stream, which opens then), the text as `content_block_delta`
+events, then `message_delta` (stop reason, usage) and `message_stop`.
 """
 
 from __future__ import annotations
@@ -78,48 +79,72 @@ def _system(system: Any) -> list[dict[str, Any]]:
 
 
 def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """One Anthropic message as chat messages (tool results become tool messages before it)."""
+    """One Anthropic message as chat messages, as vLLM's `_convert_messages` makes them: a
+    user's tool results become tool messages before it; text blocks its content (one: a string,
+    more: text parts), `tool_use` blocks its tool calls, `thinking` its reasoning."""
     role, content = message.get("role"), message.get("content")
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise BadRequest("'content' must be a string or a list of blocks")
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
     for block in content:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            texts.append(str(block.get("text", "")))
+            if block.get("text"):
+                parts.append({"type": "text", "text": str(block["text"])})
         elif kind == "tool_use":
-            arguments = json.dumps(block.get("input", {}), ensure_ascii=False)
+            arguments = json.dumps(block.get("input") or {})
             calls.append({"id": block.get("id"), "type": "function",
-                          "function": {"name": block.get("name"), "arguments": arguments}})  # fmt: skip
+                          "function": {"name": block.get("name") or "", "arguments": arguments}})  # fmt: skip
         elif kind == "tool_result":
             result = block.get("content")
+            if role != "user":
+                parts.append({"type": "text", "text": f"Tool result: {result or ''}"})
+                continue
             text = result if isinstance(result, str) else _texts(result)
-            out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
-        elif kind not in ("thinking", "redacted_thinking", "image"):
+            out.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "",
+                        "content": text})  # fmt: skip
+        elif kind == "thinking":
+            reasoning.append(str(block.get("thinking") or ""))
+        elif kind not in ("redacted_thinking", "image", "tool_reference"):
             raise BadRequest(f"Unsupported content block type: {kind}")
-    if texts or calls:
-        chat: dict[str, Any] = {"role": role, "content": "".join(texts) if texts else None}
-        if calls:
-            chat["tool_calls"] = calls
+    chat: dict[str, Any] = {"role": role}
+    if reasoning:
+        chat["reasoning"] = "".join(reasoning)
+    if calls:
+        chat["tool_calls"] = calls
+    if parts:
+        chat["content"] = parts[0]["text"] if len(parts) == 1 else parts
+    if parts or calls or reasoning or role != "user":
         out.append(chat)
     return out
 
 
 def _texts(blocks: Any) -> str:
+    """A tool result's text blocks, one per line."""
     if not isinstance(blocks, list):
         return ""
-    return "".join(b.get("text", "") for b in blocks if isinstance(b, dict))
+    return "\n".join(
+        b.get("text", "") for b in blocks if isinstance(b, dict) and b.get("type") == "text"
+    )
 
 
-def usage(prompt_tokens: int, output_tokens: int, cached: int) -> dict[str, Any]:
+def usage(
+    prompt_tokens: int, output_tokens: int, cached: int | None, created: int = 0
+) -> dict[str, Any]:
+    """vLLM's `_build_anthropic_usage`: with prompt-token details (`cached` not None),
+    `input_tokens` are the prompt tokens neither read from the cache nor written to it now."""
+    if cached is None:
+        return {"input_tokens": prompt_tokens, "output_tokens": output_tokens}
     return {
-        "input_tokens": prompt_tokens - cached,
+        "input_tokens": max(0, prompt_tokens - cached - created),
         "output_tokens": output_tokens,
         "cache_read_input_tokens": cached,
+        "cache_creation_input_tokens": created,
     }
 
 
@@ -143,9 +168,10 @@ def event(kind: str, **fields: Any) -> bytes:
     return f"event: {kind}\ndata: {data}\n\n".encode()
 
 
-def opening(req: MessagesRequest) -> bytes:
-    """`message_start` and the text block's start (sent with the first token)."""
-    message = {**message_body(req, "", "", usage(0, 0, 0)), "content": []}
+def opening(req: MessagesRequest, prompt_tokens: int) -> bytes:
+    """`message_start` (the prompt's size, no cache split yet) and the text block's start, sent
+    with the first token."""
+    message = {**message_body(req, "", "", usage(prompt_tokens, 0, None)), "content": []}
     message["stop_reason"] = None
     return event("message_start", message=message) + event(
         "content_block_start", index=0, content_block={"type": "text", "text": ""}

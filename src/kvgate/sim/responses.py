@@ -12,7 +12,9 @@ only this pod can serve a follow-up (`previous_response_id`) or a retrieval.
 
 A stream opens with `response.created` and `response.in_progress` at once, before the prefill,
 then the output item's events with the first token, and ends with `response.completed` carrying
-the usage (`input_tokens`, `input_tokens_details.cached_tokens`, `output_tokens`).
+the usage (`input_tokens`, `input_tokens_details.cached_tokens`, `output_tokens`), or, when it
+reached `max_output_tokens`, with `response.incomplete` (status `incomplete`, as vLLM reports a
+finish by length).
 """
 
 from __future__ import annotations
@@ -55,7 +57,10 @@ class ResponseStore:
             self.bytes -= old[1]
         self._items[response_id] = (stored, size)
         self.bytes += size
-        while self._items and (len(self._items) > self.max_entries or self.bytes > self.max_bytes):
+        # The newest stays, whatever its size: a follow-up may name it next.
+        while len(self._items) > 1 and (
+            len(self._items) > self.max_entries or self.bytes > self.max_bytes
+        ):
             _, (_, dropped) = self._items.popitem(last=False)
             self.bytes -= dropped
 
@@ -92,7 +97,7 @@ def parse_responses(raw: bytes, store: ResponseStore) -> ResponsesRequest:
         if stored is None:
             raise BadRequest(
                 f"Response with id '{previous_id}' not found.", 404, "invalid_request_error"
-            )
+            )  # vLLM names param `response_id`
         previous = [m for m in stored.messages if m.get("role") != "system"]
     messages: list[dict[str, Any]] = []
     if instructions:
@@ -119,6 +124,8 @@ def parse_responses(raw: bytes, store: ResponseStore) -> ResponsesRequest:
 
 
 def _input_messages(items: Any) -> list[dict[str, Any]]:
+    """vLLM's `construct_chat_messages_with_tool_call`: a tool call, reasoning or an assistant
+    message's text joins the assistant message before it where that has none yet."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list):
@@ -129,33 +136,58 @@ def _input_messages(items: Any) -> list[dict[str, Any]]:
             raise BadRequest("each input item must be an object")
         kind = item.get("type")
         last = messages[-1] if messages and messages[-1].get("role") == "assistant" else None
-        if kind == "function_call":
-            call = {
-                "id": item.get("call_id"),
-                "type": "function",
-                "function": {"name": item.get("name"), "arguments": item.get("arguments")},
-            }
+        if kind in ("function_call", "custom_tool_call"):
+            arguments = item.get("arguments")
+            if kind == "custom_tool_call":
+                arguments = json.dumps({"input": item.get("input") or ""}, ensure_ascii=False)
+            call = {"id": item.get("call_id"), "type": "function",
+                    "function": {"name": item.get("name"), "arguments": arguments}}  # fmt: skip
             if last is not None:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind == "reasoning":
+            parts = item.get("content") or item.get("summary") or [{}]
+            reasoning = parts[0].get("text", "") if isinstance(parts[0], dict) else ""
+            if last is not None and "reasoning" not in last:
+                last["reasoning"] = reasoning
+            else:
+                messages.append({"role": "assistant", "reasoning": reasoning})
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append(
                 {"role": "tool", "content": item.get("output"), "tool_call_id": item.get("call_id")}
             )
+        elif item.get("role") == "assistant":
+            text = _first_text(item.get("content"))
+            if last is not None and last.get("content") is None:
+                last["content"] = text
+            else:
+                messages.append({"role": "assistant", "content": text})
         elif "role" in item:
-            messages.append({"role": item["role"], "content": _text(item.get("content"))})
+            messages.append({"role": item["role"], "content": _parts(item.get("content"))})
         else:
             raise BadRequest(f"Unsupported input item type: {kind}")
     return messages
 
 
-def _text(content: Any) -> str:
+def _first_text(content: Any) -> str:
+    """An assistant item's text: vLLM keeps its first part only."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list):
-        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        return str(content[0].get("text", ""))
     return ""
+
+
+def _parts(content: Any) -> Any:
+    """A message item's content as chat content: a string, or its text parts."""
+    if not isinstance(content, list):
+        return content if isinstance(content, str) else ""
+    return [
+        {"type": "text", "text": part.get("text", "")}
+        for part in content
+        if isinstance(part, dict) and isinstance(part.get("text"), str)
+    ]
 
 
 def response_object(
@@ -166,10 +198,13 @@ def response_object(
     status: str,
     usage: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The response object; `text` None: no output yet."""
+    """The response object; `text` None: no output yet. `status` "incomplete": the answer
+    reached `max_output_tokens` (vLLM's finish reason `length`)."""
     output: list[dict[str, Any]] = []
     if text is not None:
-        output.append(_message_item(req, text, "completed"))
+        item_status = "incomplete" if status == "incomplete" else "completed"
+        output.append(_message_item(req, text, item_status))
+    details = {"reason": "max_output_tokens"} if status == "incomplete" else None
     return {
         "id": req.response_id,
         "object": "response",
@@ -180,6 +215,7 @@ def response_object(
         "previous_response_id": req.previous_response_id,
         "max_output_tokens": req.max_output_tokens,
         "status": status,
+        "incomplete_details": details,
         "usage": usage,
     }
 
@@ -244,7 +280,10 @@ class EventWriter:
         )
 
     def closing(self, text: str, response: dict[str, Any]) -> bytes:
-        item = _message_item(self.req, text, "completed")
+        """The output's end events and the terminal one, `response.completed` or
+        `response.incomplete` as the response's status says."""
+        incomplete = response["status"] == "incomplete"
+        item = _message_item(self.req, text, "incomplete" if incomplete else "completed")
         item_id = item["id"]
         part = item["content"][0]
         return b"".join(
@@ -264,6 +303,6 @@ class EventWriter:
                     part=part,
                 ),
                 self.event("response.output_item.done", output_index=0, item=item),
-                self.event("response.completed", response=response),
+                self.event(f"response.{response['status']}", response=response),
             )
         )

@@ -179,6 +179,7 @@ class SimApp:
 
     async def _restart(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.pod.restart()
+        self.responses = ResponseStore()  # vLLM keeps them in the process's memory
         await _respond(send, 200, json.dumps({"restarted": True}).encode())
 
     def _model_info_dict(self) -> dict[str, Any]:
@@ -308,7 +309,7 @@ class SimApp:
             await send({"type": "http.response.body", "body": events.opening(opening),
                         "more_body": True})  # fmt: skip
         sent = 0
-        while not stream.done:
+        while True:
             await stream.wait(sent)
             new = stream.tokens[sent:]
             if req.stream and new:
@@ -316,6 +317,8 @@ class SimApp:
                 out += events.delta(self.pod.codec.decode(new))
                 await send({"type": "http.response.body", "body": out, "more_body": True})
             sent += len(new)
+            if stream.done:
+                break
         if not stream.request.is_finished or stream.request.finish_time is None:
             if req.stream:
                 await send({"type": "http.response.body", "body": b""})
@@ -327,8 +330,9 @@ class SimApp:
         text = self.pod.codec.decode(stream.tokens)
         sim = stream.request
         cached = max(sim.num_cached_tokens, 0)
+        limited = req.max_output_tokens is not None and len(stream.tokens) >= sim.max_tokens
         answer = response_object(
-            req, created, model, text, "completed",
+            req, created, model, text, "incomplete" if limited else "completed",
             responses_usage(sim.num_prompt_tokens, len(stream.tokens), cached),
         )  # fmt: skip
         if req.store:
@@ -381,35 +385,42 @@ class SimApp:
     async def _answer_messages(
         self, send: Send, req: anthropic.MessagesRequest, stream: RequestStream
     ) -> None:
+        sim = stream.request
+        if req.stream:  # Starlette's StreamingResponse: the head before the first event
+            await send({"type": "http.response.start", "status": 200, "headers": _SSE})
         sent = 0
-        while not stream.done:
+        while True:
             await stream.wait(sent)
             new = stream.tokens[sent:]
             if req.stream and new:
-                out = b""
-                if sent == 0:  # vLLM's chat stream, which it converts, opens now
-                    await send({"type": "http.response.start", "status": 200, "headers": _SSE})
-                    out = anthropic.opening(req)
-                out += anthropic.delta(self.pod.codec.decode(new))
+                opening = anthropic.opening(req, sim.num_prompt_tokens) if sent == 0 else b""
+                out = opening + anthropic.delta(self.pod.codec.decode(new))
                 await send({"type": "http.response.body", "body": out, "more_body": True})
             sent += len(new)
-        sim = stream.request
-        if not sim.is_finished or sim.finish_time is None or (req.stream and sent == 0):
-            if req.stream and sent:
-                await send({"type": "http.response.body", "body": b""})
+            if stream.done:
+                break
+        if not sim.is_finished or sim.finish_time is None:
+            if req.stream:
+                failed = anthropic.event("error", error={"type": "api_error",
+                                                          "message": "engine restarted"})  # fmt: skip
+                await send({"type": "http.response.body", "body": failed})
             else:
                 await _respond(send, 500, anthropic.error_body("engine restarted", 500))
             return
         text = self.pod.codec.decode(stream.tokens)
         stop = "max_tokens" if len(stream.tokens) >= sim.max_tokens else "end_turn"
-        usage_ = anthropic.usage(sim.num_prompt_tokens, len(stream.tokens),
-                                 max(sim.num_cached_tokens, 0))  # fmt: skip
+        cached = None
+        created = 0
+        if self.pod.config.enable_prompt_tokens_details:
+            cached = max(sim.num_cached_tokens, 0)
+            block = self.pod.config.engine.block_size
+            created = max(0, sim.num_prompt_tokens // block * block - cached)
+        usage_ = anthropic.usage(sim.num_prompt_tokens, len(stream.tokens), cached, created)
         if req.stream:
             await send({"type": "http.response.body", "body": anthropic.closing(stop, usage_)})
         else:
-            await _respond(
-                send, 200, json.dumps(anthropic.message_body(req, text, stop, usage_)).encode()
-            )
+            body = anthropic.message_body(req, text, stop, usage_)
+            await _respond(send, 200, json.dumps(body).encode())
 
     async def _stored_response(self, scope: Scope, receive: Receive, send: Send) -> None:
         """`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel` (a stored answer is
@@ -422,7 +433,8 @@ class SimApp:
             message = f"Response with id '{response_id}' not found."
             await _respond(send, 404, error_body(message, 404, "invalid_request_error"))
         elif action == "cancel":
-            await _respond(send, 400, error_body("Cannot cancel a synchronous response."))
+            message = "Cannot cancel a synchronous response."
+            await _respond(send, 400, error_body(message, 400, "invalid_request_error"))
         else:
             await _respond(send, 200, json.dumps(stored.body).encode())
 

@@ -44,7 +44,8 @@ async def test_a_conversation_continues_on_the_pod_that_stored_it_through_any_re
                 input=f"conversation {chain}: list the files",
                 max_output_tokens=8,
             )
-            assert answer.id.startswith("resp_kg") and answer.status == "completed"
+            # At `max_output_tokens` vLLM reports the answer `incomplete`.
+            assert answer.id.startswith("resp_kg") and answer.status == "incomplete"
             assert answer.usage is not None and answer.usage.input_tokens > 0
             for turn in range(2):
                 replica = b if turn % 2 == 0 else a
@@ -54,7 +55,7 @@ async def test_a_conversation_continues_on_the_pod_that_stored_it_through_any_re
                     previous_response_id=answer.id,
                     max_output_tokens=8,
                 )
-                assert answer.status == "completed"
+                assert answer.status == "incomplete"
                 assert answer.previous_response_id is not None
             # Retrieval and cancel, through the other replica, reach the pod that stored it.
             stored = await b.responses.retrieve(answer.id)
@@ -74,15 +75,15 @@ async def test_a_stream_passes_whole_and_its_usage_is_counted(sim_pods):
             events.append(event)
         kinds = [e.type for e in events]
         assert kinds[:2] == ["response.created", "response.in_progress"]
-        assert "response.output_text.delta" in kinds and kinds[-1] == "response.completed"
+        assert "response.output_text.delta" in kinds and kinds[-1] == "response.incomplete"
         assert [e.sequence_number for e in events] == list(range(len(events)))
         done = events[-1].response
         assert done.usage is not None and done.usage.output_tokens == 6
         # A follow-up of the streamed answer, on its pod.
         again = await client.responses.create(
-            model="m", input="and again", previous_response_id=done.id, max_output_tokens=4
+            model="m", input="and again", previous_response_id=done.id
         )
-        assert again.status == "completed"
+        assert again.status == "completed"  # no limit: the answer ends on its own
         # An agent that resends its items instead: routed by their prefix to the same pod,
         # whose cache holds it.
         items: list[Any] = [
@@ -149,7 +150,7 @@ async def test_with_tenants_a_response_is_reachable_only_with_its_tenants_key(si
             follow_up = await a.responses.create(
                 model="m", input="more", previous_response_id=written.id, max_output_tokens=2
             )
-            assert follow_up.status == "completed"
+            assert follow_up.status == "incomplete"
             with pytest.raises(openai.NotFoundError):
                 await b.responses.retrieve(written.id)
             with pytest.raises(openai.NotFoundError):

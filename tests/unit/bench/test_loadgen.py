@@ -166,11 +166,39 @@ def test_anthropic_usage_counts_the_cache_reads_in_the_prompt():
     from kvgate.bench.records import RequestRecord
 
     tail = (b'event: message_delta\ndata: {"type":"message_delta","delta":{},"usage":'
-            b'{"input_tokens":12,"output_tokens":3,"cache_read_input_tokens":88}}\n\n'
+            b'{"input_tokens":12,"output_tokens":3,"cache_read_input_tokens":88,'
+            b'"cache_creation_input_tokens":32}}\n\n'
             b'event: message_stop\ndata: {"type":"message_stop"}\n\n')  # fmt: skip
     usage = last_usage(tail)
     assert usage is not None
     record = RequestRecord(request_id="r", request_class="online", session_id=None,
                            scheduled_s=0.0, sent_s=0.0)  # fmt: skip
     apply_usage(record, usage)
-    assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (100, 88, 3)
+    assert (record.prompt_tokens, record.cached_tokens, record.completion_tokens) == (132, 88, 3)
+
+
+async def test_a_messages_stream_that_breaks_is_an_error_not_a_success():
+    from kvgate.bench.workload import MESSAGES, BenchRequest
+
+    start = (b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+             b'{"input_tokens":50,"output_tokens":0}}}\n\n'
+             b'event: content_block_delta\ndata: {"type":"content_block_delta",'
+             b'"delta":{"type":"text_delta","text":"hi"}}\n\n')  # fmt: skip
+    broken = b'event: error\ndata: {"type":"error","error":{"type":"api_error"}}\n\n'
+    endings = {"cut": start, "error": start + broken}
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = endings[json.loads(request.content)["messages"][0]["content"]]
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=body)
+
+    turns = tuple(
+        BenchRequest(request_id=name, path=MESSAGES, max_tokens=2, prefix_units=(),
+                     body={"messages": [{"role": "user", "content": name}], "max_tokens": 2})
+        for name in endings
+    )  # fmt: skip
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        generator = LoadGenerator(client, "http://target", "m", duration_s=1.0)
+        records, _ = await generator.run(Workload(name="w", requests=turns))
+    by_id = {r.request_id: r for r in records}
+    assert "terminal event" in (by_id["cut"].error or "")
+    assert "api_error" in (by_id["error"].error or "")
