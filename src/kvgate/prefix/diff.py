@@ -161,8 +161,12 @@ def diff_requests(
     a_token_ids: Sequence[int] | None = None,
     b_token_ids: Sequence[int] | None = None,
 ) -> PrefixDiff:
-    """Common prefix of two requests and the first differing field (raises PromptError)."""
+    """Common prefix of two requests and the first differing field (raises PromptError).
+    Responses and Anthropic Messages bodies are compared as their keyed text, as the router
+    keys them, even with a tokenizer."""
     kind, field = first_difference(a, b)
+    if a_token_ids is None and b_token_ids is None and (_converted(a) or _converted(b)):
+        requests = None  # the engine converts these to chat its own way: compared as text
     if requests is not None or (a_token_ids is not None and b_token_ids is not None):
         ids_a = a_token_ids if a_token_ids is not None else _token_ids(_need(requests), a)
         ids_b = b_token_ids if b_token_ids is not None else _token_ids(_need(requests), b)
@@ -187,6 +191,11 @@ def diff_requests(
         (len(text_a), len(text_b)),
         field,
     )
+
+
+def _converted(body: Mapping[str, Any]) -> bool:
+    """A Responses API body (`input`) or an Anthropic Messages one (a top-level `system`)."""
+    return "system" in body or ("input" in body and not isinstance(body.get("prompt"), (str, list)))
 
 
 def _need(requests: RequestTokenizer | None) -> RequestTokenizer:

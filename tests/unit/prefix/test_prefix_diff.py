@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -149,3 +150,13 @@ def test_first_difference_of_anthropic_bodies_reads_the_system_first():
     a = {"system": "you are helpful", "messages": [{"role": "user", "content": "hi"}]}
     kind, field = first_difference(a, {**a, "system": "you are terse"})
     assert kind == "diverges" and field is not None and field.path == "system"
+
+
+def test_responses_and_anthropic_bodies_diff_as_their_keyed_text_even_with_a_tokenizer():
+    unused: Any = object()  # never asked: such bodies are not tokenized
+    a = {"instructions": "be brief", "input": [{"role": "user", "content": "hi"}]}
+    b = {**a, "input": [*a["input"], {"role": "user", "content": "more"}]}
+    diff = diff_requests(a, b, requests=unused)
+    assert diff.unit == "chars" and diff.kind == "extends"
+    anthropic = {"system": "s", "messages": [{"role": "user", "content": "hi"}]}
+    assert diff_requests(anthropic, anthropic, requests=unused).unit == "chars"
