@@ -128,6 +128,11 @@ async def test_ids_the_router_cannot_place_are_a_clear_404(sim_pods):
             assert ok.status_code == 200 and ok.json()["id"] == live.id
             empty = await http.post(url + "/v1/responses", json={"model": "m", "input": []})
             assert empty.status_code == 400 and empty.json()["error"]["param"] == "input"
+            # An id of the router's form would let vLLM store over that response: refused.
+            taken = {"model": "m", "input": "hi", "request_id": live.id}
+            refused = await http.post(url + "/v1/responses", json=taken)
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "request_id"
+            assert (await client.responses.retrieve(live.id)).output_text == live.output_text
 
 
 async def test_with_tenants_a_response_is_reachable_only_with_its_tenants_key(sim_pods):
