@@ -724,3 +724,32 @@ async def test_a_waiter_put_back_keeps_its_place_and_its_deadline():
     assert first.error is not None and first.error.code == "deadline_exceeded"
     assert grants.done[1:] == [first, second]  # expired, then the next one granted
     assert second.error is None and len(core.flow) == 0
+
+
+async def test_a_responses_follow_up_waits_for_its_pod_alone_and_others_pass_it():
+    """A follow-up pinned to pod0 queues apart: when pod1 frees up, the other waiter goes there
+    and the follow-up keeps waiting for pod0; once pod0 leaves, it is a 404."""
+    from kvgate.router.core.response_ids import mint
+
+    core, _now = await _core(2)
+    grants = Grants()
+    sent = [await _send(core, _request(first=i * 1000), grants) for i in range(2)]
+    assert {plan.endpoint.id for plan, _ in sent} == {"pod0:8000", "pod1:8000"}
+    headers = {"authorization": "Bearer k-short"}
+    scope = core.state.classifier.caller_scope(headers)  # the tenant's ids
+    body = {"model": "m", "input": "next", "previous_response_id": mint("pod0:8000", scope)}
+    pinned = await core.admit(ClientRequest(body, headers, "responses", body_bytes=50), grants)
+    other = await _send(core, _request(first=5000), grants)
+    assert isinstance(pinned, Waiter) and isinstance(other, Waiter)
+    on_pod1 = next((plan, attempt) for plan, attempt in sent if plan.endpoint.id == "pod1:8000")
+    core.first_byte(*on_pod1, streamed=True)
+    assert grants.done == [other]
+    assert (await core.dispatch(other)).endpoint.id == "pod1:8000"
+    on_pod0 = next((plan, attempt) for plan, attempt in sent if plan.endpoint.id == "pod0:8000")
+    core.first_byte(*on_pod0, streamed=True)
+    assert grants.done == [other, pinned]
+    assert (await core.dispatch(pinned)).endpoint.id == "pod0:8000"
+    gone = {**body, "previous_response_id": mint("pod9:8000", scope)}
+    with pytest.raises(RouterError) as err:
+        await core.admit(ClientRequest(gone, headers, "responses", body_bytes=50), grants)
+    assert err.value.status == 404
