@@ -753,3 +753,17 @@ async def test_a_responses_follow_up_waits_for_its_pod_alone_and_others_pass_it(
     with pytest.raises(RouterError) as err:
         await core.admit(ClientRequest(gone, headers, "responses", body_bytes=50), grants)
     assert err.value.status == 404
+
+
+async def test_a_responses_follow_up_reaches_its_pod_while_it_drains():
+    from kvgate.router.core.response_ids import mint
+
+    core, _now = await _core(2, flow={"max_waiting_requests": 8})
+    headers = {"authorization": "Bearer k-short"}
+    scope = core.state.classifier.caller_scope(headers)
+    core.endpoints.get("pod0:8000").draining = True  # type: ignore[union-attr]
+    body = {"model": "m", "input": "next", "previous_response_id": mint("pod0:8000", scope)}
+    plan = await core.admit(ClientRequest(body, headers, "responses", body_bytes=50), Grants())
+    assert isinstance(plan, RoutePlan) and plan.endpoint.id == "pod0:8000"
+    other = await core.admit(_request(), Grants())
+    assert isinstance(other, RoutePlan) and other.endpoint.id == "pod1:8000"

@@ -219,7 +219,10 @@ class RoutingCore:
         flow.shares.seen(cls.tenant or "", now)
         candidates = self.router.candidates(cls, now)
         usable = flow.usable(cls, candidates, now)
-        if flow.any_room(usable, now) or not self.router.serves(cls):
+        # A draining pod takes no queued work, but a Responses follow-up pinned to it has no
+        # other pod: it goes at once.
+        leaving = cls.pinned_tag is not None and any(ep.draining for ep in candidates)
+        if leaving or flow.any_room(usable, now) or not self.router.serves(cls):
             beyond_share: tuple[str, ...] = ()
             if usable is not candidates:  # hot path: usually no share applies
                 mine = {ep.id for ep in usable}
