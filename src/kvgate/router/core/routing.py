@@ -4,7 +4,9 @@
 2. Candidates: ready, non-ejected, non-draining endpoints of the class's home pools; plus, for
    batch requests, online endpoints whose load is under the borrowing limits (so online traffic
    never waits behind batch); plus, for online requests with no home endpoint, batch endpoints.
-   Pods warming up take no client request, then a growing share (`warmup.py`).
+   Pods warming up take no client request, then a growing share (`warmup.py`). A Responses API
+   follow-up (`Classification.pinned_tag`) has one candidate: the pod holding its previous
+   response, draining or warming up (404 once it has left).
 3. Pools are grouped by hashing identity (`keys.keyer_identity`); each group's keys are computed
    once, its pools' directories are looked up, and the policy decides over the group. With
    several groups (pools with different tokenizers or block sizes) the decision with the lowest
