@@ -2,7 +2,9 @@
 
 Routes (as vLLM 0.33 serves them): ``POST /v1/completions``, ``POST /v1/chat/completions``,
 ``POST /v1/responses`` (streaming SSE or not; ``sim/responses.py``), ``GET /v1/responses/{id}``,
-``POST /v1/responses/{id}/cancel``, ``POST /v1/messages`` and ``POST /v1/messages/count_tokens`` (Anthropic's; ``sim/messages.py``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /version``,
+``POST /v1/responses/{id}/cancel``, ``POST /v1/messages`` and ``/v1/messages/count_tokens``
+(Anthropic's; ``sim/messages.py``), ``POST /v1/embeddings``, ``/tokenize``, ``/detokenize``
+(``sim/embeddings.py``), ``GET /v1/models``, ``GET /health``, ``GET /metrics``, ``GET /version``,
 ``POST /reset_prefix_cache``, ``GET /server_info`` and ``GET /model_info`` (plus the
 ``/get_server_info`` and ``/get_model_info`` spellings the SGLang router asks for).
 Simulator-only: ``POST /sim/restart`` restarts the engine (KV event seq back to 0).
@@ -21,6 +23,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from kvgate.sim import embeddings
 from kvgate.sim import messages as anthropic
 from kvgate.sim.driver import RequestStream
 from kvgate.sim.engine import RequestRejected
@@ -96,6 +99,9 @@ class SimApp:
             ("POST", "/v1/responses"): self._responses,
             ("POST", "/v1/messages"): self._messages,
             ("POST", "/v1/messages/count_tokens"): self._count_tokens,
+            ("POST", "/v1/embeddings"): self._embeddings,
+            ("POST", "/tokenize"): self._tokenize,
+            ("POST", "/detokenize"): self._tokenize,
             ("POST", "/reset_prefix_cache"): self._reset_prefix_cache,
             ("GET", "/server_info"): self._server_info,
             ("GET", "/get_server_info"): self._server_info,
@@ -381,6 +387,47 @@ class SimApp:
             await _respond(send, 400, anthropic.error_body(str(exc), 400))
             return
         await _respond(send, 200, json.dumps({"input_tokens": count}).encode())
+
+    async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Each input is prefilled by the engine (one token asked), then answered together."""
+        try:
+            model, prompts = embeddings.embedding_inputs(await _read_body(receive), self.pod.codec)
+            if model and model not in self._names:
+                raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
+            streams = [
+                self.pod.driver.submit(f"embd-{uuid.uuid4().hex}", prompt, 1) for prompt in prompts
+            ]
+        except ConnectionError:
+            return
+        except BadRequest as exc:
+            await _respond(send, exc.status, error_body(exc.message, exc.status, exc.err_type))
+            return
+        except (RequestRejected, TypeError, ValueError) as exc:
+            await _respond(send, 400, error_body(str(exc)))
+            return
+        for stream in streams:
+            while not stream.done:
+                await stream.wait(len(stream.tokens))
+        body = embeddings.embeddings_body(model or self.model, prompts, self.pod.created)
+        await _respond(send, 200, json.dumps(body).encode())
+
+    async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            raw = await _read_body(receive)
+            if scope["path"] == "/tokenize":
+                limit = self.pod.config.engine.max_model_len
+                answer = embeddings.tokenize(raw, self.pod.codec, limit)
+            else:
+                answer = embeddings.detokenize(raw, self.pod.codec)
+        except ConnectionError:
+            return
+        except BadRequest as exc:
+            await _respond(send, exc.status, error_body(exc.message, exc.status, exc.err_type))
+            return
+        except (TypeError, ValueError) as exc:
+            await _respond(send, 400, error_body(str(exc)))
+            return
+        await _respond(send, 200, json.dumps(answer).encode())
 
     async def _answer_messages(
         self, send: Send, req: anthropic.MessagesRequest, stream: RequestStream

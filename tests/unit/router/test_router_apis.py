@@ -303,3 +303,24 @@ def test_claude_codes_metadata_user_id_is_the_session():
     assert classifier.classify(body, {"x-session-id": "s"}, "messages").session_id == "s"
     odd = {**body, "metadata": {"user_id": 7}}
     assert classifier.classify(odd, {}, "messages").session_id is None
+
+
+def test_converted_and_pooling_bodies_get_approximate_keys_of_their_text():
+    from kvgate.api.router_config import EngineConfig
+    from kvgate.router.core.keys import Keyer
+
+    keyer = Keyer(EngineConfig())
+    text = "a shared instruction prefix " * 20
+    embed = keyer.keys({"model": "m", "input": text + "one"}, "pooling", None)
+    again = keyer.keys({"model": "m", "input": text + "two"}, "pooling", None)
+    assert not embed.exact and embed.prompt_text is None  # never copied as a completion
+    shared = len(text) // keyer.approx.block_chars
+    assert embed.block_keys[: shared - 1] == again.block_keys[: shared - 1]
+    assert (
+        keyer.keys({"model": "m", "query": "q", "documents": ["d"]}, "pooling", None).block_keys
+        == []
+    )
+    responses = keyer.keys({"model": "m", "input": text, "prompt": None}, "responses", None)
+    assert responses.block_keys  # a Responses `prompt` field is no completion prompt
+    with pytest.raises(RouterError):
+        keyer.keys({"model": "m", "messages": []}, "messages", None)

@@ -11,7 +11,7 @@ fixed-size character blocks, chained and salted the same way. Such keys predict 
 between requests routed by kvgate (routing history); tokens are estimated at 4 characters each.
 Responses API bodies (`/v1/responses`) and Anthropic Messages API bodies (`/v1/messages`) are
 always keyed so: the engine converts them to chat messages its own way, which the router does
-not reproduce.
+not reproduce; so are pooling requests (`/v1/embeddings`, ...), by their `input`.
 
 A `Keyer` is shared by every pool with the same settings; its hasher and tokenizer cache what
 they have seen, and for chat prompts `reuse.PromptReuse` takes the ids and digests of a recent
@@ -160,12 +160,14 @@ class Keyer:
         *,
         max_prompt_tokens: int | None = None,
     ) -> RequestKeys:
-        """`kind` is "chat", "completion", "responses" or "messages"; `lora`: the adapter the request names (vLLM adds
+        """`kind` is "chat", "completion", "responses", "messages" or "pooling"; `lora`: the adapter the request names (vLLM adds
         its key to every block); `session`: where to look for an earlier turn to reuse (never
         changes the keys); `max_prompt_tokens`: the router's own limit, on top of the pool's
         `max_model_len`. Raises RouterError (400) on a malformed or too long prompt."""
         if kind in ("responses", "messages"):
             return self._converted(body, kind, _approximate_salt(cache_salt, lora))
+        if kind == "pooling":  # an embedding's `input` keyed as text (none: load only)
+            return self._approximate(body, _approximate_salt(cache_salt, lora), kind)
         limits = [n for n in (self.max_tokens, max_prompt_tokens) if n is not None]
         limit = min(limits) if limits else None
         with_ops = body.get("cache") is not None and self.engine.cache_ops
@@ -317,7 +319,9 @@ class Keyer:
         tokens = max(1, int(len(text) / CHARS_PER_TOKEN))
         # A chat's or a Responses body's keyed text is a rendering, not what the engine
         # tokenizes: no copies of it.
-        rendered = isinstance(body.get("messages"), list) or kind in ("responses", "messages")
+        rendered = isinstance(body.get("messages"), list) or kind in (
+            "responses", "messages", "pooling"
+        )  # fmt: skip
         return RequestKeys(
             tokens,
             keys,

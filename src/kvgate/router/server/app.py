@@ -6,7 +6,10 @@ Routes:
   and proxy (`proxy.py`);
 - `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`: relayed to the pod that stored
   the response (`core/response_ids.py`);
-- `POST /v1/messages/count_tokens`: relayed to the pod the body would be routed to;
+- `POST /v1/embeddings`, `/pooling`, `/classify`, `/score`, `/rerank` (and their `/v1`, `/v2`
+  spellings): vLLM's pooling models, routed and proxied;
+- `POST /v1/messages/count_tokens`, `/tokenize`, `/detokenize`: relayed to the pod the body
+  would be routed to;
 - `GET /v1/models`: the union of the models of every pool;
 - `GET /health` (process alive), `GET /ready` (at least one endpoint in rotation);
 - `GET /metrics`: Prometheus text from the app's own registry;
@@ -61,13 +64,21 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
+_POOLING = (
+    "/v1/embeddings", "/v2/embed", "/pooling", "/classify",
+    "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
+)  # fmt: skip
 _KINDS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
     "/v1/responses": "responses",
     "/v1/messages": "messages",
+    # vLLM's pooling models (embeddings, classification, scores, reranking): routed by load
+    # and, for an `input`, by approximate keys of it.
+    **dict.fromkeys(_POOLING, "pooling"),
 }
-_COUNT_TOKENS = "/v1/messages/count_tokens"
+# Cheap CPU work on any pod of the model, nothing learned: to the pod the router would choose.
+_RELAYED = ("/v1/messages/count_tokens", "/tokenize", "/detokenize")
 _STORED_RESPONSE = "/v1/responses/"
 _JSON = [(b"content-type", b"application/json")]
 
@@ -111,10 +122,10 @@ class RouterApp:
                 if method != "POST":
                     raise RouterError(405, f"use POST for {path}", code="method_not_allowed")
                 await self._completions(scope, receive, send, _KINDS[path])
-            elif path == _COUNT_TOKENS:
+            elif path in _RELAYED:
                 if method != "POST":
                     raise RouterError(405, f"use POST for {path}", code="method_not_allowed")
-                await self._count_tokens(scope, receive, send)
+                await self._relayed(scope, receive, send)
             elif path.startswith(_STORED_RESPONSE):
                 await self._stored_response(scope, receive, send, path[len(_STORED_RESPONSE) :])
             elif path == "/v1/models" and method == "GET":
@@ -270,13 +281,14 @@ class RouterApp:
             target += _retrieve_query(scope.get("query_string", b""))
         await _until_disconnect(receive, self.runtime.proxy.relay(pod, method, target, send))
 
-    async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """`POST /v1/messages/count_tokens`: to the pod the request would be routed to (nothing
-        is recorded: no prompt is computed there)."""
+    async def _relayed(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A token count (Anthropic's `count_tokens`, vLLM's `/tokenize`, `/detokenize`): to
+        the pod the router would choose for it (nothing recorded: no prompt is computed)."""
         raw, body = await self._read_body(scope, receive)
-        request = ClientRequest(body, _headers(scope), "messages", len(raw))
-        plan = await self.runtime.core.explain(request)
-        relayed = self.runtime.proxy.relay(plan.endpoint, "POST", _COUNT_TOKENS, send, raw)
+        path = scope["path"]
+        kind = "messages" if path.startswith("/v1/messages") else "pooling"
+        plan = await self.runtime.core.explain(ClientRequest(body, _headers(scope), kind, len(raw)))
+        relayed = self.runtime.proxy.relay(plan.endpoint, "POST", path, send, raw)
         await _until_disconnect(receive, relayed)
 
     async def _debug_route(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -306,12 +318,12 @@ class RouterApp:
 
 
 def _debug_api(query: bytes, body: dict[str, Any]) -> str:
-    """The API a body to explain is for: `?api=chat|completion|responses|messages`, else
+    """The API a body to explain is for: `?api=chat|completion|responses|messages|pooling`, else
     guessed (Anthropic's has a top-level `system`, the Responses API's an `input`)."""
     named = parse_qs(query.decode("latin-1"), max_num_fields=8).get("api", [None])[-1]
     if named is not None:
-        if named not in ("chat", "completion", "responses", "messages"):
-            raise RouterError(400, "`api` must be chat, completion, responses or messages")
+        if named not in ("chat", "completion", "responses", "messages", "pooling"):
+            raise RouterError(400, "`api` must be chat, completion, responses, messages or pooling")
         return named
     if "messages" in body:
         return "messages" if "system" in body else "chat"
