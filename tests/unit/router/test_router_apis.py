@@ -324,3 +324,14 @@ def test_converted_and_pooling_bodies_get_approximate_keys_of_their_text():
     assert responses.block_keys  # a Responses `prompt` field is no completion prompt
     with pytest.raises(RouterError):
         keyer.keys({"model": "m", "messages": []}, "messages", None)
+
+
+def test_a_request_without_a_model_names_the_one_model_served():
+    assert Classifier(make_config(2)).classify({"input": "hi"}, {}, "responses").model == "m"
+    two = make_config(1, pools=[
+        {"name": "a", "model": "m1", "endpoints": {"static": [{"url": "http://a:8000"}]}},
+        {"name": "b", "model": "m2", "endpoints": {"static": [{"url": "http://b:8000"}]}},
+    ])  # fmt: skip
+    with pytest.raises(RouterError) as err:
+        Classifier(two).classify({"input": "hi"}, {}, "responses")
+    assert err.value.status == 400 and err.value.param == "model"

@@ -1,6 +1,7 @@
 """Classify a request: candidate pools, request class, tenant and cache salt, session.
 
-- **Model → pools**: every pool that serves the requested model name (its model or an alias).
+- **Model → pools**: every pool that serves the requested model name (its model or an alias);
+  a request without `model` names the one model of the router's pools, if they serve one.
 - **Tenant**: the bearer API key maps to a tenant (keys from config, files or env). With tenants
   configured the router *always* sets the request's `cache_salt` to the tenant's salt, overriding
   any salt the client sent, so a client cannot read another tenant's cache by guessing its salt.
@@ -89,6 +90,9 @@ class Classifier:
         for pool in config.pools:
             for name in pool.model_names:
                 self._pools_by_model.setdefault(name, []).append(pool)
+        # A request without `model` (vLLM serves its one model then) names it, if there is one.
+        served = {pool.model for pool in config.pools}
+        self._only_model = served.pop() if len(served) == 1 else None
 
     def models(self) -> list[str]:
         return list(self._pools_by_model)
@@ -122,8 +126,15 @@ class Classifier:
         kind: str = "chat",
     ) -> Classification:
         model = body.get("model")
+        if model is None and self._only_model is not None:
+            model = self._only_model
         if not isinstance(model, str) or not model:
-            raise RouterError(400, "`model` is required", code="missing_model", param="model")
+            raise RouterError(
+                400,
+                "`model` is required (the router serves several models)",
+                code="missing_model",
+                param="model",
+            )
         pools = self._pools_by_model.get(model)
         if not pools:
             raise RouterError(
