@@ -767,3 +767,20 @@ async def test_a_responses_follow_up_reaches_its_pod_while_it_drains():
     assert isinstance(plan, RoutePlan) and plan.endpoint.id == "pod0:8000"
     other = await core.admit(_request(), Grants())
     assert isinstance(other, RoutePlan) and other.endpoint.id == "pod1:8000"
+
+
+async def test_queued_follow_ups_go_once_their_pod_begins_to_drain():
+    from kvgate.router.core.response_ids import mint
+
+    core, _now = await _core(1)
+    grants = Grants()
+    await _send(core, _request(), grants)  # the pod is saturated
+    headers = {"authorization": "Bearer k-short"}
+    scope = core.state.classifier.caller_scope(headers)
+    body = {"model": "m", "input": "next", "previous_response_id": mint("pod0:8000", scope)}
+    waiter = await core.admit(ClientRequest(body, headers, "responses", body_bytes=50), grants)
+    assert isinstance(waiter, Waiter) and grants.done == []
+    core.endpoints.get("pod0:8000").draining = True  # type: ignore[union-attr]
+    core.flow.pump()
+    assert grants.done == [waiter] and waiter.error is None
+    assert (await core.dispatch(waiter)).endpoint.id == "pod0:8000"

@@ -409,6 +409,10 @@ class FlowControl:
     def _pump_queue(self, queue: _Queue, now: float) -> None:
         candidates = self._candidates(queue.classification, now)
         free = self.room(candidates, now)
+        if queue.classification.pinned_tag is not None and any(e.draining for e in candidates):
+            # Responses follow-ups whose pod began to leave: it takes no queued work, and no
+            # other pod can serve them, so they go now (as one arriving now would).
+            free = {ep.id: len(queue.fair) for ep in candidates}
         if not free:
             return
         by_id = {ep.id: ep for ep in candidates}
