@@ -249,7 +249,10 @@ class Proxy:
                 raise _Retryable(exc.kind, str(exc)) from exc
             content_type = _header(response.headers, b"content-type")
             streamed = stream and content_type.startswith(b"text/event-stream")
-            if streamed and request.kind == "responses":
+            # A background response goes on on its pod whatever happens to this connection: its
+            # stream is not held (a retry would start a second one).
+            background = request.body.get("background") is True
+            if streamed and request.kind == "responses" and not background:
                 first = await self._opening(first, chunks)
             self.core.first_byte(plan, attempt, streamed=streamed)
             gap = limits.read_timeout_seconds
