@@ -98,8 +98,8 @@ def _chat_messages(message: dict[str, Any]) -> list[dict[str, Any]]:
                 parts.append({"type": "text", "text": str(block["text"])})
         elif kind == "tool_use":
             arguments = json.dumps(block.get("input") or {})
-            calls.append({"id": block.get("id"), "type": "function",
-                          "function": {"name": block.get("name") or "", "arguments": arguments}})  # fmt: skip
+            function = {"name": block.get("name") or "", "arguments": arguments}
+            calls.append({"id": block.get("id"), "type": "function", "function": function})
         elif kind == "tool_result":
             result = block.get("content")
             if role != "user":

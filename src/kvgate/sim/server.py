@@ -448,8 +448,8 @@ class SimApp:
                 break
         if not sim.is_finished or sim.finish_time is None:
             if req.stream:
-                failed = anthropic.event("error", error={"type": "api_error",
-                                                          "message": "engine restarted"})  # fmt: skip
+                error = {"type": "api_error", "message": "engine restarted"}
+                failed = anthropic.event("error", error=error)
                 await send({"type": "http.response.body", "body": failed})
             else:
                 await _respond(send, 500, anthropic.error_body("engine restarted", 500))

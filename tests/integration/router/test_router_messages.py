@@ -15,8 +15,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 FILE = "def test():\n    assert parse(x) == 1\n" * 60
 SYSTEM = "You are Claude Code. " + "Use the tools to read and edit files. " * 80
-TOOLS = [{"name": "read", "description": "read a file",
-          "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}}}]  # fmt: skip
+SCHEMA = {"type": "object", "properties": {"path": {"type": "string"}}}
+TOOLS = [{"name": "read", "description": "read a file", "input_schema": SCHEMA}]
 
 
 def _system(turn: int) -> list[dict[str, Any]]:
@@ -65,7 +65,7 @@ async def test_an_agents_turns_follow_its_prefix_and_usage_is_read(sim_pods):
                 call = {"type": "tool_use", "id": f"t{turn}", "name": "read",
                         "input": {"path": f"f{turn}.py"}}  # fmt: skip
                 messages += [
-                    {"role": "assistant", "content": [{"type": "text", "text": answer.content[0].text}, call]},
+                    {"role": "assistant", "content": [*answer.model_dump()["content"], call]},
                     {"role": "user", "content": [{"type": "tool_result", "tool_use_id": f"t{turn}",
                                                   "content": FILE}]},
                 ]  # fmt: skip

@@ -234,9 +234,12 @@ def test_what_the_router_assumes_of_vllms_responses_api_holds_in_its_code():
     """vLLM 0.33's own code: the response's id is the request's `request_id` (so the router can
     name the pod in it), the retrieval and cancel routes and query, the stream's opening events
     before any output, `event:` lines, and the not-found answer the router mimics."""
+    folder = "vllm/entrypoints/openai/responses"
     with zipfile.ZipFile(vllm_wheel()) as zf:
-        read = lambda name: zf.read(f"vllm/entrypoints/openai/responses/{name}").decode()  # noqa: E731
-        protocol, routes, serving = read("protocol.py"), read("api_router.py"), read("serving.py")
+        protocol, routes, serving = (
+            zf.read(f"{folder}/{name}.py").decode()
+            for name in ("protocol", "api_router", "serving")
+        )
     request = protocol[protocol.index("class ResponsesRequest(") :]
     assert re.search(r'\n    request_id: str = Field\(\s*default_factory=lambda: f"resp_', request)
     assert re.search(r"\n    previous_response_id: str \| None = None", request)

@@ -160,10 +160,11 @@ class Keyer:
         *,
         max_prompt_tokens: int | None = None,
     ) -> RequestKeys:
-        """`kind` is "chat", "completion", "responses", "messages" or "pooling"; `lora`: the adapter the request names (vLLM adds
-        its key to every block); `session`: where to look for an earlier turn to reuse (never
-        changes the keys); `max_prompt_tokens`: the router's own limit, on top of the pool's
-        `max_model_len`. Raises RouterError (400) on a malformed or too long prompt."""
+        """`kind` is "chat", "completion", "responses", "messages" or "pooling"; `lora`: the
+        adapter the request names (vLLM adds its key to every block); `session`: where to look
+        for an earlier turn to reuse (never changes the keys); `max_prompt_tokens`: the
+        router's own limit, on top of the pool's `max_model_len`. Raises RouterError (400) on a
+        malformed or too long prompt."""
         if kind in ("responses", "messages"):
             return self._converted(body, kind, _approximate_salt(cache_salt, lora))
         if kind == "pooling":  # an embedding's `input` keyed as text (none: load only)

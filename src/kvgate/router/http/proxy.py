@@ -9,10 +9,11 @@ The proxy is I/O only: every decision and every piece of endpoint state is the r
    core excludes the pods already tried), up to `max_retries` times.
 3. At the first body byte (of a Responses API stream: its first output event, the opening
    events held back until then, `responses_stream.py`): `core.first_byte`. An event stream's
-   head goes to the client at once with the `x-kvgate-*` headers; a whole answer (JSON, any error status) is first read to its end
-   (each gap bounded by `read_timeout`, at most `max_response_bytes`): a failure while reading it
-   has sent the client nothing, so it is retried as in 2; an answer over `max_response_bytes` is
-   not (another pod would write it again): a 502.
+   head goes to the client at once with the `x-kvgate-*` headers; a whole answer (JSON, any
+   error status) is first read to its end (each gap bounded by `read_timeout`, at most
+   `max_response_bytes`): a failure while reading it has sent the client nothing, so it is
+   retried as in 2; an answer over `max_response_bytes` is not (another pod would write it
+   again): a 502.
 4. A stream passes through as it arrives (each gap bounded by `read_timeout`; from the first
    byte to the last, an answer of either kind by `max_answer_seconds`). Usage is read on
    the way (`usage.py`). A pod failing after the first byte cannot be retried without

@@ -1,9 +1,9 @@
 """Read `usage` (prompt tokens, cached tokens) out of responses on their way to the client.
 
 Non-streaming responses are JSON with a top-level `usage`. Streaming responses are Server-Sent
-Events; a Responses API stream carries usage in its last event (`response.completed`); for chat
-and completions vLLM sends usage only when the client set `stream_options.include_usage`, in one last
-chunk whose `choices` is empty. The router wants usage for every request (cached tokens are the
+Events; a Responses API stream carries usage in its last event, an Anthropic Messages stream in
+its `message_delta`; for chat and completions vLLM sends usage only when the client set
+`stream_options.include_usage`, in one last chunk whose `choices` is empty. The router wants usage for every request (cached tokens are the
 ground truth of its predictions), so when a streaming client did not ask for usage the router
 asks for it and `SseUsageTap` strips that extra chunk back out: the client sees exactly the stream
 it asked for. Events pass through as soon as they are complete; only a partial event at the end of
