@@ -45,6 +45,7 @@ from kvgate.bench.workload import (
     CHAT_COMPLETIONS,
     COMPLETIONS,
     MESSAGES,
+    PREVIOUS_RESPONSE,
     RESPONSES,
     BenchRequest,
     Session,
@@ -81,6 +82,12 @@ class AgentSessionParams(BaseModel):
         "the system prompt as `instructions` and the rest as `input` items to /v1/responses, "
         "the whole history every turn, nothing stored; messages: Anthropic's Messages API "
         "(/v1/messages), the system prompt as `system`",
+    )
+    chain_responses: bool = Field(
+        default=False,
+        description="with api=responses: each turn after the first names the answer before it "
+        "(`previous_response_id`) and sends only its new messages, the pod's stored response "
+        "holding the rest (live only: vLLM stores responses in the pod's memory)",
     )
     trajectory_dir: str | None = Field(
         None, description="folder of *.traj files; default: bundled copy"
@@ -185,6 +192,7 @@ def session_turns(
     tokenize: ChatTokenizer | None,
 ) -> tuple[BenchRequest, ...]:
     turns: list[BenchRequest] = []
+    previous_position = 0  # the assistant message the turn before answered
     for position, message in enumerate(history):
         if message["role"] != "assistant" or position == 0:
             continue
@@ -199,10 +207,17 @@ def session_turns(
             body["messages"] = [dict(m) for m in prompt]
         elif params.api == "responses":
             body = responses_body(prompt, output, session_id)
+            since = history[previous_position + 1 : position]
+            if params.chain_responses and turns and since:  # only what came since the answer
+                body = {**body, "input": [dict(m) for m in since], "store": True,
+                        "previous_response_id": PREVIOUS_RESPONSE}  # fmt: skip
+            elif params.chain_responses:
+                body["store"] = True
         elif params.api == "messages":
             body = messages_body(prompt, output)
         else:
             body["prompt"] = render_chat_text(prompt)
+        previous_position = position
         turns.append(
             BenchRequest(
                 request_id=f"{session_id}-t{len(turns)}",

@@ -31,12 +31,20 @@ import json
 import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import httpx
 
 from kvgate.bench.records import LATE_SEND_S, LOOP_STALL_S, GeneratorHealth, RequestRecord
-from kvgate.bench.workload import MESSAGES, RESPONSES, BenchRequest, Session, Workload
+from kvgate.bench.workload import (
+    MESSAGES,
+    PREVIOUS_RESPONSE,
+    RESPONSES,
+    BenchRequest,
+    Session,
+    Workload,
+)
 
 CLASS_HEADER = "x-kvgate-class"
 SESSION_HEADER = "x-session-id"
@@ -79,6 +87,8 @@ _TERMINAL = re.compile(
     rb'(?:event: ?|"type"\s*:\s*")(?:message_stop|response\.completed|response\.incomplete)\b'
 )
 _ERROR_EVENT = re.compile(rb"(?:^|\n)event: ?(?:error|response\.failed)\b")
+# A Responses answer's id, in its first event (`response.created`).
+_RESPONSE_ID = re.compile(rb'"id"\s*:\s*"(resp_[A-Za-z0-9_-]{1,128})"')
 # The last `usage` object of a stream's tail (a Responses stream's last event holds the whole
 # response, which may be longer than the tail, but `usage` is among its last fields).
 _USAGE = re.compile(rb'(?<!\\)"usage"\s*:\s*(?=\{)')
@@ -229,12 +239,16 @@ class LoadGenerator:
             return
         await self._sleep_until(session.start_s)
         due = session.start_s
+        previous: str | None = None
         for turn in session.turns:
             if not self._in_window(due):
                 return
+            if turn.body.get("previous_response_id") == PREVIOUS_RESPONSE:
+                turn = replace(turn, body={**turn.body, "previous_response_id": previous})
             record = await self.send(turn, due)
             if not record.ok:
                 return  # an agent whose call failed stops; the error is in the record
+            previous = record.response_id
             due = self._now() + turn.think_time_s
             await self._sleep_until(due)
 
@@ -293,6 +307,9 @@ class LoadGenerator:
             async for chunk in response.aiter_bytes():
                 if record.first_byte_s is None and _TEXT_VALUE.search(chunk):
                     record.first_byte_s = self._now()
+                if path == RESPONSES and record.response_id is None:
+                    found = _RESPONSE_ID.search(tail[-64:] + chunk)
+                    record.response_id = found.group(1).decode() if found else None
                 ended = ended or _TERMINAL.search(tail[-64:] + chunk) is not None
                 tail = (tail + chunk)[-_TAIL_BYTES:]
             record.end_s = self._now()

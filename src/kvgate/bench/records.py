@@ -24,6 +24,7 @@ class RequestRecord:
     cached_tokens: int = 0
     completion_tokens: int = 0
     client: int = 0  # which load-generator process sent it (`clients.py`; 0 when only one)
+    response_id: str | None = None  # a Responses API answer's id (a later turn may name it)
 
     @property
     def ok(self) -> bool:

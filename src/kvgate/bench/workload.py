@@ -24,6 +24,9 @@ from typing import Any
 COMPLETIONS = "/v1/completions"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 RESPONSES = "/v1/responses"
+PREVIOUS_RESPONSE = "<previous response>"
+"""A session turn's `previous_response_id` until sent: the load generator puts there the id of
+the answer to the session's turn before."""
 MESSAGES = "/v1/messages"
 
 

@@ -202,3 +202,34 @@ async def test_a_messages_stream_that_breaks_is_an_error_not_a_success():
     by_id = {r.request_id: r for r in records}
     assert "terminal event" in (by_id["cut"].error or "")
     assert "api_error" in (by_id["error"].error or "")
+
+
+async def test_a_chained_session_names_the_answer_before():
+    from kvgate.bench.workload import PREVIOUS_RESPONSE, RESPONSES, BenchRequest
+
+    seen: list[dict] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        seen.append(body)
+        rid = f"resp_{len(seen)}"
+        events = (
+            f'event: response.created\ndata: {{"response":{{"id":"{rid}"}},"type":"response.created"}}\n\n'
+            'event: response.output_text.delta\ndata: {"delta":"x","type":"response.output_text.delta"}\n\n'
+            f'event: response.completed\ndata: {{"response":{{"id":"{rid}","usage":'
+            '{"input_tokens":3,"output_tokens":1}},"type":"response.completed"}\n\n'
+        )  # fmt: skip
+        return httpx.Response(200, headers={"content-type": "text/event-stream"}, content=events)
+
+    turns = tuple(
+        BenchRequest(request_id=f"s-t{i}", path=RESPONSES, max_tokens=1, prefix_units=(),
+                     session_id="s", body={"input": "x", **({"previous_response_id":
+                     PREVIOUS_RESPONSE} if i else {})})
+        for i in range(3)
+    )  # fmt: skip
+    workload = Workload(name="w", requests=(), sessions=(Session("s", 0.0, turns),))
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handle)) as client:
+        records, _ = await LoadGenerator(client, "http://target", "m", duration_s=5.0).run(workload)
+    assert all(r.ok for r in records) and [r.response_id for r in records] == [
+        "resp_1", "resp_2", "resp_3"]  # fmt: skip
+    assert [b.get("previous_response_id") for b in seen] == [None, "resp_1", "resp_2"]

@@ -204,3 +204,21 @@ def test_responses_and_messages_apis_send_what_the_pod_renders_as_the_chat_turn(
                 parsed = parse_messages(raw).messages
             assert parsed == chat_turn.body["messages"]
             assert turn.prefix_units == chat_turn.prefix_units
+
+
+def test_chained_responses_turns_send_what_came_since_the_answer_before():
+    from kvgate.bench.workload import PREVIOUS_RESPONSE
+
+    params = AgentSessionParams(num_sessions=1, max_turns=4, api="responses", chain_responses=True)
+    plain = build_agent_sessions(params.model_copy(update={"chain_responses": False}))
+    (session,) = build_agent_sessions(params).sessions
+    first, *later = session.turns
+    assert first.body["store"] is True and "previous_response_id" not in first.body
+    assert first.body["input"] == plain.sessions[0].turns[0].body["input"]
+    for turn, whole in zip(later, plain.sessions[0].turns[1:], strict=True):
+        assert turn.body["previous_response_id"] == PREVIOUS_RESPONSE
+        assert (
+            turn.body["input"]
+            and whole.body["input"][-len(turn.body["input"]) :] == turn.body["input"]
+        )
+        assert len(turn.body["input"]) < len(whole.body["input"])
