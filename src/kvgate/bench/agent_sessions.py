@@ -286,7 +286,12 @@ def build_agent_sessions(
         sessions=tuple(sessions),
         description=(
             f"{len(sessions)} SWE-agent sessions from {len(histories)} trajectories, "
-            f"history resent every turn, think time ~{params.think_time_s:g}s"
+            + (
+                "each turn continuing the stored answer before it"
+                if params.chain_responses and params.api == "responses"
+                else "history resent every turn"
+            )
+            + f", think time ~{params.think_time_s:g}s"
         ),
         params=params.model_dump(),
     )
