@@ -127,6 +127,11 @@ class SimApp:
             return
         await handler(scope, receive, send)
 
+    def _served(self, model: str) -> None:
+        """BadRequest (vLLM's 404) unless `model` is empty (the pod's own) or one it serves."""
+        if model and model not in self._names:
+            raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
+
     async def _lifespan(self, receive: Receive, send: Send) -> None:
         while True:
             message = await receive()
@@ -241,8 +246,8 @@ class SimApp:
         try:
             req = parse_request(raw, chat, self.pod.codec, cache_ops=self.pod.config.akv)
             adapter = self._adapters.get(req.model)
-            if req.model and req.model not in self._names and adapter is None:
-                raise BadRequest(f"The model `{req.model}` does not exist.", 404, "NotFoundError")
+            if adapter is None:
+                self._served(req.model)
             max_tokens = req.max_tokens
             if max_tokens is None:  # chat without a limit: stop where vLLM would hit EOS
                 used = len(req.prompt_token_ids)
@@ -281,8 +286,7 @@ class SimApp:
             return
         try:
             req = parse_responses(raw, self.responses)
-            if req.model and req.model not in self._names:
-                raise BadRequest(f"The model `{req.model}` does not exist.", 404, "NotFoundError")
+            self._served(req.model)
             prompt = self.pod.codec.chat_token_ids({"messages": req.messages})
             max_tokens = req.max_output_tokens
             if max_tokens is None:
@@ -356,8 +360,7 @@ class SimApp:
             return
         try:
             req = anthropic.parse_messages(raw)
-            if req.model not in self._names:
-                raise BadRequest(f"The model `{req.model}` does not exist.", 404)
+            self._served(req.model)
             prompt = self.pod.codec.chat_token_ids({"messages": req.messages})
             stream = self.pod.driver.submit(
                 req.message_id, prompt, req.max_tokens, cache_salt=req.cache_salt
@@ -392,8 +395,7 @@ class SimApp:
         """Each input is prefilled by the engine (one token asked), then answered together."""
         try:
             model, prompts = embeddings.embedding_inputs(await _read_body(receive), self.pod.codec)
-            if model and model not in self._names:
-                raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
+            self._served(model)
             streams = [
                 self.pod.driver.submit(f"embd-{uuid.uuid4().hex}", prompt, 1) for prompt in prompts
             ]
