@@ -19,7 +19,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import Awaitable, Callable, MutableMapping
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -49,6 +49,7 @@ from kvgate.sim.responses import (
 )
 from kvgate.tasks import cancel_and_wait
 
+T = TypeVar("T")
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -126,6 +127,33 @@ class SimApp:
             await _respond(send, status, json.dumps({"detail": phrase}).encode())
             return
         await handler(scope, receive, send)
+
+    async def _accepted(
+        self,
+        receive: Receive,
+        send: Send,
+        prepare: Callable[[bytes], T],
+        *,
+        anthropic_errors: bool = False,
+    ) -> T | None:
+        """The request body read and `prepare`d (parsed, submitted); None once answered: the
+        client left, or the request is refused (vLLM's 400/404, in Anthropic's shape on its
+        routes)."""
+        try:
+            raw = await _read_body(receive)
+        except ConnectionError:
+            return None
+        try:
+            return prepare(raw)
+        except BadRequest as exc:
+            status, message, err_type = exc.status, exc.message, exc.err_type
+        except (RequestRejected, TypeError, ValueError) as exc:
+            status, message, err_type = 400, str(exc), "BadRequestError"
+        if anthropic_errors:
+            await _respond(send, status, anthropic.error_body(message, status))
+        else:
+            await _respond(send, status, error_body(message, status, err_type))
+        return None
 
     def _served(self, model: str) -> None:
         """BadRequest (vLLM's 404) unless `model` is empty (the pod's own) or one it serves."""
@@ -239,11 +267,7 @@ class SimApp:
         await self._generate(receive, send, chat=True)
 
     async def _generate(self, receive: Receive, send: Send, chat: bool) -> None:
-        try:
-            raw = await _read_body(receive)
-        except ConnectionError:
-            return
-        try:
+        def prepare(raw: bytes) -> tuple[ParsedRequest, str, RequestStream]:
             req = parse_request(raw, chat, self.pod.codec, cache_ops=self.pod.config.akv)
             adapter = self._adapters.get(req.model)
             if adapter is None:
@@ -264,12 +288,12 @@ class SimApp:
                 lora=adapter,
                 history=req.history,
             )
-        except BadRequest as exc:
-            await _respond(send, exc.status, error_body(exc.message, exc.status, exc.err_type))
+            return req, request_id, stream
+
+        accepted = await self._accepted(receive, send, prepare)
+        if accepted is None:
             return
-        except RequestRejected as exc:
-            await _respond(send, 400, error_body(str(exc)))
-            return
+        req, request_id, stream = accepted
         watcher = asyncio.create_task(self._watch_disconnect(receive, stream))
         try:
             if req.stream:
@@ -280,11 +304,7 @@ class SimApp:
             await cancel_and_wait(watcher)
 
     async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            raw = await _read_body(receive)
-        except ConnectionError:
-            return
-        try:
+        def prepare(raw: bytes) -> tuple[ResponsesRequest, RequestStream]:
             req = parse_responses(raw, self.responses)
             self._served(req.model)
             prompt = self.pod.codec.chat_token_ids({"messages": req.messages})
@@ -295,12 +315,12 @@ class SimApp:
             stream = self.pod.driver.submit(
                 req.response_id, prompt, max_tokens, cache_salt=req.cache_salt
             )
-        except BadRequest as exc:
-            await _respond(send, exc.status, error_body(exc.message, exc.status, exc.err_type))
+            return req, stream
+
+        accepted = await self._accepted(receive, send, prepare)
+        if accepted is None:
             return
-        except (RequestRejected, TypeError, ValueError) as exc:
-            await _respond(send, 400, error_body(str(exc)))
-            return
+        req, stream = accepted
         watcher = asyncio.create_task(self._watch_disconnect(receive, stream))
         try:
             await self._answer_responses(send, req, stream)
@@ -354,23 +374,19 @@ class SimApp:
             await _respond(send, 200, json.dumps(answer).encode())
 
     async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            raw = await _read_body(receive)
-        except ConnectionError:
-            return
-        try:
+        def prepare(raw: bytes) -> tuple[anthropic.MessagesRequest, RequestStream]:
             req = anthropic.parse_messages(raw)
             self._served(req.model)
             prompt = self.pod.codec.chat_token_ids({"messages": req.messages})
             stream = self.pod.driver.submit(
                 req.message_id, prompt, req.max_tokens, cache_salt=req.cache_salt
             )
-        except BadRequest as exc:
-            await _respond(send, exc.status, anthropic.error_body(exc.message, exc.status))
+            return req, stream
+
+        accepted = await self._accepted(receive, send, prepare, anthropic_errors=True)
+        if accepted is None:
             return
-        except (RequestRejected, TypeError, ValueError) as exc:
-            await _respond(send, 400, anthropic.error_body(str(exc), 400))
-            return
+        req, stream = accepted
         watcher = asyncio.create_task(self._watch_disconnect(receive, stream))
         try:
             await self._answer_messages(send, req, stream)
@@ -378,35 +394,27 @@ class SimApp:
             await cancel_and_wait(watcher)
 
     async def _count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            req = anthropic.parse_messages(await _read_body(receive), counting=True)
-            count = len(self.pod.codec.chat_token_ids({"messages": req.messages}))
-        except ConnectionError:
-            return
-        except BadRequest as exc:
-            await _respond(send, exc.status, anthropic.error_body(exc.message, exc.status))
-            return
-        except (TypeError, ValueError) as exc:
-            await _respond(send, 400, anthropic.error_body(str(exc), 400))
-            return
-        await _respond(send, 200, json.dumps({"input_tokens": count}).encode())
+        def count(raw: bytes) -> int:
+            req = anthropic.parse_messages(raw, counting=True)
+            return len(self.pod.codec.chat_token_ids({"messages": req.messages}))
+
+        tokens = await self._accepted(receive, send, count, anthropic_errors=True)
+        if tokens is not None:
+            await _respond(send, 200, json.dumps({"input_tokens": tokens}).encode())
 
     async def _embeddings(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Each input is prefilled by the engine (one token asked), then answered together."""
-        try:
-            model, prompts = embeddings.embedding_inputs(await _read_body(receive), self.pod.codec)
+
+        def prepare(raw: bytes) -> tuple[str, list[list[int]], list[RequestStream]]:
+            model, prompts = embeddings.embedding_inputs(raw, self.pod.codec)
             self._served(model)
-            streams = [
-                self.pod.driver.submit(f"embd-{uuid.uuid4().hex}", prompt, 1) for prompt in prompts
-            ]
-        except ConnectionError:
+            submit = self.pod.driver.submit
+            return model, prompts, [submit(f"embd-{uuid.uuid4().hex}", p, 1) for p in prompts]
+
+        accepted = await self._accepted(receive, send, prepare)
+        if accepted is None:
             return
-        except BadRequest as exc:
-            await _respond(send, exc.status, error_body(exc.message, exc.status, exc.err_type))
-            return
-        except (RequestRejected, TypeError, ValueError) as exc:
-            await _respond(send, 400, error_body(str(exc)))
-            return
+        model, prompts, streams = accepted
         for stream in streams:
             while not stream.done:
                 await stream.wait(len(stream.tokens))
@@ -414,22 +422,16 @@ class SimApp:
         await _respond(send, 200, json.dumps(body).encode())
 
     async def _tokenize(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            raw = await _read_body(receive)
+        codec, limit = self.pod.codec, self.pod.config.engine.max_model_len
+
+        def answer(raw: bytes) -> dict[str, Any]:
             if scope["path"] == "/tokenize":
-                limit = self.pod.config.engine.max_model_len
-                answer = embeddings.tokenize(raw, self.pod.codec, limit)
-            else:
-                answer = embeddings.detokenize(raw, self.pod.codec)
-        except ConnectionError:
-            return
-        except BadRequest as exc:
-            await _respond(send, exc.status, error_body(exc.message, exc.status, exc.err_type))
-            return
-        except (TypeError, ValueError) as exc:
-            await _respond(send, 400, error_body(str(exc)))
-            return
-        await _respond(send, 200, json.dumps(answer).encode())
+                return embeddings.tokenize(raw, codec, limit)
+            return embeddings.detokenize(raw, codec)
+
+        answered = await self._accepted(receive, send, answer)
+        if answered is not None:
+            await _respond(send, 200, json.dumps(answered).encode())
 
     async def _answer_messages(
         self, send: Send, req: anthropic.MessagesRequest, stream: RequestStream
