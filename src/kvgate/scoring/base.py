@@ -253,8 +253,9 @@ class Filter(Protocol):
 
 class Scorer(Protocol):
     """Scores every candidate in [0, 1], 1 is best. Returns one value per candidate, same order.
-    One that reads ``CostEstimate.decode_seconds`` also sets ``prices_decode = True`` (the router
-    learns and passes the expected output only for such policies)."""
+    One that reads ``CostEstimate.decode_seconds`` also sets ``decode_min_output_ratio`` (the
+    router learns and passes the expected output only for such policies, and only in pools whose
+    answers average at least that many output tokens per prompt token)."""
 
     @property
     def name(self) -> str: ...
@@ -435,10 +436,11 @@ class Policy(Protocol):
         ...
 
     @property
-    def prices_decode(self) -> bool:
-        """Whether a scorer prices the answer's decode (``CostEstimate.decode_seconds``): only
-        then does the router fill ``RoutingRequest.expected_output_tokens`` (else it stays 0 and
-        no estimate carries a decode price)."""
+    def decode_min_output_ratio(self) -> float | None:
+        """Where a scorer prices the answer's decode (``CostEstimate.decode_seconds``): in pools
+        whose answers average at least this many output tokens per prompt token (None: nowhere).
+        Only there does the router fill ``RoutingRequest.expected_output_tokens`` (else it stays
+        0 and no estimate carries a decode price)."""
         ...
 
     def decide(

@@ -1,13 +1,17 @@
-"""Online estimate of how many tokens a pool's answers run to.
+"""Online estimate of how many tokens a pool's answers run to, and how long they are next to
+their prompts.
 
 The cost model prices the decode a request will do on each pod (``decode_seconds``): its
 expected output tokens x the time each decode step there spends reading the KV cache of the
 requests already running. The router cannot know one request's output length in advance; it
 learns each pool's mean from the ``usage.completion_tokens`` of the answers it relays (an
 exponentially weighted mean, ``alpha`` per answer), capped by the request's own ``max_tokens``
-when it sets one. Until a pool has ``min_answers`` answers the expectation is 0: no decode
-price. Memory: one float and one count per pool (pools come from the router's configuration).
-No clock reads, no I/O: the router owns one instance and feeds it.
+when it sets one. The same answers' ``usage.prompt_tokens`` give the pool's mean prompt, and
+``output_ratio`` is the one mean over the other: the policy charges the decode price only in
+pools whose answers are long next to their prompts (reasoning models), where a lighter decode
+saves more completion time than the TTFT it costs. Until a pool has ``min_answers`` answers
+both are 0: no decode price. Memory: two floats and one count per pool (pools come from the
+router's configuration). No clock reads, no I/O: the router owns one instance and feeds it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class OutputLengthParams(BaseModel):
 @dataclass(slots=True)
 class _PoolMean:
     tokens: float
+    prompt_tokens: float
     answers: int
 
 
@@ -43,15 +48,18 @@ class OutputLengthEstimator:
         self.params = params or OutputLengthParams()
         self._pools: dict[str, _PoolMean] = {}
 
-    def observe(self, pool: str, completion_tokens: int) -> None:
-        """Record one whole answer of ``completion_tokens`` tokens from ``pool``."""
-        if completion_tokens < 0:
+    def observe(self, pool: str, completion_tokens: int, prompt_tokens: int) -> None:
+        """Record one whole answer of ``completion_tokens`` tokens from ``pool``, to a prompt
+        of ``prompt_tokens``."""
+        if completion_tokens < 0 or prompt_tokens < 0:
             return
         mean = self._pools.get(pool)
         if mean is None:
-            self._pools[pool] = _PoolMean(float(completion_tokens), 1)
+            self._pools[pool] = _PoolMean(float(completion_tokens), float(prompt_tokens), 1)
             return
-        mean.tokens += self.params.alpha * (completion_tokens - mean.tokens)
+        alpha = self.params.alpha
+        mean.tokens += alpha * (completion_tokens - mean.tokens)
+        mean.prompt_tokens += alpha * (prompt_tokens - mean.prompt_tokens)
         mean.answers += 1
 
     def expected(self, pool: str, max_tokens: int | None = None) -> float:
@@ -63,6 +71,13 @@ class OutputLengthEstimator:
         if max_tokens is not None and max_tokens < mean.tokens:
             return float(max_tokens)
         return mean.tokens
+
+    def output_ratio(self, pool: str) -> float:
+        """The pool's mean output tokens per prompt token (0 while unknown)."""
+        mean = self._pools.get(pool)
+        if mean is None or mean.answers < self.params.min_answers:
+            return 0.0
+        return mean.tokens / max(mean.prompt_tokens, 1.0)
 
     def retain(self, pools: set[str]) -> None:
         """Forget the pools not in ``pools`` (a reload removed them)."""

@@ -74,7 +74,9 @@ class PipelinePolicy:
         self.no_hit_reason = no_hit_reason
         self.counts_inflight_blocks = counts_inflight_blocks
         self.copier = copier
-        self.prices_decode = any(getattr(w.scorer, "prices_decode", False) for w in self.scorers)
+        ratios = [getattr(w.scorer, "decode_min_output_ratio", None) for w in self.scorers]
+        priced = [r for r in ratios if r is not None]
+        self.decode_min_output_ratio = min(priced) if priced else None
         self._guard_reasons = {f.name: f.reason for f in self.filters}
         self._weight_sum = sum(w.weight for w in self.scorers)
 

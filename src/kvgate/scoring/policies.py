@@ -101,12 +101,18 @@ class KvgateParams(StrictParams):
     that chunk, and a long cold prefill is kept off the pods where first tokens are due. 0 turns
     it off (the default before December 5, 2026; over three seeds it gave 4% more mean TTFT and
     1-6% more end-to-end time on the conversation-trace shape, docs/scoring.md)."""
-    decode_weight: float = Field(default=0.0, ge=0)
+    decode_weight: float = Field(default=0.1, ge=0)
     """Cost += decode_weight x the predicted decode slowdown on the pod: the answer's expected
     output tokens (learned from the pool's answers) x the KV cache its requests hold x
-    ``cost_model.decode_seconds_per_kv_token``, while some candidate has no prefill queue. 0
-    (off) by default: 0.25 puts kvgate below every peer on long-output traffic but costs 1-10%
-    of TTFT elsewhere (docs/benchmarks.md, *A decode price, opt-in*)."""
+    ``cost_model.decode_seconds_per_kv_token``, while some candidate has no prefill queue, in
+    pools whose answers are long next to their prompts (``decode_min_output_ratio``). 0 = off
+    (the default before December 7, 2026; docs/benchmarks.md, *The decode price where answers
+    are long*)."""
+    decode_min_output_ratio: float = Field(default=0.3, ge=0)
+    """The decode price is charged only in pools whose answers average at least this many
+    output tokens per prompt token (a reasoning model's chats: ~0.65 on the thinking-like
+    trace; chat, documents and agents 0.01-0.14). Charged in every pool (0) it costs 1-10% of
+    TTFT where answers are short (docs/benchmarks.md, *A decode price, opt-in*)."""
     ttft_floor_seconds: float = Field(default=0.02, gt=0)
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
     tie_break: TieBreak = "least-load"
@@ -218,6 +224,7 @@ def kvgate_policy(params: KvgateParams) -> PipelinePolicy:
                         interference_weight=params.interference_weight,
                         pending_weight=params.pending_weight,
                         decode_weight=params.decode_weight,
+                        decode_min_output_ratio=params.decode_min_output_ratio,
                         chunk_tokens=params.cost_model.max_num_batched_tokens,
                     )
                 ),

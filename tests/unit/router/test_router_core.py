@@ -474,7 +474,8 @@ async def test_a_pod_that_leaves_while_the_directory_answers_is_not_chosen():
 async def test_whole_answers_teach_the_pools_output_length_and_price_its_decode():
     """The answers' completion tokens teach the pool's expected output; a request's own
     `max_tokens` caps it, and each pod's decode is priced on the KV its requests hold (only
-    for a policy that prices it: the default does not, and pays nothing for it)."""
+    for a policy that prices it, and only while the pool's answers are long next to their
+    prompts)."""
     now = [100.0]
     config = make_config(2, policy={"seed": 1, "params": {"decode_weight": 0.25}})
     core, _ = await routing_core(config, now, 2)
@@ -511,10 +512,17 @@ async def test_whole_answers_teach_the_pools_output_length_and_price_its_decode(
         assert lines[light.id]["decode_seconds"] == pytest.approx(
             output * 10_000 * seconds_per_token
         )
-    plain, _ = await routing_core(make_config(2), now, 2)
-    assert not plain.router.state.policy.prices_decode
+    # answers short next to their prompts (under `decode_min_output_ratio`, 0.3): not priced
+    for _ in range(60):
+        core.output_lengths.observe(pool, 300, 5000)
+    assert core.output_lengths.output_ratio(pool) < 0.3
+    explained = await core.explain(ClientRequest(BODY, {}, "completion"))
+    assert all(c.to_dict()["decode_seconds"] == 0.0 for c in explained.decision.candidates)
+    unpriced = make_config(2, policy={"seed": 1, "params": {"decode_weight": 0.0}})
+    plain, _ = await routing_core(unpriced, now, 2)
+    assert plain.router.state.policy.decode_min_output_ratio is None
     for _ in range(8):
-        plain.output_lengths.observe(pool, 300)  # learned, but not asked for
+        plain.output_lengths.observe(pool, 300, 64)  # learned, but not asked for
     plain.load_scraped(plain.endpoints.all()[0], sample)
     explained = await plain.explain(ClientRequest(BODY, {}, "completion"))
     assert all(c.to_dict()["decode_seconds"] == 0.0 for c in explained.decision.candidates)

@@ -172,7 +172,7 @@ class Learner:
             rate = self.estimator.rate(ep) or self.prior
             m.child(m.saved_prefill_seconds, pool).inc(cached / rate)
         if outcome.completed and outcome.status == 200:
-            self.output_lengths.observe(pool, usage.completion_tokens)
+            self.output_lengths.observe(pool, usage.completion_tokens, usage.prompt_tokens)
         if outcome.ttft_seconds is not None and outcome.status == 200:
             uncached = usage.prompt_tokens - cached if usage.cached_tokens is not None else None
             self.estimator.observe_ttft(

@@ -45,6 +45,9 @@ class PredictedTtftParams(StrictParams):
     decode_weight: float = Field(default=0.0, ge=0)
     """Weight of the predicted decode slowdown on the pod (``CostEstimate.decode_seconds``),
     charged while some candidate has no prefill queue; 0 = ignored."""
+    decode_min_output_ratio: float = Field(default=0.0, ge=0)
+    """The router asks for the decode price only in pools whose answers average at least this
+    many output tokens per prompt token; 0 = in every pool."""
     chunk_tokens: int = Field(default=8192, ge=1)
     """Prompt tokens an engine step prefills at most (vLLM ``--max-num-batched-tokens``)."""
 
@@ -54,7 +57,10 @@ class PredictedTtftScorer:
 
     def __init__(self, params: PredictedTtftParams | None = None) -> None:
         self.params = params or PredictedTtftParams()
-        self.prices_decode = self.params.decode_weight > 0  # the policy asks for the output
+        # the policy asks for the answer's expected output where this scorer prices it
+        self.decode_min_output_ratio = (
+            self.params.decode_min_output_ratio if self.params.decode_weight > 0 else None
+        )
 
     def score(self, state: CycleState, candidates: Sequence[EndpointSnapshot]) -> list[float]:
         est = state.estimates
