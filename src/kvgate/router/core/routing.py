@@ -65,6 +65,8 @@ class RoutePlan:
     decision_seconds: float
     # `cache` ops the router added for this pool (cache_policy.py); None: the body as sent.
     added_cache: dict[str, Any] | None = None
+    # The answer's expected length the decode price used (0: not priced in this pool).
+    expected_output_tokens: float = 0.0
 
     @property
     def uncached_tokens(self) -> int:
@@ -158,7 +160,7 @@ class Router:
                     param="previous_response_id",
                 )
             raise unavailable(f"no ready endpoint serves model `{cls.model}`")
-        best: tuple[Decision, RequestKeys, dict[str, Any] | None] | None = None
+        best: tuple[Decision, RoutingRequest, RequestKeys, dict[str, Any] | None] | None = None
         for keyer, lora, members in groups:
             pool = state.pools[members[0].spec.pool]
             keys, added = await self._pool_keys(
@@ -195,10 +197,10 @@ class Router:
             except NoEligibleEndpointError:
                 continue
             if best is None or decision.predicted_ttft_seconds < best[0].predicted_ttft_seconds:
-                best = (decision, keys, added)
+                best = (decision, request, keys, added)
         if best is None:
             raise unavailable(f"no eligible endpoint for model `{cls.model}`")
-        decision, keys, added = best
+        decision, request, keys, added = best
         endpoint = self.endpoints.get(decision.endpoint_id)
         if endpoint is None:
             if not any(ep.spec.id == decision.endpoint_id for _, _, m in groups for ep in m):
@@ -221,6 +223,7 @@ class Router:
             pool=state.pools[endpoint.pool],
             decision_seconds=time.perf_counter() - started,
             added_cache=added,
+            expected_output_tokens=request.expected_output_tokens,
         )
         if record:
             self.history.record(decision.endpoint_id, plan.uncached_tokens, now)

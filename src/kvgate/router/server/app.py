@@ -304,6 +304,7 @@ class RouterApp:
             "prompt_tokens": plan.keys.prompt_tokens,
             "blocks": len(plan.keys.block_keys),
             "keys_exact": plan.keys.exact,
+            "expected_output_tokens": round(plan.expected_output_tokens, 1),
             "decision": plan.decision.to_dict(),
             "decision_seconds": round(plan.decision_seconds, 6),
         }
