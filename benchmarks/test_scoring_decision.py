@@ -54,12 +54,11 @@ def _setup(policy_name: str, case: str):  # type: ignore[no-untyped-def]
     prompt, holders = CASES[case]
     rng = random.Random(0)
     eps = _fleet(rng)
-    if policy_name == "kvgate-decode":  # the opt-in decode price
-        policy = build_policy("kvgate", {"decode_weight": 0.25})
-    else:
-        policy = build_policy(policy_name)
-    # as the router passes it: an expected output only to a policy that prices the decode
-    output = 300.0 if policy.prices_decode else 0.0
+    long_answers = policy_name == "kvgate-long-answers"
+    policy = build_policy("kvgate" if long_answers else policy_name)
+    # as the router passes it: an expected output only to a policy that prices the decode, in
+    # a pool whose answers are long next to their prompts (`kvgate`'s decode price)
+    output = 300.0 if long_answers and policy.decode_min_output_ratio is not None else 0.0
     req = RoutingRequest(
         model="llama", prompt_tokens=prompt, block_tokens=16, expected_output_tokens=output
     )
@@ -77,7 +76,7 @@ def _setup(policy_name: str, case: str):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize(
-    "policy_name", ["kvgate", "kvgate-decode", "prefix", "least-load", "round-robin"]
+    "policy_name", ["kvgate", "kvgate-long-answers", "prefix", "least-load", "round-robin"]
 )
 def test_decision_time_16_pods(benchmark, policy_name, case):  # type: ignore[no-untyped-def]
     one = _setup(policy_name, case)
@@ -92,5 +91,5 @@ def test_decision_time_16_pods(benchmark, policy_name, case):  # type: ignore[no
     p50 = samples[len(samples) // 2] / 1000
     p99 = samples[int(len(samples) * 0.99)] / 1000
     benchmark.extra_info.update({"p50_us": p50, "p99_us": p99})
-    print(f"\n{policy_name:12s} {case:26s} p50 {p50:7.1f} us  p99 {p99:7.1f} us")
+    print(f"\n{policy_name:20s} {case:26s} p50 {p50:7.1f} us  p99 {p99:7.1f} us")
     benchmark(one)

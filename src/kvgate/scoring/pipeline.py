@@ -74,6 +74,7 @@ class PipelinePolicy:
         self.no_hit_reason = no_hit_reason
         self.counts_inflight_blocks = counts_inflight_blocks
         self.copier = copier
+        # the router passes the expected output where any scorer prices the decode
         ratios = [getattr(w.scorer, "decode_min_output_ratio", None) for w in self.scorers]
         priced = [r for r in ratios if r is not None]
         self.decode_min_output_ratio = min(priced) if priced else None

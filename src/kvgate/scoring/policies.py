@@ -111,8 +111,9 @@ class KvgateParams(StrictParams):
     decode_min_output_ratio: float = Field(default=0.3, ge=0)
     """The decode price is charged only in pools whose answers average at least this many
     output tokens per prompt token (a reasoning model's chats: ~0.65 on the thinking-like
-    trace; chat, documents and agents 0.01-0.14). Charged in every pool (0) it costs 1-10% of
-    TTFT where answers are short (docs/benchmarks.md, *A decode price, opt-in*)."""
+    trace; chat, documents and agents 0.01-0.14). Charged in every pool (0), at a weight of
+    0.25, it cost 1-10% of TTFT where answers are short (docs/benchmarks.md, *A decode price,
+    opt-in*)."""
     ttft_floor_seconds: float = Field(default=0.02, gt=0)
     """See the predicted-ttft scorer: absolute slack so ms-level differences count as equal."""
     tie_break: TieBreak = "least-load"

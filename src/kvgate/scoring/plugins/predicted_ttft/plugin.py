@@ -47,7 +47,8 @@ class PredictedTtftParams(StrictParams):
     charged while some candidate has no prefill queue; 0 = ignored."""
     decode_min_output_ratio: float = Field(default=0.0, ge=0)
     """The router asks for the decode price only in pools whose answers average at least this
-    many output tokens per prompt token; 0 = in every pool."""
+    many output tokens per prompt token; 0 = in every pool. Read by the router, not here:
+    elsewhere it passes no expected output, so ``decode_seconds`` is 0."""
     chunk_tokens: int = Field(default=8192, ge=1)
     """Prompt tokens an engine step prefills at most (vLLM ``--max-num-batched-tokens``)."""
 
