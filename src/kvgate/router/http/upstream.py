@@ -424,20 +424,67 @@ async def paced(
 ) -> AsyncIterator[bytes]:
     """`chunks`, failing with UpstreamError("timeout") once the pod sends nothing for
     `gap_seconds`, or at `until` (the event loop's clock) if given: a pod that stalls mid-body,
-    or drips it, must not hold the request (and its client) forever."""
+    or drips it, must not hold the request (and its client) forever. Only the time spent waiting
+    for the pod counts; the time the caller takes with a chunk (sending it on) does not.
+
+    One timer per body, looked at when it fires, not an `asyncio.timeout` per chunk: a long
+    answer streamed token by token paid one for every event (enter, a timer set and cancelled,
+    exit), 13% of the router's time while it relayed ~5,000 events a second. The timer cancels
+    the task only while it waits inside `anext` (as `asyncio.timeout` does), and the
+    cancellation becomes the UpstreamError here unless someone else cancelled the task too."""
     loop = asyncio.get_running_loop()
-    while True:
-        wait = gap_seconds if until is None else min(gap_seconds, until - loop.time())
-        try:
-            async with asyncio.timeout(max(wait, 0.0)):
-                chunk = await anext(chunks)
-        except StopAsyncIteration:
+    task = asyncio.current_task()
+    assert task is not None
+    waiting_since = -1.0  # when the wait for the next chunk began; < 0: not waiting
+    expired = ""
+    timer: asyncio.TimerHandle
+
+    def check() -> None:
+        nonlocal timer, expired
+        if task.done():
             return
-        except TimeoutError as exc:
-            if wait < gap_seconds:
-                raise UpstreamError("timeout", "the answer did not end in time") from exc
-            raise UpstreamError("timeout", f"nothing from the pod for {gap_seconds} s") from exc
-        yield chunk
+        now = loop.time()
+        if waiting_since < 0:  # the caller has the chunk: look again a gap from now
+            timer = loop.call_at(now + gap_seconds, check)
+            return
+        end = waiting_since + gap_seconds
+        if until is not None and until < end:
+            end = until
+        if now < end:
+            timer = loop.call_at(end, check)
+            return
+        expired = (
+            "the answer did not end in time"
+            if end == until
+            else (f"nothing from the pod for {gap_seconds} s")
+        )
+        task.cancel()
+
+    timer = loop.call_at(loop.time() + gap_seconds, check)
+    try:
+        while True:
+            now = loop.time()
+            if until is not None:
+                if now >= until:
+                    raise UpstreamError("timeout", "the answer did not end in time")
+                if timer.when() > until:
+                    timer.cancel()
+                    timer = loop.call_at(until, check)
+            cancelling = task.cancelling()
+            waiting_since = now
+            try:
+                chunk = await anext(chunks)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                if not expired or task.uncancel() > cancelling:
+                    raise
+                raise UpstreamError("timeout", expired) from None
+            finally:
+                waiting_since = -1.0
+            yield chunk
+    finally:
+        timer.cancel()
 
 
 async def read_all(response: UpstreamResponse, max_bytes: int = MAX_READ_ALL_BYTES) -> bytes:
