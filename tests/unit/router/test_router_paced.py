@@ -37,7 +37,7 @@ async def test_a_body_that_keeps_coming_passes_whole() -> None:
 async def test_a_pod_that_stalls_is_a_timeout_after_the_gap() -> None:
     loop = asyncio.get_running_loop()
     started = loop.time()
-    with pytest.raises(UpstreamError, match="nothing from the pod for 0.2 s") as err:
+    with pytest.raises(UpstreamError, match=r"nothing from the pod for 0\.2 s") as err:
         await _collect(paced(_source([0.0, 0.05], stall=True), 0.2))
     assert err.value.kind == "timeout"
     assert 0.2 <= loop.time() - started < 0.6
