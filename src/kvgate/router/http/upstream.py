@@ -419,6 +419,9 @@ class RoutingUpstream:
 MAX_READ_ALL_BYTES = 16 << 20
 
 
+_TIMER_SLACK_SECONDS = 0.001  # a timer that fires this early counts as on time (uvloop's ms)
+
+
 async def paced(
     chunks: AsyncIterator[bytes], gap_seconds: float, *, until: float | None = None
 ) -> AsyncIterator[bytes]:
@@ -436,22 +439,30 @@ async def paced(
     task = asyncio.current_task()
     assert task is not None
     waiting_since = -1.0  # when the wait for the next chunk began; < 0: not waiting
-    expired = ""
-    timer: asyncio.TimerHandle
+    expired = ""  # why the timer cancelled the wait
+    # (uvloop rounds timers to the millisecond, may fire one early, and hands back a plain
+    # Handle, without `when()`, for one due within half a millisecond: the time is kept here)
+    timer_at = loop.time() + gap_seconds
+    timer: asyncio.Handle
+
+    def arm(at: float) -> None:
+        nonlocal timer, timer_at
+        timer_at = at
+        timer = loop.call_at(at, check)
 
     def check() -> None:
-        nonlocal timer, expired
+        nonlocal expired
         if task.done():
             return
         now = loop.time()
         if waiting_since < 0:  # the caller has the chunk: look again a gap from now
-            timer = loop.call_at(now + gap_seconds, check)
+            arm(now + gap_seconds)
             return
         end = waiting_since + gap_seconds
         if until is not None and until < end:
             end = until
-        if now < end:
-            timer = loop.call_at(end, check)
+        if now < end - _TIMER_SLACK_SECONDS:
+            arm(end)
             return
         expired = (
             "the answer did not end in time"
@@ -460,28 +471,41 @@ async def paced(
         )
         task.cancel()
 
-    timer = loop.call_at(loop.time() + gap_seconds, check)
+    def timed_out() -> UpstreamError:
+        """The timer's cancellation, taken back (however the source ended), as the error."""
+        task.uncancel()
+        return UpstreamError("timeout", expired)
+
+    arm(timer_at)
     try:
         while True:
             now = loop.time()
             if until is not None:
                 if now >= until:
                     raise UpstreamError("timeout", "the answer did not end in time")
-                if timer.when() > until:
+                if timer_at > until:
                     timer.cancel()
-                    timer = loop.call_at(until, check)
+                    arm(until)
             cancelling = task.cancelling()
             waiting_since = now
             try:
                 chunk = await anext(chunks)
             except StopAsyncIteration:
+                if expired:  # the source swallowed the cancellation
+                    raise timed_out() from None
                 return
             except asyncio.CancelledError:
                 if not expired or task.uncancel() > cancelling:
                     raise
                 raise UpstreamError("timeout", expired) from None
+            except BaseException:
+                if expired:  # the source turned the cancellation into its own error
+                    task.uncancel()
+                raise
             finally:
                 waiting_since = -1.0
+            if expired:  # the source swallowed the cancellation and went on
+                raise timed_out()
             yield chunk
     finally:
         timer.cancel()
