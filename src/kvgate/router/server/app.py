@@ -232,14 +232,7 @@ class RouterApp:
                 )
             return bodies[ops, added is not None]
 
-        # One watcher task per request: on client disconnect it cancels this task, which takes
-        # a queued request out of the queue, or closes the upstream connection (the pod aborts
-        # the request).
-        this = asyncio.current_task()
-        assert this is not None
-        disconnected = asyncio.Event()
-        watcher = asyncio.create_task(_cancel_on_disconnect(receive, this, disconnected))
-        try:
+        async def route_and_forward() -> None:
             plan = await self.runtime.core.route(request)
             await self.runtime.proxy.forward(
                 request,
@@ -250,13 +243,11 @@ class RouterApp:
                 strip_usage=strip_usage,
                 send=send,
             )
-        except asyncio.CancelledError:
-            if not disconnected.is_set():
-                raise
-            this.uncancel()
+
+        # A client that disconnects takes a queued request out of the queue, or closes the
+        # upstream connection (the pod aborts the request).
+        if await _until_disconnect(receive, route_and_forward()):
             log.info("request %s: client disconnected; upstream cancelled", request.request_id)
-        finally:
-            watcher.cancel()
 
     async def _stored_response(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
         """`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`, relayed to the pod
@@ -365,8 +356,9 @@ def _needs_usage(body: dict[str, Any], stream: bool) -> bool:
     return not (isinstance(options, dict) and options.get("include_usage") is True)
 
 
-async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> None:
-    """Run `work`, cancelled (its pod connection closed) if the client disconnects first."""
+async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
+    """Run `work`, cancelled (its pod connection closed) if the client disconnects first (one
+    watcher task per request); whether it did."""
     this = asyncio.current_task()
     assert this is not None
     disconnected = asyncio.Event()
@@ -377,8 +369,10 @@ async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> None:
         if not disconnected.is_set():
             raise
         this.uncancel()
+        return True
     finally:
         watcher.cancel()
+    return False
 
 
 async def _cancel_on_disconnect(
