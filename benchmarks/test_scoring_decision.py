@@ -16,6 +16,7 @@ import time
 import pytest
 
 from kvgate.scoring import ChoiceHistory, EndpointSnapshot, EngineLoad, RoutingRequest
+from kvgate.scoring.output_length import OutputLengthEstimator, OutputLengthParams
 from kvgate.scoring.registry import build_policy
 
 PODS = 16
@@ -56,9 +57,13 @@ def _setup(policy_name: str, case: str):  # type: ignore[no-untyped-def]
     eps = _fleet(rng)
     long_answers = policy_name == "kvgate-long-answers"
     policy = build_policy("kvgate" if long_answers else policy_name)
-    # as the router passes it: an expected output only to a policy that prices the decode, in
-    # a pool whose answers are long next to their prompts (`kvgate`'s decode price)
-    output = 300.0 if long_answers and policy.decode_min_output_ratio is not None else 0.0
+    # the pool's answers, long next to their prompts (a reasoning model's) or short; the
+    # expected output as the router asks for it: priced only where long, by a policy that
+    # prices the decode (`kvgate`)
+    answers = OutputLengthEstimator()
+    for _ in range(OutputLengthParams().min_answers):
+        answers.observe("default/llama", 1800 if long_answers else 300, 2800)
+    output = answers.expected("default/llama", None, policy.decode_min_output_ratio)
     req = RoutingRequest(
         model="llama", prompt_tokens=prompt, block_tokens=16, expected_output_tokens=output
     )

@@ -62,11 +62,15 @@ class OutputLengthEstimator:
         mean.prompt_tokens += alpha * (prompt_tokens - mean.prompt_tokens)
         mean.answers += 1
 
-    def expected(self, pool: str, max_tokens: int | None = None) -> float:
+    def expected(
+        self, pool: str, max_tokens: int | None = None, min_ratio: float | None = 0.0
+    ) -> float:
         """Tokens a request to ``pool`` is expected to generate (0 while unknown), at most
-        ``max_tokens`` when the request sets it."""
-        mean = self._pools.get(pool)
-        if mean is None or mean.answers < self.params.min_answers:
+        ``max_tokens`` when the request sets it. 0 too where the decode is not priced: while
+        the pool's answers average fewer than ``min_ratio`` output tokens per prompt token, or
+        for ``min_ratio`` None (a policy that does not price the decode)."""
+        mean = self._known(pool)
+        if mean is None or min_ratio is None or self._ratio(mean) < min_ratio:
             return 0.0
         if max_tokens is not None and max_tokens < mean.tokens:
             return float(max_tokens)
@@ -74,9 +78,15 @@ class OutputLengthEstimator:
 
     def output_ratio(self, pool: str) -> float:
         """The pool's mean output tokens per prompt token (0 while unknown)."""
+        mean = self._known(pool)
+        return 0.0 if mean is None else self._ratio(mean)
+
+    def _known(self, pool: str) -> _PoolMean | None:
         mean = self._pools.get(pool)
-        if mean is None or mean.answers < self.params.min_answers:
-            return 0.0
+        return None if mean is None or mean.answers < self.params.min_answers else mean
+
+    @staticmethod
+    def _ratio(mean: _PoolMean) -> float:
         return mean.tokens / max(mean.prompt_tokens, 1.0)
 
     def retain(self, pools: set[str]) -> None:

@@ -129,8 +129,9 @@ async def test_a_source_that_swallows_the_cancellation_still_times_out() -> None
 
 async def test_no_timer_outlives_its_body() -> None:
     loop = asyncio.get_running_loop()
+    assert hasattr(loop, "_scheduled")  # asyncio's own loop, whose timers can be listed
     chunks = paced(_source([0.0] * 3), 0.05)
     assert await anext(chunks) == b"chunk 0"
     await chunks.aclose()  # the caller stops early
     await asyncio.sleep(0.2)  # a timer left behind would fire (and re-arm itself) here
-    assert not [h for h in getattr(loop, "_scheduled", []) if not h.cancelled()]
+    assert not [h for h in loop._scheduled if not h.cancelled()]

@@ -185,7 +185,9 @@ class Router:
                 lora_adapter=lora.name if lora is not None else None,
                 prefix_sharers=sharers,
                 batch_waiting=self._batch_waiting(cls, pool),
-                expected_output_tokens=self._expected_output(state.policy, pool.key, body),
+                expected_output_tokens=self.output_lengths.expected(
+                    pool.key, requested_max_tokens(body), state.policy.decode_min_output_ratio
+                ),
             )
             snapshots = self.snapshots(members, now)
             if cls.pinned_tag is not None:  # the only pod that can answer, leaving or not
@@ -331,15 +333,6 @@ class Router:
         if cls.request_class != "online" or self.batch_waiting is None:
             return 0
         return self.batch_waiting(pool.key)
-
-    def _expected_output(self, policy: Policy, pool: str, body: Mapping[str, Any]) -> float:
-        """The answer's expected output tokens, for a policy that prices the decode and only in
-        a pool whose answers are long enough next to their prompts; else 0 (no decode price,
-        and the cost model computes none)."""
-        least_ratio = policy.decode_min_output_ratio
-        if least_ratio is None or self.output_lengths.output_ratio(pool) < least_ratio:
-            return 0.0
-        return self.output_lengths.expected(pool, requested_max_tokens(body))
 
     def _pool_rates(self, members: list[Endpoint]) -> dict[str, float]:
         """One prefill rate per pool: the median of its measured pods' estimates."""
