@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from array import array
+
+import pytest
 
 from tests.unit.loop_turns import other_task_turns
 from tests.unit.router.fakes import make_config, routing_core
@@ -77,6 +80,43 @@ async def test_copies_in_flight_are_bounded_per_pool_and_end_when_abandoned():
         core.warmup.request_done(copy, now[0], ok=False)
     assert len(core.copies) == 0
     assert all(load <= 4 for load in core.endpoint_load().values())
+
+
+async def test_a_copy_is_sent_even_if_the_request_that_proposed_it_is_cancelled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The client of the request whose decision proposed the copy leaves while the copy's
+    blocks are recorded (a directory round trip): the copy, queued and counted on its pod, is
+    still handed to the warmer, and ending it lets the router's queue move."""
+    now = [100.0]
+    core, _ = await routing_core(make_config(3), now, 3)
+    told: list[int] = []
+    core.warm_requests_ready = lambda: told.append(1)
+
+    async def client_gone(*_args: object, **_kwargs: object) -> None:
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(core.learner, "copied", client_gone)
+    with pytest.raises(asyncio.CancelledError):
+        await _burst(core, 6)
+    assert told == [1]
+    [copy] = core.warmup.take()
+    pumps: list[int] = []
+    monkeypatch.setattr(core.flow, "pump", lambda: pumps.append(1))
+    core.warmup.request_done(copy, now[0], ok=True, prompt_tokens=len(DOCUMENT))
+    assert len(core.copies) == 0 and core.endpoint_load()[copy.endpoint_id] == 0
+    assert pumps == [1]
+
+
+async def test_a_prefix_with_an_id_beyond_every_vocabulary_is_routed_but_never_copied():
+    """Ids of 2^32 and more fit no vocabulary (the pods answer 400) nor the 4 bytes a copy or a
+    remembered hot prefix keeps an id in: such a prefix is neither, and its requests are routed
+    as any other (before, the burst's copy raised OverflowError: a 500)."""
+    now = [100.0]
+    core, _ = await routing_core(make_config(3), now, 3)
+    plans = await _burst(core, 6, [2**40, *DOCUMENT])
+    assert len(plans) == 6
+    assert core.warmup.take() == [] and len(core.copies) == 0
 
 
 async def test_a_short_prefix_or_a_chat_prompt_keyed_approximately_is_never_copied():

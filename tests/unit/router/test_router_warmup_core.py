@@ -54,6 +54,14 @@ async def test_a_prefix_seen_once_is_only_a_candidate():
     assert len(core.warmup.hot) == 0
 
 
+async def test_a_prefix_with_an_id_beyond_every_vocabulary_is_not_remembered():
+    """The memory keeps ids in 4 bytes; an id of 2^32 or more fits no vocabulary (the pods
+    answer 400): its prefix is not remembered, and its requests are routed as any other."""
+    core, _, now = await _core()
+    await _send(core, 5, [2**40, *SYSTEM])
+    assert core.warmup.hot.top("default/p", 8, now[0]) == []
+
+
 async def test_memory_is_bounded_in_entries_and_bytes():
     core, _, _now = await _core(remembered_prefixes=3, top_prefixes=3, max_bytes=4 * 600)
     for group in range(10):

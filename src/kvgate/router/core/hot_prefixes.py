@@ -137,8 +137,12 @@ class HotPrefixes:
         # comes here, so whichever replica claims a warm-up can send it.
         score = entry.score + peers.get(name[1], 0.0)
         if score + 1e-9 >= self.config.min_requests and self.config.remembered_prefixes:
+            try:
+                tokens = array("I", keys.token_ids[: depth * keys.block_tokens])
+            except OverflowError:  # an id no vocabulary has: the pods refuse the prompt
+                return
             del self._candidates[name]
-            entry.tokens = array("I", keys.token_ids[: depth * keys.block_tokens])
+            entry.tokens = tokens
             self._hot[name] = entry
             self.bytes += entry.token_count * _TOKEN_BYTES
 

@@ -110,7 +110,8 @@ class RoutingCore:
         self.accounting = Accounting()
         self.estimator = PrefillRateEstimator()
         self.output_lengths = OutputLengthEstimator()
-        self.copies = PrefixCopies(self.accounting, metrics)
+        # a copy that ends frees its pod's prefill room: queued requests may go
+        self.copies = PrefixCopies(self.accounting, metrics, on_done=lambda: self.flow.pump())
         self.warmup = Warmup(
             config.warmup, metrics, self.copies, shared=config.warmup_sharing_enabled
         )
@@ -341,11 +342,13 @@ class RoutingCore:
         if not blocks:
             return
         target = self.endpoints.get(copy.endpoint_id)
-        if target is not None:
-            await self.learner.copied(
-                plan, target, blocks, share_in_flight=self._shares_in_flight_blocks()
-            )
-        self.warm_requests_ready()
+        try:
+            if target is not None:
+                await self.learner.copied(
+                    plan, target, blocks, share_in_flight=self._shares_in_flight_blocks()
+                )
+        finally:  # queued and counted on its pod: it is sent even if this request is cancelled
+            self.warm_requests_ready()
 
     def _shares_in_flight_blocks(self) -> bool:
         """Other replicas route to the same pods and the policy counts blocks in flight: they

@@ -31,6 +31,7 @@ Plain synchronous code on the core's clock, like the rest of the core.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvgate.prefix import BlockKey
@@ -56,8 +57,14 @@ class _Copy:
 class PrefixCopies:
     """The copies proposed and in flight (see the module docstring). Owned by the routing core."""
 
-    def __init__(self, accounting: Accounting, metrics: RouterMetrics) -> None:
+    def __init__(
+        self,
+        accounting: Accounting,
+        metrics: RouterMetrics,
+        on_done: Callable[[], None] = lambda: None,
+    ) -> None:
         self.accounting = accounting
+        self.on_done = on_done
         self.metrics = metrics
         self._in_flight: dict[tuple[str, BlockKey], _Copy] = {}
         self._queue: list[WarmRequest] = []
@@ -77,7 +84,10 @@ class PrefixCopies:
         if keys.token_ids is not None:
             if blocks * keys.block_tokens > len(keys.token_ids):
                 return 0
-            tokens = array("I", keys.token_ids[: blocks * keys.block_tokens])
+            try:
+                tokens = array("I", keys.token_ids[: blocks * keys.block_tokens])
+            except OverflowError:  # an id no vocabulary has: the pods refuse the prompt
+                return 0
         else:
             assert keys.prompt_text is not None
             end = blocks * keys.block_chars
@@ -128,6 +138,7 @@ class PrefixCopies:
         del self._in_flight[name]
         self.accounting.done(copy.attempt)
         self.metrics.child(self.metrics.prefix_copies, request.pool, "ok" if ok else "error").inc()
+        self.on_done()
 
 
 def _last_space_cut(text: str, start: int, end: int) -> int:
