@@ -166,6 +166,7 @@ def edge_state(server: ServerConfig, metrics: RouterMetrics) -> EdgeState:
         header_timeout_seconds=server.header_timeout_seconds,
         body_timeout_seconds=server.body_timeout_seconds,
         idle_timeout_seconds=server.idle_timeout_seconds,
+        write_stall_timeout_seconds=server.write_stall_timeout_seconds,
         max_connections=cap,
     )
     closed = metrics.connections_closed

@@ -163,7 +163,7 @@ class RouterMetrics:
         self.connections_closed = Counter(
             "kvgate_router_connections_closed_total",
             "Client connections refused or closed by a limit (header_too_large, header_timeout, "
-            "body_timeout, over_capacity, evicted_idle)",
+            "body_timeout, over_capacity, evicted_idle, write_stall)",
             ["reason"],
             registry=r,
         )

@@ -12,6 +12,13 @@ for the phase the connection is in:
 | body | the end of the body | `body_timeout` | 408 (or closed, if a response started) |
 | busy (the app answers) | the end of the response | none (the app's own timeouts) | — |
 
+Across every phase, a client that reads nothing of its answer, or too little to drain it, for
+`write_stall_timeout` (the transport's send buffer stays full: paused from its high-water mark
+until it drains to its low-water mark, while uvicorn holds the app's `send`) is cut off: the
+connection is aborted, since what is buffered for it would never go out, and the app sees a
+disconnect (a slow reader would otherwise hold its request, and the pod's, as long as it
+pleased).
+
 Header bytes are counted as they arrive, before the parser buffers them; a completed head is
 measured exactly (URL + header names and values). Over `max_header_bytes`: 431.
 
@@ -64,6 +71,7 @@ class EdgeLimits:
     header_timeout_seconds: float = 10.0
     body_timeout_seconds: float = 60.0
     idle_timeout_seconds: float = 15.0
+    write_stall_timeout_seconds: float = 60.0
     max_connections: int = 2048
 
 
@@ -71,7 +79,8 @@ class EdgeState:
     """What the connections of one server share: the admitted set (oldest first) and counters.
 
     `on_close(reason)` is called for each connection the edge ends for a reason worth counting:
-    `header_too_large`, `header_timeout`, `body_timeout`, `over_capacity`, `evicted_idle`."""
+    `header_too_large`, `header_timeout`, `body_timeout`, `over_capacity`, `evicted_idle`,
+    `write_stall`."""
 
     def __init__(self, limits: EdgeLimits, on_close: Callable[[str], None] | None = None) -> None:
         self.limits = limits
@@ -103,6 +112,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
+        self._write_stall: asyncio.TimerHandle | None = None
         self._reading_head = False
         self._reading_body = False
         self._head_bytes = 0
@@ -129,6 +139,7 @@ class EdgeProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_write_stall()
         self.edge.admitted.pop(self, None)
         if self._pending_refusal:
             self._pending_refusal = False
@@ -218,7 +229,28 @@ class EdgeProtocol(HttpToolsProtocol):
             if not self._reading_body:
                 self._arm_idle_or_disarm()
 
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_stall is None:
+            seconds = self.edge.limits.write_stall_timeout_seconds
+            self._write_stall = self.loop.call_later(seconds, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm_write_stall()
+
     # -- deadlines
+
+    def _disarm_write_stall(self) -> None:
+        if self._write_stall is not None:
+            self._write_stall.cancel()
+            self._write_stall = None
+
+    def _write_stalled(self) -> None:
+        self._write_stall = None
+        self.edge.on_close("write_stall")
+        log.debug("closing connection from %s: it read nothing of its answer", self.client)
+        self.transport.abort()  # close() would wait for a buffer that never drains
 
     def _start_head(self) -> None:
         self._reading_head = True

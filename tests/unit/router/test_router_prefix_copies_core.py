@@ -7,7 +7,6 @@ import json
 from array import array
 
 import pytest
-
 from tests.unit.loop_turns import other_task_turns
 from tests.unit.router.fakes import make_config, routing_core
 
