@@ -64,6 +64,11 @@ DRIP: dict[str, tuple[bytes, bytes]] = {
         b'data: {"choices": [{"index": 0, "text": "a"}]}\n\n',
     ),
     "drip-json": (CHUNKED_JSON + b"\r\n", b" "),
+    "drip-500": (
+        b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\n\r\n",
+        b" ",
+    ),
 }
 
 
@@ -268,3 +273,23 @@ async def test_an_answer_that_drips_forever_ends_at_max_answer_seconds(
             else:
                 assert got.status_code == 504, got.text[:300]
                 assert "did not end in time" in got.json()["error"]["message"]
+
+
+async def test_a_failed_answer_whose_body_drips_forever_is_left_within_one_read_timeout(
+    tmp_path: Path,
+) -> None:
+    """A pod answers 500 and drips its body, each gap under `read_timeout_seconds`: the router
+    reads a failed answer's body only to reuse the connection, for one read timeout in all, then
+    answers (before: the client waited as long as the pod kept dripping)."""
+    with _pod() as pod:
+        pools = [{"name": "hostile", "model": "hostile", "endpoints": {"static": [{"url": pod}]}}]
+        limits = {"read_timeout_seconds": 1.0, "max_answer_seconds": 60}
+        with running_router(tmp_path, router_config([], pools=pools, limits=limits)) as proc:
+            async with httpx.AsyncClient(base_url=proc.url, timeout=30) as client:
+                started = time.perf_counter()
+                got = await client.post(
+                    "/v1/completions", json={"model": "hostile", "prompt": "drip-500"}
+                )
+                seconds = time.perf_counter() - started
+            assert seconds < 5, f"the answer came after {seconds:.1f} s"
+            assert got.status_code >= 500, got.text[:300]

@@ -235,9 +235,13 @@ class Proxy:
             raise _Retryable(exc.kind, str(exc)) from exc
         try:
             if response.status >= 500:
-                with contextlib.suppress(UpstreamError):  # read to reuse the connection
+                # read to reuse the connection, for one read timeout in all: a body that drips
+                # must not keep the client from its answer (or another pod)
+                until = asyncio.get_running_loop().time() + limits.read_timeout_seconds
+                with contextlib.suppress(UpstreamError):
                     await join_chunks(
-                        paced(response.chunks(), limits.read_timeout_seconds), MAX_READ_ALL_BYTES
+                        paced(response.chunks(), limits.read_timeout_seconds, until=until),
+                        MAX_READ_ALL_BYTES,
                     )
                 raise _Retryable("status", f"HTTP {response.status}", response.status)
             chunks = response.chunks()
