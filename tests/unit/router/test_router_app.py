@@ -1,8 +1,11 @@
+import asyncio
 import json
 
+import pytest
 from tests.unit.router.fakes import FakePods, make_config
 
 from kvgate.router.metrics import RouterMetrics
+from kvgate.router.server.app import _until_disconnect
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hello " * 200}]}
 
@@ -196,3 +199,31 @@ async def test_errors_name_the_offending_parameter(router_app):
     resp = await client.post("/v1/chat/completions", json={"model": "m", "messages": "nope"})
     assert resp.status_code == 400
     assert resp.json()["error"]["param"] == "messages"
+
+
+async def test_a_disconnect_takes_back_its_own_cancellation_and_no_one_elses():
+    """The client leaves while the request's work runs: `_until_disconnect` reports it and the
+    task goes on; a second cancellation landing at the same time (a drain, a shutdown) is not
+    swallowed with it."""
+    gone = asyncio.Event()
+
+    async def receive() -> dict[str, object]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def run() -> bool:
+        return await _until_disconnect(receive, asyncio.sleep(10))
+
+    alone = asyncio.create_task(run())
+    await asyncio.sleep(0)
+    gone.set()
+    assert await alone is True
+
+    gone.clear()
+    both = asyncio.create_task(run())
+    await asyncio.sleep(0)
+    gone.set()
+    await asyncio.sleep(0)  # the watcher reads the disconnect and cancels the task
+    both.cancel()  # and someone else cancels it too
+    with pytest.raises(asyncio.CancelledError):
+        await both

@@ -366,9 +366,10 @@ async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
     try:
         await work
     except asyncio.CancelledError:
-        if not disconnected.is_set():
+        # the disconnect's own cancellation is taken back; anyone else's (a drain, a shutdown
+        # landing at the same time) goes on
+        if not disconnected.is_set() or this.uncancel() > 0:
             raise
-        this.uncancel()
         return True
     finally:
         watcher.cancel()
