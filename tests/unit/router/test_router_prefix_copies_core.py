@@ -4,18 +4,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from array import array
+from typing import cast
 
 import pytest
 from tests.unit.loop_turns import other_task_turns
 from tests.unit.router.fakes import make_config, routing_core
 
+from kvgate.api.router_config import LimitsConfig
+from kvgate.router.core import prefix_copies
 from kvgate.router.core.hot_prefixes import HotPrefix
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.prefix_copies import MAX_COPIES_IN_FLIGHT
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.core.warmup_pods import WarmRequest
-from kvgate.router.http.warmer import PAYLOAD_SLICE_CHARS, PAYLOAD_SLICE_TOKENS, warm_payload
+from kvgate.router.http import warmer as warmer_module
+from kvgate.router.http.upstream import Upstream
+from kvgate.router.http.warmer import (
+    PAYLOAD_SLICE_CHARS,
+    PAYLOAD_SLICE_TOKENS,
+    Warmer,
+    warm_payload,
+)
 
 DOCUMENT = list(range(10_000, 42_768))  # 32k tokens: seconds of prefill at the prior rate
 
@@ -116,6 +127,38 @@ async def test_a_prefix_with_an_id_beyond_every_vocabulary_is_routed_but_never_c
     plans = await _burst(core, 6, [2**40, *DOCUMENT])
     assert len(plans) == 6
     assert core.warmup.take() == [] and len(core.copies) == 0
+
+
+async def test_a_copy_waiting_for_a_send_slot_ends_at_its_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Copies share the warmer's `concurrency` slots with warm-ups, which may hold one for a
+    minute: a copy still waiting for a slot at its deadline is abandoned there, and stops
+    counting on its pod (before, it waited, counted, for as long as the slot stayed taken)."""
+    monkeypatch.setattr(prefix_copies, "COPY_DEADLINE_SECONDS", 0.3)
+    now = [100.0]
+    config = make_config(6, warmup={"concurrency": 1})
+    core, _ = await routing_core(config, now, 6)
+    release = asyncio.Event()
+    sent: list[str] = []
+
+    async def send_warm(*_args: object, **_kwargs: object) -> dict[str, object]:
+        sent.append("copy")
+        await release.wait()
+        return {"status": 200, "prompt_tokens": 1}
+
+    monkeypatch.setattr(warmer_module, "send_warm", send_warm)
+    warmer = Warmer(core, cast(Upstream, None), LimitsConfig, clock=time.monotonic)
+    core.warm_requests_ready = warmer.dispatch
+    now[0] = time.monotonic()  # the copies' deadlines in the warmer's clock
+    for k in range(2):
+        await _burst(core, 4, list(range(100_000 * (k + 1), 100_000 * (k + 1) + 32_768)))
+    assert len(core.copies) == 2
+    await asyncio.sleep(0.6)  # the first holds the only slot; the second's deadline passes
+    assert sent == ["copy"] and len(core.copies) == 1
+    release.set()
+    await warmer.stop()
+    assert len(core.copies) == 0
 
 
 async def test_a_short_prefix_or_a_chat_prompt_keyed_approximately_is_never_copied():

@@ -338,15 +338,16 @@ class RoutingCore:
 
     async def _copy(self, plan: RoutePlan, copy: PrefixCopy) -> None:
         """Start the copy of the prefix the decision proposes, if it may start."""
+        target = self.endpoints.get(copy.endpoint_id)
+        if target is None:  # it left while the decision was made
+            return
         blocks = self.copies.start(plan, copy, self.clock())
         if not blocks:
             return
-        target = self.endpoints.get(copy.endpoint_id)
         try:
-            if target is not None:
-                await self.learner.copied(
-                    plan, target, blocks, share_in_flight=self._shares_in_flight_blocks()
-                )
+            await self.learner.copied(
+                plan, target, blocks, share_in_flight=self._shares_in_flight_blocks()
+            )
         finally:  # queued and counted on its pod: it is sent even if this request is cancelled
             self.warm_requests_ready()
 

@@ -17,13 +17,14 @@ engine tokenizes (its chat template is), so a chat prompt with approximate keys 
     proposed ──(ids or text known, this prefix not being copied, room)──> queued ──> sent ──> done
 
 - At most `MAX_COPIES_IN_FLIGHT` per pool, and one per prefix (named by its pool and last block
-  key) at a time: a burst proposes the same copy with each of its requests.
+  key) at a time: a burst proposes the same copy with each of its requests. Counted by each
+  router replica on its own (with R replicas, up to R x that many).
 - While in flight the copy counts on its pod like a request (`accounting.py`): one more request,
   its prefill tokens pending, and its blocks in flight, so the next decisions see the pod as
   holding the prefix once computed (queued behind that prefill) and propose no second copy there.
 - A copy is abandoned `COPY_DEADLINE_SECONDS` after it was proposed, sent or not (the I/O side
-  bounds its wait for the answer by that too): the burst it was for is likely over. Answered or
-  not, the pod's count ends with `done`.
+  bounds its wait for a send slot and for the answer by that too): the burst it was for is
+  likely over. Answered or not, the pod's count ends with `done`.
 
 Plain synchronous code on the core's clock, like the rest of the core.
 """

@@ -133,8 +133,11 @@ class Warmer:
     async def _send(self, request: WarmRequest) -> None:
         warmup = self.core.warmup
         ok, tokens = False, 0
+        slots = self._slots
         try:
-            async with self._slots:
+            if not await self._slot(slots, request):
+                return  # its deadline passed while it waited: it counts on its pod no longer
+            try:
                 ep = self.core.endpoints.get(request.endpoint_id)
                 deadline = warmup.request_deadline(request)
                 remaining = None if deadline is None else deadline - self._clock()
@@ -153,8 +156,23 @@ class Warmer:
                 tokens = result.get("prompt_tokens") or 0
                 if not ok:
                     log.info("warm request to %s failed: %s", ep.id, result)
+            finally:
+                slots.release()
         finally:
             warmup.request_done(request, self._clock(), ok=ok, prompt_tokens=tokens)
+
+    async def _slot(self, slots: asyncio.Semaphore, request: WarmRequest) -> bool:
+        """One of the `concurrency` send slots, or False once the request's deadline passes
+        while it waits (a copy's is counted from when it was proposed)."""
+        deadline = self.core.warmup.request_deadline(request)
+        if deadline is None:
+            return False
+        try:
+            async with asyncio.timeout(deadline - self._clock()):
+                await slots.acquire()
+        except TimeoutError:
+            return False
+        return True
 
     async def stop(self) -> None:
         self._stopped = True
