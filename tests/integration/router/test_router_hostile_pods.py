@@ -255,24 +255,18 @@ async def test_an_answer_that_drips_forever_ends_at_max_answer_seconds(
     """Each gap well under `read_timeout_seconds`, for ever: the stream ends with the
     `upstream_error` event, the whole answer is a 504, both `max_answer_seconds` after the first
     byte (before: the client waited as long as the pod kept dripping)."""
-    with _pod() as pod:
-        pools = [{"name": "hostile", "model": "hostile", "endpoints": {"static": [{"url": pod}]}}]
-        limits = {"read_timeout_seconds": 5, "max_answer_seconds": 1.5}
-        with running_router(tmp_path, router_config([], pools=pools, limits=limits)) as proc:
-            async with httpx.AsyncClient(base_url=proc.url, timeout=30) as client:
-                body = {"model": "hostile", "prompt": prompt, "stream": prompt == "drip-events"}
-                started = time.perf_counter()
-                got = await client.post("/v1/completions", json=body)
-                seconds = time.perf_counter() - started
-            assert 1.4 < seconds < 5, f"the answer ended after {seconds:.1f} s"
-            if prompt == "drip-events":
-                assert got.status_code == 200
-                events = got.text.strip().split("\n\n")
-                assert events[0].startswith("data: {") and len(events) > 3
-                assert '"type":"upstream_error"' in events[-1].replace(" ", ""), events[-1]
-            else:
-                assert got.status_code == 504, got.text[:300]
-                assert "did not end in time" in got.json()["error"]["message"]
+    limits = {"read_timeout_seconds": 5, "max_answer_seconds": 1.5}
+    body = {"model": "hostile", "prompt": prompt, "stream": prompt == "drip-events"}
+    got, seconds = await _timed_answer(tmp_path, limits, body)
+    assert 1.4 < seconds < 5, f"the answer ended after {seconds:.1f} s"
+    if prompt == "drip-events":
+        assert got.status_code == 200
+        events = got.text.strip().split("\n\n")
+        assert events[0].startswith("data: {") and len(events) > 3
+        assert '"type":"upstream_error"' in events[-1].replace(" ", ""), events[-1]
+    else:
+        assert got.status_code == 504, got.text[:300]
+        assert "did not end in time" in got.json()["error"]["message"]
 
 
 async def test_a_failed_answer_whose_body_drips_forever_is_left_within_one_read_timeout(
@@ -281,15 +275,21 @@ async def test_a_failed_answer_whose_body_drips_forever_is_left_within_one_read_
     """A pod answers 500 and drips its body, each gap under `read_timeout_seconds`: the router
     reads a failed answer's body only to reuse the connection, for one read timeout in all, then
     answers (before: the client waited as long as the pod kept dripping)."""
+    limits = {"read_timeout_seconds": 1.0, "max_answer_seconds": 60}
+    body = {"model": "hostile", "prompt": "drip-500"}
+    got, seconds = await _timed_answer(tmp_path, limits, body)
+    assert seconds < 5, f"the answer came after {seconds:.1f} s"
+    assert got.status_code >= 500, got.text[:300]
+
+
+async def _timed_answer(
+    tmp_path: Path, limits: dict[str, float], body: dict[str, object]
+) -> tuple[httpx.Response, float]:
+    """`body`'s answer from a router in front of one hostile pod, and how long it took."""
     with _pod() as pod:
         pools = [{"name": "hostile", "model": "hostile", "endpoints": {"static": [{"url": pod}]}}]
-        limits = {"read_timeout_seconds": 1.0, "max_answer_seconds": 60}
         with running_router(tmp_path, router_config([], pools=pools, limits=limits)) as proc:
             async with httpx.AsyncClient(base_url=proc.url, timeout=30) as client:
                 started = time.perf_counter()
-                got = await client.post(
-                    "/v1/completions", json={"model": "hostile", "prompt": "drip-500"}
-                )
-                seconds = time.perf_counter() - started
-            assert seconds < 5, f"the answer came after {seconds:.1f} s"
-            assert got.status_code >= 500, got.text[:300]
+                got = await client.post("/v1/completions", json=body)
+                return got, time.perf_counter() - started
