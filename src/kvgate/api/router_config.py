@@ -243,8 +243,8 @@ class ServerConfig(ConfigModel):
     body_timeout_seconds: float = Field(default=60.0, gt=0)
     # A connection (new, or kept alive after a response) with no request for this long is closed.
     idle_timeout_seconds: float = Field(default=15.0, gt=0)
-    # A client that reads nothing of its answer for this long (its send buffer stays full) is
-    # cut off, its request ended as if it had left (a slow reader holds no pod forever).
+    # A client whose answer waits in its send buffer and that reads under 16 KiB of it in this
+    # long is cut off, its request ended as if it had left (a slow reader holds no pod forever).
     write_stall_timeout_seconds: float = Field(default=60.0, gt=0)
     # Concurrent client connections. The router also keeps it below the open-files limit:
     # at most (RLIMIT_NOFILE - reserved_file_descriptors) / 2, since each active client

@@ -12,12 +12,12 @@ for the phase the connection is in:
 | body | the end of the body | `body_timeout` | 408 (or closed, if a response started) |
 | busy (the app answers) | the end of the response | none (the app's own timeouts) | — |
 
-Across every phase, a client that reads nothing of its answer, or too little to drain it, for
-`write_stall_timeout` (the transport's send buffer stays full: paused from its high-water mark
-until it drains to its low-water mark, while uvicorn holds the app's `send`) is cut off: the
-connection is aborted, since what is buffered for it would never go out, and the app sees a
-disconnect (a slow reader would otherwise hold its request, and the pod's, as long as it
-pleased).
+Across every phase, a client whose answer waits to go out (the transport's send buffer over its
+high-water mark, while uvicorn holds the app's `send`) and that reads less than
+`MIN_WRITE_PROGRESS_BYTES` of it in `write_stall_timeout` is cut off: the connection is
+aborted, since what is buffered for it would never go out, and the app sees a disconnect (a
+slow reader would otherwise hold its request, and the pod's, as long as it pleased). A client
+that reads on, however large its answer, is looked at again a timeout later.
 
 Header bytes are counted as they arrive, before the parser buffers them; a completed head is
 measured exactly (URL + header names and values). Over `max_header_bytes`: 431.
@@ -37,8 +37,12 @@ destroy the answer in flight). No refusal reaches the ASGI app, so none can rais
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import logging
+import sys
+import termios
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,6 +57,10 @@ _LINGER_SECONDS = 1.0
 _OVER_CAPACITY_WAIT_SECONDS = 2.0
 # Connections over the cap that may wait for their 503 at once; more are aborted on arrival.
 MAX_PENDING_REFUSALS = 32
+# A client whose answer is held back must read at least this much of it per write-stall timeout.
+MIN_WRITE_PROGRESS_BYTES = 16 * 1024
+# ioctl for the bytes in a socket's send queue (Linux); elsewhere only the transport's are seen.
+_SIOCOUTQ: int | None = getattr(termios, "TIOCOUTQ", None) if sys.platform == "linux" else None
 # Method, spaces, "HTTP/1.1", CRLFs of the request line and of the blank line.
 _REQUEST_LINE_OVERHEAD = 16
 
@@ -113,6 +121,7 @@ class EdgeProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._deadline: asyncio.TimerHandle | None = None
         self._write_stall: asyncio.TimerHandle | None = None
+        self._unsent_at_stall = 0  # bytes buffered for the client when the stall timer was set
         self._reading_head = False
         self._reading_body = False
         self._head_bytes = 0
@@ -232,8 +241,7 @@ class EdgeProtocol(HttpToolsProtocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         if self._write_stall is None:
-            seconds = self.edge.limits.write_stall_timeout_seconds
-            self._write_stall = self.loop.call_later(seconds, self._write_stalled)
+            self._arm_write_stall()
 
     def resume_writing(self) -> None:
         super().resume_writing()
@@ -246,10 +254,30 @@ class EdgeProtocol(HttpToolsProtocol):
             self._write_stall.cancel()
             self._write_stall = None
 
+    def _unsent(self) -> int:
+        """Bytes written for the client that it has not taken yet: the transport's buffer and,
+        where the OS tells (Linux's SIOCOUTQ), the socket's send queue, which can hold megabytes
+        and drains first."""
+        unsent = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None and _SIOCOUTQ is not None:
+            with contextlib.suppress(OSError, ValueError):
+                queued = fcntl.ioctl(sock.fileno(), _SIOCOUTQ, b"\0\0\0\0")
+                unsent += int.from_bytes(queued, sys.byteorder, signed=True)
+        return unsent
+
+    def _arm_write_stall(self) -> None:
+        self._unsent_at_stall = self._unsent()
+        seconds = self.edge.limits.write_stall_timeout_seconds
+        self._write_stall = self.loop.call_later(seconds, self._write_stalled)
+
     def _write_stalled(self) -> None:
         self._write_stall = None
+        if self._unsent() <= self._unsent_at_stall - MIN_WRITE_PROGRESS_BYTES:  # it reads, slowly
+            self._arm_write_stall()
+            return
         self.edge.on_close("write_stall")
-        log.debug("closing connection from %s: it read nothing of its answer", self.client)
+        log.debug("closing connection from %s: it does not read its answer", self.client)
         self.transport.abort()  # close() would wait for a buffer that never drains
 
     def _start_head(self) -> None:

@@ -45,7 +45,16 @@ def test_a_client_that_reads_nothing_of_its_stream_is_cut_off_and_frees_the_pod(
         while proc.metric("kvgate_router_inflight_requests", inflight) < 1:
             assert time.monotonic() < deadline, proc.log_text()[-3000:]
             time.sleep(0.05)
-        # it reads nothing: a second later the router cuts it off, and its request ends
+        # it reads slowly, 32 KiB every 0.3 s, well under its answer's pace: not cut off
+        reader.settimeout(10)
+        received = 0
+        for _ in range(10):
+            want = received + 32 * 1024
+            while received < want:
+                received += len(reader.recv(want - received))
+            time.sleep(0.3)
+        assert proc.metric("kvgate_router_connections_closed_total", 'reason="write_stall"') == 0
+        # then it reads nothing: a second later the router cuts it off, and its request ends
         while proc.metric("kvgate_router_connections_closed_total", 'reason="write_stall"') < 1:
             assert time.monotonic() < deadline, proc.log_text()[-3000:]
             time.sleep(0.1)
@@ -53,8 +62,6 @@ def test_a_client_that_reads_nothing_of_its_stream_is_cut_off_and_frees_the_pod(
             assert time.monotonic() < deadline, proc.log_text()[-3000:]
             time.sleep(0.05)
         assert "client disconnected; upstream cancelled" in proc.log_text()
-        reader.settimeout(10)
-        received = 0
         try:  # what the buffers held, then the end of the connection
             while chunk := reader.recv(1 << 20):
                 received += len(chunk)

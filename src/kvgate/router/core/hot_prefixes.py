@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from kvgate.api.fleet import WarmupConfig
@@ -137,9 +137,8 @@ class HotPrefixes:
         # comes here, so whichever replica claims a warm-up can send it.
         score = entry.score + peers.get(name[1], 0.0)
         if score + 1e-9 >= self.config.min_requests and self.config.remembered_prefixes:
-            try:
-                tokens = array("I", keys.token_ids[: depth * keys.block_tokens])
-            except OverflowError:  # an id no vocabulary has: the pods refuse the prompt
+            tokens = token_array(keys.token_ids[: depth * keys.block_tokens])
+            if tokens is None:
                 return
             del self._candidates[name]
             entry.tokens = tokens
@@ -217,6 +216,15 @@ class HotPrefixes:
 
     def _entries(self, pool: str) -> Iterator[HotPrefix]:
         return (e for (p, _), e in self._hot.items() if p == pool)
+
+
+def token_array(ids: Sequence[int]) -> array[int] | None:
+    """`ids` in 4 bytes each, as a remembered or copied prefix keeps them; None for a prompt
+    with an id of 2^32 or more, which no vocabulary has (the pods refuse it)."""
+    try:
+        return array("I", ids)
+    except OverflowError:
+        return None
 
 
 def _covers(longer: HotPrefix, shorter: HotPrefix) -> bool:

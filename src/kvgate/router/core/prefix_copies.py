@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from kvgate.prefix import BlockKey
 from kvgate.prefix.token_count import LETTER_SPACE_LETTER
 from kvgate.router.core.accounting import Accounting, Attempt
-from kvgate.router.core.hot_prefixes import HotPrefix
+from kvgate.router.core.hot_prefixes import HotPrefix, token_array
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.core.warmup_pods import WarmRequest
 from kvgate.router.metrics import RouterMetrics
@@ -85,9 +85,8 @@ class PrefixCopies:
         if keys.token_ids is not None:
             if blocks * keys.block_tokens > len(keys.token_ids):
                 return 0
-            try:
-                tokens = array("I", keys.token_ids[: blocks * keys.block_tokens])
-            except OverflowError:  # an id no vocabulary has: the pods refuse the prompt
+            tokens = token_array(keys.token_ids[: blocks * keys.block_tokens])
+            if tokens is None:
                 return 0
         else:
             assert keys.prompt_text is not None

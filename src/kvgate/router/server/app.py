@@ -361,6 +361,7 @@ async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
     watcher task per request); whether it did."""
     this = asyncio.current_task()
     assert this is not None
+    cancelling = this.cancelling()
     disconnected = asyncio.Event()
     watcher = asyncio.create_task(_cancel_on_disconnect(receive, this, disconnected))
     try:
@@ -368,7 +369,7 @@ async def _until_disconnect(receive: Receive, work: Awaitable[None]) -> bool:
     except asyncio.CancelledError:
         # the disconnect's own cancellation is taken back; anyone else's (a drain, a shutdown
         # landing at the same time) goes on
-        if not disconnected.is_set() or this.uncancel() > 0:
+        if not disconnected.is_set() or this.uncancel() > cancelling:
             raise
         return True
     finally:
