@@ -164,15 +164,24 @@ async def test_a_pods_status_is_a_label_only_if_it_is_a_registered_one(router_ap
 
 
 async def test_a_stream_broken_mid_way_ends_with_an_error_event():
+    """...after its pod connection was closed: once a response is complete, uvicorn's `receive`
+    reports a disconnect and the request's watcher cancels the task, so a close after that which
+    yields (an https pod's, in httpcore) was cut short halfway."""
     import httpx
 
     from kvgate.router.runtime import RouterRuntime
     from kvgate.router.server.app import RouterApp
 
+    closed: list[bool] = []
+
     class Broken(httpx.AsyncByteStream):
         async def __aiter__(self):
             yield b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n'
             raise httpx.ReadError("pod died")
+
+        async def aclose(self) -> None:
+            await asyncio.sleep(0)  # as httpcore's lock does
+            closed.append(True)
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/metrics":
@@ -181,14 +190,24 @@ async def test_a_stream_broken_mid_way_ends_with_an_error_event():
 
     runtime = RouterRuntime(make_config(1), transport=httpx.MockTransport(handler))
     await runtime.start()
-    client = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=RouterApp(runtime)), base_url="http://r"
-    )
+    app = RouterApp(runtime)
+    closed_at_end: list[bool] = []
+
+    async def watched(scope, receive, send):  # type: ignore[no-untyped-def]
+        async def send_watched(message):  # type: ignore[no-untyped-def]
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                closed_at_end.append(bool(closed))
+            await send(message)
+
+        await app(scope, receive, send_watched)
+
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=watched), base_url="http://r")
     try:
         resp = await client.post("/v1/chat/completions", json={**CHAT, "stream": True})
         assert resp.status_code == 200
         assert resp.text.startswith('data: {"choices":[{"delta":{"content":"a"}}]}\n\n')
         assert '"type": "upstream_error"' in resp.text and "[DONE]" not in resp.text
+        assert closed_at_end == [True]
     finally:
         await client.aclose()
         await runtime.stop()

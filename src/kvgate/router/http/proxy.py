@@ -49,6 +49,7 @@ from kvgate.router.http.upstream import (
     MAX_READ_ALL_BYTES,
     Upstream,
     UpstreamError,
+    UpstreamResponse,
     join_chunks,
     paced,
 )
@@ -192,6 +193,7 @@ class Proxy:
                         await send({"type": "http.response.body", "body": out, "more_body": True})
             except UpstreamError as exc:
                 message = f"the model server failed mid-stream ({exc.kind})"
+                await _release(response)
                 with contextlib.suppress(Exception):
                     await send(
                         {"type": "http.response.body", "body": error_event(message, exc.kind)}
@@ -269,7 +271,9 @@ class Proxy:
                     {"type": "http.response.start", "status": response.status, "headers": headers}
                 )
                 paced_chunks = paced(chunks, gap, until=until)
-                completed = await self._stream(first, paced_chunks, tap, send, plan, request.kind)
+                completed = await self._stream(
+                    first, paced_chunks, tap, send, plan, request.kind, response
+                )
                 return _Answer(response.status, tap.usage, completed, streamed=True)
             try:  # nothing reached the client yet: a failure here is retried
                 payload = await join_chunks(
@@ -314,6 +318,7 @@ class Proxy:
         send: Send,
         plan: RoutePlan,
         kind: str,
+        response: UpstreamResponse,
     ) -> bool:
         try:
             out = tap.feed(first)
@@ -331,11 +336,20 @@ class Proxy:
             # the error event).
             message = f"the model server failed mid-stream ({exc.kind})"
             error = stream_error(kind, message, exc.kind)
+            await _release(response)
             with contextlib.suppress(Exception):
                 await send({"type": "http.response.body", "body": error})
             return False
         await send({"type": "http.response.body", "body": tap.flush()})
         return True
+
+
+async def _release(response: UpstreamResponse) -> None:
+    """Close a broken answer's pod connection before the client's response ends: once it has,
+    uvicorn reports a disconnect, and the request's watcher would cancel a close that yields
+    (an https pod's, in httpcore) halfway. Closing again later does nothing."""
+    with contextlib.suppress(Exception):
+        await response.aclose()
 
 
 def stream_error(kind: str, message: str, code: str, status: int = 502) -> bytes:
