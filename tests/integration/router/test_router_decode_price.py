@@ -30,7 +30,10 @@ async def test_the_decode_price_is_asked_for_only_where_answers_are_long(sim_pod
                 assert all(
                     c["decode_seconds"] == 0.0 for c in shown.json()["decision"]["candidates"]
                 )
+            ratios.append(shown.json()["output_ratio"])
             return float(shown.json()["expected_output_tokens"])
+
+        ratios: list[float] = []
 
         question = {"model": "m", "prompt": "Why is the sky blue?"}
         assert await expected_output(question) == 0.0  # nothing learned yet
@@ -45,3 +48,5 @@ async def test_the_decode_price_is_asked_for_only_where_answers_are_long(sim_pod
         for _ in range(60):
             assert (await http.post(url + "/v1/completions", json=short)).is_success
         assert await expected_output(question) == 0.0
+        # what decided it, shown beside it: nothing learned, long answers, then short ones
+        assert ratios[0] == 0.0 and ratios[1] >= 0.3 > ratios[-1] > 0.0

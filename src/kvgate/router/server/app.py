@@ -296,6 +296,7 @@ class RouterApp:
             "blocks": len(plan.keys.block_keys),
             "keys_exact": plan.keys.exact,
             "expected_output_tokens": round(plan.expected_output_tokens, 1),
+            "output_ratio": round(self.runtime.core.output_lengths.output_ratio(plan.pool.key), 3),
             "decision": plan.decision.to_dict(),
             "decision_seconds": round(plan.decision_seconds, 6),
         }
