@@ -31,10 +31,10 @@ CHARS_PER_TOKEN = 4.0
 """Rough characters per token, to express character blocks in tokens for the cost model."""
 
 
-def _canonical(value: Any) -> str:
-    text = json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    if '"cache_control"' not in text:  # the usual case: no copy of `value` to make
-        return text
+def canonical_json(value: Any) -> str:
+    """`value` as JSON with sorted keys, without Anthropic's `cache_control` markers: what the
+    keys and the session digests read of a structured field. Serialised once (a copy without
+    the markers costs less than serialising twice)."""
     return json.dumps(
         without_cache_control(value), sort_keys=True, ensure_ascii=False, separators=(",", ":")
     )
@@ -64,9 +64,9 @@ def _content_text(content: Any) -> str:
             elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
                 parts.append(part["text"])
             else:
-                parts.append(_canonical(part))
+                parts.append(canonical_json(part))
         return "\n".join(parts)
-    return _canonical(content)
+    return canonical_json(content)
 
 
 def completion_text(body: Mapping[str, Any]) -> str | None:
@@ -81,16 +81,16 @@ def completion_text(body: Mapping[str, Any]) -> str | None:
 
 def _message_text(message: Any) -> str:
     if not isinstance(message, Mapping):
-        return f"<|?|>\n{_canonical(message)}\n"
+        return f"<|?|>\n{canonical_json(message)}\n"
     text = f"<|{message.get('role')}|>\n{_content_text(message.get('content'))}\n"
     if message.get("tool_calls"):
-        text += _canonical(message["tool_calls"]) + "\n"
+        text += canonical_json(message["tool_calls"]) + "\n"
     return text
 
 
 def _tools_text(body: Mapping[str, Any]) -> str:
     tools = body.get("tools")
-    return f"<|tools|>\n{_canonical(tools)}\n" if tools else ""
+    return f"<|tools|>\n{canonical_json(tools)}\n" if tools else ""
 
 
 BILLING_HEADER = "x-anthropic-billing-header"
@@ -132,7 +132,7 @@ def responses_text(body: Mapping[str, Any]) -> str:
                 pieces.append(_message_text(item))
             else:
                 kind = item.get("type") if isinstance(item, Mapping) else None
-                pieces.append(f"<|{kind}|>\n{_canonical(item)}\n")
+                pieces.append(f"<|{kind}|>\n{canonical_json(item)}\n")
     return "".join(pieces)
 
 

@@ -64,6 +64,37 @@ async def test_prefix_break_in_a_message_key_of_the_clients_own_is_counted_as_ot
     assert max(len(line) for line in breaks) < 400
 
 
+async def test_a_large_turn_is_digested_off_the_event_loop(router_app, monkeypatch):
+    """Digesting a body costs ~5 ms per MB: a large one's runs in a worker thread (the loop
+    serves others meanwhile), and its break is found as a small one's is."""
+    import threading
+
+    from kvgate.router.core import sessions
+
+    threads: list[int] = []
+    digest = sessions.digest_body
+
+    def recording(body):
+        threads.append(threading.get_ident())
+        return digest(body)
+
+    monkeypatch.setattr(sessions, "digest_body", recording)
+    client, _ = await router_app(make_config(2), FakePods())
+    headers = {"x-session-id": "s1"}
+    history = [{"role": "user", "content": f"step {i} " + "x" * 4000} for i in range(80)]
+    small = {"model": "m", "messages": [SYSTEM, {"role": "user", "content": "q"}]}
+    large = {"model": "m", "messages": [SYSTEM, *history]}
+    changed = {"model": "m", "messages": [SYSTEM, *history[:75], {"role": "user", "content": "?"}]}
+    for body in (small, large, changed):
+        response = await client.post("/v1/chat/completions", json=body, headers=headers)
+        assert response.status_code == 200
+    loop_thread = threading.get_ident()
+    assert threads[0] == loop_thread
+    assert threads[1] != loop_thread and threads[2] != loop_thread
+    metrics = (await client.get("/metrics")).text  # the small turn was all in one prefix
+    assert 'kvgate_router_prefix_breaks_total{field="content",pool="default/p"} 1.0' in metrics
+
+
 async def test_reload_adds_endpoints_and_keeps_state(router_app):
     client, runtime = await router_app(make_config(1), FakePods())
     await client.post("/v1/chat/completions", json={"model": "m", "messages": [SYSTEM]})

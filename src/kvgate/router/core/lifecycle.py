@@ -333,7 +333,7 @@ class RoutingCore:
             # before, which is no prefix break.
             cls = plan.classification
             if cls.session_id is not None and cls.pinned_tag is None:
-                self.sessions.observe(plan, request.body)
+                await self.sessions.observe(plan, request.body, request.body_bytes)
         return plan
 
     async def _copy(self, plan: RoutePlan, copy: PrefixCopy) -> None:

@@ -16,12 +16,16 @@ Memory is bounded: at most `max_sessions` sessions and `max_bytes` in all (least
 dropped first; a turn is counted as its session id, 8 bytes per block and ~120 bytes per
 digested field; a turn over an eighth of the budget is not kept), each forgotten `ttl` seconds
 after its last turn. Session ids are short: the classifier replaces long ones by a digest.
+
+Time is bounded too: digesting a body costs ~5 ms per MB (its fields serialised and hashed), so a
+body of `DIGEST_IN_THREAD_BYTES` or more is digested in a worker thread, and the event loop
+serves other requests meanwhile.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-import json
 import logging
 import time
 from collections import OrderedDict
@@ -30,11 +34,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.prefix import FIELD_NAMES, first_difference
-from kvgate.prefix.approx import system_text, without_cache_control
+from kvgate.prefix.approx import canonical_json, system_text
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.metrics import RouterMetrics
 
 log = logging.getLogger(__name__)
+
+DIGEST_IN_THREAD_BYTES = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -99,9 +105,7 @@ def _common_blocks(a: bytes, b: bytes) -> int:
 def _digest(value: Any) -> str:
     """A short digest of a field's value, as the keys read it (Anthropic's `cache_control`
     markers left out)."""
-    raw = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-    if not isinstance(value, str) and '"cache_control"' in raw:
-        raw = json.dumps(without_cache_control(value), sort_keys=True, default=str)
+    raw = value if isinstance(value, str) else canonical_json(value)
     # surrogatepass: a digest must never fail on text the parser let through.
     return hashlib.blake2b(raw.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
@@ -179,15 +183,23 @@ class SessionTracker:
             _, oldest = self._turns.popitem(last=False)
             self.bytes -= oldest.bytes
 
-    def observe(self, plan: RoutePlan, body: Mapping[str, Any]) -> PrefixBreak | None:
+    async def observe(
+        self, plan: RoutePlan, body: Mapping[str, Any], body_bytes: int = 0
+    ) -> PrefixBreak | None:
+        """Keep this turn of the plan's session; the break from its previous turn, if any.
+        `body_bytes`: the body's size as received (0: unknown, digested inline)."""
         session = plan.classification.session_id
         if session is None or self._max == 0:
             return None
+        if body_bytes >= DIGEST_IN_THREAD_BYTES:
+            digest = await asyncio.to_thread(digest_body, body)
+        else:
+            digest = digest_body(body)
         now = self._clock()
         turn = _Turn(
             keys=b"".join(k[:KEY_PREFIX_BYTES] for k in plan.keys.block_keys),
             block_tokens=plan.keys.block_tokens,
-            digest=digest_body(body),
+            digest=digest,
             seen_at=now,
         )
         turn.bytes = (
