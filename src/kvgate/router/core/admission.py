@@ -409,10 +409,8 @@ class FlowControl:
     def _pump_queue(self, queue: _Queue, now: float) -> None:
         candidates = self._candidates(queue.classification, now)
         free = self.room(candidates, now)
-        if queue.classification.pinned_tag is not None and any(e.draining for e in candidates):
-            # Responses follow-ups whose pod began to leave: it takes no queued work, and no
-            # other pod can serve them, so they go now (as one arriving now would).
-            free = {ep.id: len(queue.fair) for ep in candidates}
+        if pinned_to_leaving_pod(queue.classification, candidates):
+            free = {ep.id: len(queue.fair) for ep in candidates}  # they go now
         if not free:
             return
         by_id = {ep.id: ep for ep in candidates}
@@ -545,6 +543,12 @@ class FlowControl:
 
     def _refused(self, pool: str, request_class: str, reason: str) -> None:
         self._metrics.child(self._metrics.queue_refusals, pool, request_class, reason).inc()
+
+
+def pinned_to_leaving_pod(cls: Classification, candidates: Iterable[Endpoint]) -> bool:
+    """A Responses follow-up whose pod began to leave: a draining pod takes no queued work, but
+    no other pod can serve the follow-up, so it goes at once (queued or arriving)."""
+    return cls.pinned_tag is not None and any(ep.draining for ep in candidates)
 
 
 def _may_push_out(queue: _Queue | None, victim: Queued[Waiter], band: int, flow: str) -> bool:

@@ -55,7 +55,12 @@ from prometheus_client import Counter
 from kvgate.directory.base import BlockIndex
 from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
 from kvgate.router.core.accounting import Accounting, Attempt
-from kvgate.router.core.admission import MISS_COST_FACTOR, FlowControl, Waiter
+from kvgate.router.core.admission import (
+    MISS_COST_FACTOR,
+    FlowControl,
+    Waiter,
+    pinned_to_leaving_pod,
+)
 from kvgate.router.core.classify import Classification
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keys import RequestKeys
@@ -220,10 +225,11 @@ class RoutingCore:
         flow.shares.seen(cls.tenant or "", now)
         candidates = self.router.candidates(cls, now)
         usable = flow.usable(cls, candidates, now)
-        # A draining pod takes no queued work, but a Responses follow-up pinned to it has no
-        # other pod: it goes at once.
-        leaving = cls.pinned_tag is not None and any(ep.draining for ep in candidates)
-        if leaving or flow.any_room(usable, now) or not self.router.serves(cls):
+        if (
+            pinned_to_leaving_pod(cls, candidates)
+            or flow.any_room(usable, now)
+            or not self.router.serves(cls)
+        ):
             beyond_share: tuple[str, ...] = ()
             if usable is not candidates:  # hot path: usually no share applies
                 mine = {ep.id for ep in usable}
