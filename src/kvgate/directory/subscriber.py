@@ -15,7 +15,7 @@ Algorithm, with `expected` = the next seq this subscriber needs (None before the
   counter reaches: such messages are counted (`bad_seq`) and skipped.
 * seq == expected: apply. A first message with seq > 0: replay what the pod's buffer still
   holds of [seq - buffer_steps, seq) and apply it (older stores are unknown, which can only
-  under-report).
+  under-report); a replay that stops before seq clears the pod, as a gap's does.
 * seq > expected, a gap: if it is at most `replay_buffer_steps` (vLLM's `buffer_steps`), replay
   [expected, seq) and apply it as it arrives; if the replay is incomplete (no socket, the buffer
   moved on, the deadline or a bound hit) the pod is cleared, since a missed BlockRemoved would
@@ -241,7 +241,9 @@ class PodSubscriber:
 
     async def _replay(self, start: int, stop: int, *, late_start: bool) -> None:
         """Apply batches [start, stop) from the replay socket as they arrive. A mid-stream gap
-        (`late_start=False`) that is not replayed completely clears the pod."""
+        (`late_start=False`) that is not replayed completely clears the pod; so does a late
+        start's replay that applied some batches but stopped short of `stop` (a removal in
+        the batches it missed would leave a stale entry)."""
         await self._flush()
         if self._rewound:
             return
@@ -262,7 +264,11 @@ class PodSubscriber:
                         return
         if self._metrics:
             self._metrics.replays.labels(self._pool, replay.outcome).inc()
-        if replay.outcome != "ok" and not late_start:
+        if late_start:  # any suffix of the buffer will do, but it must run up to `stop`
+            stale = replay.yielded and replay.next_seq != stop
+        else:
+            stale = replay.outcome != "ok"
+        if stale:
             await self._clear_for_gap(start, stop, f"replay {replay.outcome}: {replay.reason}")
 
     async def _clear_for_gap(self, start: int, stop: int, why: str) -> None:

@@ -188,6 +188,24 @@ async def test_late_subscriber_replays_from_zero(
     await engine.close()
 
 
+async def test_a_late_replay_that_stops_short_clears_the_pod(
+    manager: SubscriptionManager, ctx: zmq.asyncio.Context
+) -> None:
+    """The late start's replay applies the store of seq 0 and stops at the hole where the
+    removal of seq 1 was: without a clear, the removed block would stay listed for good."""
+    engine = FakeEngine(ctx, "t")
+    index: MemoryBlockIndex = manager.index  # type: ignore[attr-defined]
+    await engine.publish(stored(h(0)))  # nobody listens yet
+    removal = await engine.publish(BlockRemoved([h(0)]))
+    engine.buffer = [(seq, data) for seq, data in engine.buffer if seq != removal]
+    await manager.reconcile([engine.endpoint("p1")])
+    await connected(manager, engine, "p1")
+    await engine.publish(stored(h(1)))
+    await until(lambda: _eq(index.lookup([h(1)]), {"p1": 1}))
+    assert await index.lookup([h(0)]) == {}
+    await engine.close()
+
+
 async def test_gap_is_replayed(
     manager: SubscriptionManager, ctx: zmq.asyncio.Context, registry: CollectorRegistry
 ) -> None:
