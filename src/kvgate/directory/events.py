@@ -15,6 +15,7 @@ from kvgate.kvevents import (
     KVEvent,
     RejectedEvent,
     decode_batch,
+    directory_keys,
     encode_batch,
     event_to_json,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "KVEvent",
     "RejectedEvent",
     "decode_batch",
+    "directory_keys",
     "encode_batch",
     "event_to_json",
 ]

@@ -44,9 +44,13 @@ kind and medium are coalesced: under load, one directory call covers many batche
 
 A large message is handled in slices, each a few milliseconds, with the event loop free between
 them (`DECODE_SLICE_BYTES`, `APPLY_SLICE_EVENTS`, `WRITE_SLICE_KEYS`): in one piece, an 8 MiB
-batch of valid events held the router's loop, every client request, for 0.5-1 s. The slices
-of one pod run in its own task, one after another, so its events still apply in order; a
-message smaller than a slice is handled as before, without yielding.
+batch of valid events held the router's loop, every client request, for 0.5-1 s. Hashes become
+directory keys slice by slice as they are written (an 8 MiB message of int hashes took 0.4 s to
+convert in one go). The slices of one pod run in its own task, one after another, so its events
+still apply in order; a message smaller than a slice is handled as before, without yielding.
+Queued writes are flushed once they hold `FLUSH_QUEUED_HASHES` hashes, even in the middle of
+drained messages or a replay, so what waits for one flush is bounded in hashes, not only in the
+messages' bytes (a 1 GiB drain of one-byte int hashes would have queued ~56 GiB of keys).
 """
 
 from __future__ import annotations
@@ -69,10 +73,12 @@ from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex
 from kvgate.directory.cache_groups import CacheGroupFilter
 from kvgate.directory.events import (
     AllBlocksCleared,
+    BlockHash,
     BlockRemoved,
     BlockStored,
     EventDecodeError,
     KVEvent,
+    directory_keys,
 )
 from kvgate.directory.metrics import DirectoryMetrics, LogOnce
 from kvgate.directory.replay import ReplayRange
@@ -95,6 +101,8 @@ APPLY_SLICE_EVENTS = 1024
 WRITE_SLICE_KEYS = 4096
 """Block keys of one directory write, and between two yields (~1 ms in memory; 256 Ki keys
 of one 8 MiB batch took 56 ms in one call)."""
+FLUSH_QUEUED_HASHES = 1 << 18
+"""Queued hashes that are written before the next message or replayed batch is read (~20 MB)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +120,7 @@ class PodEndpoint:
 class _Op:
     op: str  # add | remove | clear
     medium: str
-    keys: list[BlockKey]
+    hashes: list[BlockHash]  # as the events carry them: keys only when written
 
 
 class PodSubscriber:
@@ -149,6 +157,7 @@ class PodSubscriber:
         self._ops: list[_Op] = []  # queued directory writes, coalesced
         self._ops_from: int | None = None  # seq of the first batch in _ops
         self._batches = 0
+        self._hashes = 0  # in _ops
         self._rewound = False  # a write failed: `expected` went back, later messages wait
         self.expected: int | None = None
         self.generation = self._next_generation()
@@ -202,6 +211,8 @@ class PodSubscriber:
         self._rewound = False
         for frames in messages:
             await self._handle_one(frames)
+            if self._hashes >= FLUSH_QUEUED_HASHES:
+                await self._flush()
             if self._rewound:  # the rest is replayed from `expected` with the next message
                 return
         await self._flush()
@@ -221,8 +232,7 @@ class PodSubscriber:
         expected = self.expected
         if expected is not None and seq < expected:
             log.info("pod %s: seq %d after %d: engine restarted", self.endpoint.pod, seq, expected)
-            self._ops.clear()  # writes for the old engine are moot
-            await self._restart("restart")
+            await self._restart("restart")  # writes queued for the old engine are moot
             expected = None
         buffer = self._limits.replay_buffer_steps
         if expected is None and seq > 0:
@@ -258,23 +268,21 @@ class PodSubscriber:
         async with contextlib.aclosing(replay.frames()) as frames:
             async for seq, payload in frames:
                 await self._apply_payload(seq, payload)
-                if self._batches >= self._drain:
+                if self._batches >= self._drain or self._hashes >= FLUSH_QUEUED_HASHES:
                     await self._flush()
                     if self._rewound:
                         return
         if self._metrics:
             self._metrics.replays.labels(self._pool, replay.outcome).inc()
-        if late_start:  # any suffix of the buffer will do, but it must run up to `stop`
-            stale = replay.yielded and replay.next_seq != stop
-        else:
-            stale = replay.outcome != "ok"
-        if stale:
+        # A late start takes any suffix of the buffer, but one that runs up to `stop`.
+        short = replay.yielded and replay.next_seq != stop if late_start else replay.outcome != "ok"
+        if short:
             await self._clear_for_gap(start, stop, f"replay {replay.outcome}: {replay.reason}")
 
     async def _clear_for_gap(self, start: int, stop: int, why: str) -> None:
         """Clear the pod: events of [start, stop) are lost (a removal among them would leave a
         stale entry). Queued writes are moot; the message at `stop` applies after the clear."""
-        self._ops, self._ops_from, self._batches = [], None, 0
+        self._drop_queued()
         self._log.warning(
             ("gap", self.endpoint.pod),
             "pod %s: seq gap [%d, %d) not replayed (%s): clearing the pod",
@@ -324,6 +332,7 @@ class PodSubscriber:
             if isinstance(event, AllBlocksCleared):
                 self._count_clear("all_blocks_cleared")
                 ops.clear()  # everything before is moot
+                self._hashes = 0
                 ops.append(_Op("clear", DEFAULT_MEDIUM, []))
                 continue
             assert isinstance(event, BlockStored | BlockRemoved)
@@ -336,10 +345,11 @@ class PodSubscriber:
             if medium not in self._media:
                 continue  # a tier the pool's config does not price is no GPU hit
 
+            self._hashes += len(event.block_hashes)
             if ops and ops[-1].op == op and ops[-1].medium == medium:
-                ops[-1].keys.extend(event.keys)
+                ops[-1].hashes.extend(event.block_hashes)
             else:
-                ops.append(_Op(op, medium, list(event.keys)))
+                ops.append(_Op(op, medium, list(event.block_hashes)))
 
     async def _flush(self) -> None:
         """Apply the queued writes in order, at most `WRITE_SLICE_KEYS` keys a call and between
@@ -347,17 +357,17 @@ class PodSubscriber:
         the seq of the first unapplied batch becomes `expected` again, so the next message
         replays from there; otherwise the pod starts over (a new generation)."""
         ops, first, batches = self._ops, self._ops_from, self._batches
-        self._ops, self._ops_from, self._batches = [], None, 0
+        self._drop_queued()
         pod, gen = self.endpoint.pod, self.generation
         applied = 0  # directory calls that returned
         unyielded_keys = 0
         try:
             for op in ops:
-                for start in range(0, max(1, len(op.keys)), WRITE_SLICE_KEYS):
+                for start in range(0, max(1, len(op.hashes)), WRITE_SLICE_KEYS):
                     if unyielded_keys >= WRITE_SLICE_KEYS:
                         await asyncio.sleep(0)
                         unyielded_keys = 0
-                    keys = op.keys[start : start + WRITE_SLICE_KEYS]
+                    keys = directory_keys(op.hashes[start : start + WRITE_SLICE_KEYS])
                     unyielded_keys += max(1, len(keys))
                     accepted = await self._write(op, keys, gen)
                     applied += 1
@@ -397,11 +407,14 @@ class PodSubscriber:
 
     async def _restart(self, reason: str) -> None:
         """Forget everything known about the pod: new generation, no expected seq."""
-        self._ops, self._ops_from, self._batches = [], None, 0
+        self._drop_queued()
         self._restarts += 1
         self.generation = self._next_generation()
         self.expected = None
         await self._new_generation(reason)
+
+    def _drop_queued(self) -> None:
+        self._ops, self._ops_from, self._batches, self._hashes = [], None, 0, 0
 
     async def _new_generation(self, reason: str) -> None:
         """Set `self.generation` in the directory, retrying until the directory answers."""

@@ -20,6 +20,7 @@ from kvgate.kvevents.events import (
     EventBatch,
     KVEvent,
     RejectedEvent,
+    directory_keys,
 )
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "KVEvent",
     "RejectedEvent",
     "decode_batch",
+    "directory_keys",
     "encode_batch",
     "event_to_json",
     "external_hash",

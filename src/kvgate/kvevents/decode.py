@@ -19,7 +19,8 @@ batch raises `EventDecodeError` (the caller counts and skips it); a bad event in
 batch (unknown type, wrong hash size, wrong field type) is left out and reported in
 `EventBatch.rejected`, so the rest of the batch still applies. A batch stops being decoded at
 its `MAX_REJECTED_EVENTS`-th bad event: the events after it are only checked as msgpack and
-counted (`EventBatch.unread_events`). Rejecting an
+counted (`EventBatch.unread_events`). An event of more than `MAX_EVENT_BLOCKS` block hashes
+is rejected (`too_many_blocks`) before they are checked. Rejecting an
 event costs a raised exception, about 1.5 us: a payload of one-byte junk events made a
 megabyte cost seconds of the router's event loop and ~150 bytes a rejection. A detail shows a
 short form of what the pod sent (`_shown`), never a full repr of it.
@@ -50,6 +51,10 @@ _MAX_U64 = (1 << 64) - 1
 _FIELDS = {"BlockStored": STORED_FIELDS, "BlockRemoved": REMOVED_FIELDS}
 #: Bad events of one batch that are reported one by one; the batch is read no further.
 MAX_REJECTED_EVENTS = 64
+#: Block hashes (and `extra_keys`) of one event: a 1M-token prompt of 16-token blocks cached in
+#: one step. An event is checked in one piece, so this bounds that piece (~2 ms); one of
+#: 900k int hashes, which an 8 MiB message holds, took 0.6 s of the event loop.
+MAX_EVENT_BLOCKS = 1 << 16
 
 
 class EventDecodeError(ValueError):
@@ -273,9 +278,15 @@ def _hashes(fields: Mapping[str, Any]) -> list[BlockHash]:
     value = fields.get("block_hashes")
     if not isinstance(value, list):
         raise _Reject("bad_field", "block_hashes must be a list")
-    if set(map(type, value)) <= {bytes} and set(map(len, value)) <= HASH_SIZES:
-        return value  # the common case, checked in C
-    return [_check_hash(h) for h in value]
+    if len(value) > MAX_EVENT_BLOCKS:
+        raise _Reject("too_many_blocks", f"{len(value)} block hashes (at most {MAX_EVENT_BLOCKS})")
+    # vLLM's two forms, each checked in C
+    types = set(map(type, value))
+    if types <= {bytes} and set(map(len, value)) <= HASH_SIZES:
+        return value
+    if types == {int} and min(value) >= 0 and max(value) <= _MAX_U64:
+        return value
+    return [_check_hash(h) for h in value]  # mixed, or the first bad one rejected
 
 
 def _int(fields: Mapping[str, Any], name: str) -> int:
@@ -313,6 +324,8 @@ def _extra_keys(fields: Mapping[str, Any]) -> list[tuple[Any, ...] | None] | Non
         return None
     if not isinstance(value, list) or not set(map(type, value)) <= {list, type(None)}:
         raise _Reject("bad_field", "extra_keys must be a list of arrays or nulls")
+    if len(value) > MAX_EVENT_BLOCKS:  # one per block
+        raise _Reject("too_many_blocks", f"{len(value)} extra_keys (at most {MAX_EVENT_BLOCKS})")
     return [None if keys is None else tuple(keys) for keys in value]
 
 

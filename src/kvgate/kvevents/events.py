@@ -63,7 +63,7 @@ class BlockStored:
     @property
     def keys(self) -> list[BlockKey]:
         """The directory's key of each block hash."""
-        return _keys(self.block_hashes)
+        return directory_keys(self.block_hashes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +77,7 @@ class BlockRemoved:
     @property
     def keys(self) -> list[BlockKey]:
         """The directory's key of each block hash."""
-        return _keys(self.block_hashes)
+        return directory_keys(self.block_hashes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +92,7 @@ KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
 class RejectedEvent:
     """An event the decoder left out of a batch: `reason` is a short metric label."""
 
-    reason: str  # unknown_type | bad_hash | bad_field | malformed_event
+    reason: str  # unknown_type | bad_hash | bad_field | malformed_event | too_many_blocks
     detail: str
 
 
@@ -108,7 +108,7 @@ class EventBatch:
     unread_events: int = 0
 
 
-def _keys(hashes: list[BlockHash]) -> list[BlockKey]:
+def directory_keys(hashes: list[BlockHash]) -> list[BlockKey]:
     """Directory keys of hashes (bytes stay as they are; ints become 8 bytes)."""
     if set(map(type, hashes)) <= {bytes}:  # the common case, checked in C
         return hashes  # type: ignore[return-value]  # all bytes: already block keys

@@ -21,7 +21,9 @@ from kvgate.directory.events import (
 )
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.directory import subscriber as subscriber_module
 from kvgate.directory.subscriber import PodEndpoint, PodSubscriber
+from kvgate.prefix import block_key
 from kvgate.sim.hashing import PrefixBlockHasher
 from kvgate.sim.kv_cache import KVCacheManager
 from kvgate.sim.request import SimRequest
@@ -114,6 +116,32 @@ async def test_events_apply_in_order_within_and_across_batches(
         for kind in ("BlockStored", "BlockRemoved", "AllBlocksCleared")
     }
     assert events == {"BlockStored": 5, "BlockRemoved": 1, "AllBlocksCleared": 1}
+
+
+async def test_queued_hashes_are_written_before_they_pass_the_bound(
+    sub: PodSubscriber, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Drained messages are one write while their hashes are few; past
+    `FLUSH_QUEUED_HASHES` they are written before the next message is read (a 1 GiB drain of
+    one-byte int hashes queued ~56 GiB of keys). Int hashes become keys as they are written."""
+    monkeypatch.setattr(subscriber_module, "FLUSH_QUEUED_HASHES", 4)
+    index = index_of(sub)
+    writes: list[int] = []
+    add = index.add
+
+    async def counted(pod: str, keys: Sequence[bytes], **kwargs: object) -> bool:
+        writes.append(len(keys))
+        return await add(pod, keys, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(index, "add", counted)
+    hashes = list(range(1, 13))
+    messages = [
+        msg(seq, BlockStored(hashes[3 * seq : 3 * seq + 3], None, [0] * 48, 16))
+        for seq in range(4)
+    ]
+    await sub.handle_many(messages)
+    assert writes == [6, 6]  # two messages each: 3 hashes queued, then 6 >= 4
+    assert await index.lookup([block_key(h) for h in hashes]) == {"p": 12}
 
 
 async def test_cpu_tier_media_with_an_offloading_pool(registry: CollectorRegistry) -> None:

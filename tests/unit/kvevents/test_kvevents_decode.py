@@ -19,7 +19,7 @@ from kvgate.kvevents import (
     encode_batch,
     event_to_json,
 )
-from kvgate.kvevents.decode import MAX_REJECTED_EVENTS, BatchDecoder
+from kvgate.kvevents.decode import MAX_EVENT_BLOCKS, MAX_REJECTED_EVENTS, BatchDecoder
 
 DATA = Path(__file__).parents[2] / "data" / "events"
 MANIFEST = json.loads((DATA / "manifest.json").read_text())
@@ -211,6 +211,26 @@ def test_hash_must_fit_64_bits() -> None:
     # msgpack cannot even carry larger ints; the top of the range is fine
     batch = decode_batch(_payload([["BlockRemoved", [2**64 - 1, 0]]]))
     assert batch.events == [BlockRemoved([2**64 - 1, 0])]
+
+
+def test_an_event_of_more_blocks_than_a_step_caches_is_rejected() -> None:
+    """An event is checked in one piece: its hashes are bounded before they are read (one of
+    900k int hashes, an 8 MiB message, held the event loop 0.6 s). Up to the bound, int
+    hashes and bytes hashes are taken whole; mixed, each is checked."""
+    at_cap = list(range(MAX_EVENT_BLOCKS))
+    over = [*at_cap, 0]
+    extra = {"type": "BlockStored", "block_hashes": [b"\x01" * 32], "parent_block_hash": None,
+             "token_ids": [], "block_size": 16, "extra_keys": [[]] * (MAX_EVENT_BLOCKS + 1)}  # fmt: skip
+    batch = decode_batch(
+        _payload([["BlockRemoved", at_cap], ["BlockRemoved", over], extra, GOOD]),
+        check_token_ids=False,
+    )
+    assert [r.reason for r in batch.rejected] == ["too_many_blocks"] * 2
+    assert batch.events == [BlockRemoved(at_cap), BlockRemoved([b"\x03" * 32], "GPU")]
+    mixed = decode_batch(_payload([["BlockRemoved", [b"\x01" * 16, 7]]]))
+    assert mixed.events == [BlockRemoved([b"\x01" * 16, 7])]
+    negative = decode_batch(_payload([["BlockRemoved", [*range(1000), -1]]]))
+    assert [r.reason for r in negative.rejected] == ["bad_hash"]
 
 
 def test_token_ids_check_can_be_skipped_by_the_indexer() -> None:
