@@ -15,7 +15,11 @@ the slice table and the pool's endpoints are replaced with what the slices say n
   a pod (keyed by its `targetRef` UID) is used once, at the address of `ip_family` if it has
   one, else IPv4, else IPv6. FQDN slices are ignored.
 
-A watch that expires (410 Gone) or breaks is re-listed after a short backoff.
+A watch that expires (410 Gone) or breaks is re-listed after a short backoff. The client bounds
+both calls itself (`REQUEST_TIMEOUT`: connect, then each read): a connection to an API server
+that went silent without closing it (its node died, a partition) otherwise waited forever, and
+pods that left stayed routed to. A watch asks the server to end it after `WATCH_SECONDS`,
+inside the read bound, so a quiet but live watch ends by the server's hand and is re-listed.
 
 Endpoint identity is `<namespace>/<pod>` (from `targetRef`; `<namespace>/<address>` for
 endpoints that are not pods) and the generation is the pod UID: a pod that restarts its engine
@@ -40,6 +44,8 @@ from kvgate.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 SERVICE_NAME_LABEL = "kubernetes.io/service-name"
+WATCH_SECONDS = 60
+REQUEST_TIMEOUT = (10.0, WATCH_SECONDS + 15.0)  # seconds: connect, each read
 IP_FAMILIES = ("IPv4", "IPv6")
 
 
@@ -196,7 +202,9 @@ class EndpointSliceDiscovery:
             while True:
                 try:
                     listing = await api.list_namespaced_endpoint_slice(
-                        self._namespace, label_selector=self._selector
+                        self._namespace,
+                        label_selector=self._selector,
+                        _request_timeout=REQUEST_TIMEOUT,
                     )
                     self._slices = {s.metadata.name: s for s in listing.items}
                     await self._publish()
@@ -207,7 +215,8 @@ class EndpointSliceDiscovery:
                         self._namespace,
                         label_selector=self._selector,
                         resource_version=version,
-                        timeout_seconds=300,
+                        timeout_seconds=WATCH_SECONDS,
+                        _request_timeout=REQUEST_TIMEOUT,
                     )
                     async for event in stream:
                         endpoint_slice = event["object"]

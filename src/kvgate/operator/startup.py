@@ -24,6 +24,8 @@ from kvgate.operator.reconcile import OperatorSettings, Reconciler
 from kvgate.operator.resync import resync_forever
 from kvgate.tasks import cancel_and_wait
 
+WATCH_SECONDS = 60
+
 log = logging.getLogger(__name__)
 
 
@@ -63,6 +65,11 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.persistence.finalizer = "kvgate.io/finalizer"
     settings.posting.level = logging.WARNING
     settings.networking.error_backoffs = [1, 2, 5, 10]
+    # A watch on an API server that went silent without closing the connection (its node
+    # died, a partition) would wait forever: the server ends each watch, the client bounds it.
+    settings.watching.server_timeout = WATCH_SECONDS
+    settings.watching.client_timeout = WATCH_SECONDS + 15
+    settings.watching.connect_timeout = 10
     operator_settings = getattr(memo, "operator_settings", None) or settings_from_env()
     memo.api_client = await _api_client()
     kube = ApiKube(memo.api_client)

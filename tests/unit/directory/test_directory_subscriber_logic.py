@@ -11,6 +11,7 @@ import pytest
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
 
+from kvgate.directory import subscriber as subscriber_module
 from kvgate.directory.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -21,7 +22,6 @@ from kvgate.directory.events import (
 )
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
-from kvgate.directory import subscriber as subscriber_module
 from kvgate.directory.subscriber import PodEndpoint, PodSubscriber
 from kvgate.prefix import block_key
 from kvgate.sim.hashing import PrefixBlockHasher
@@ -136,8 +136,7 @@ async def test_queued_hashes_are_written_before_they_pass_the_bound(
     monkeypatch.setattr(index, "add", counted)
     hashes = list(range(1, 13))
     messages = [
-        msg(seq, BlockStored(hashes[3 * seq : 3 * seq + 3], None, [0] * 48, 16))
-        for seq in range(4)
+        msg(seq, BlockStored(hashes[3 * seq : 3 * seq + 3], None, [0] * 48, 16)) for seq in range(4)
     ]
     await sub.handle_many(messages)
     assert writes == [6, 6]  # two messages each: 3 hashes queued, then 6 >= 4
