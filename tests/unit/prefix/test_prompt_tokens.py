@@ -8,7 +8,7 @@ import pytest
 
 from kvgate.prefix.chat import normalize_messages, normalize_tools
 from kvgate.prefix.prompt import PromptError, RequestTokenizer
-from kvgate.prefix.tokenizer import Tokenizer
+from kvgate.prefix.tokenizer import PromptTooLong, Tokenizer
 
 TOKENIZER_DIR = Path(__file__).parents[2] / "data" / "prefix" / "tokenizer"
 
@@ -54,6 +54,34 @@ def test_completion_prompts(requests, hf_tokenizer):
     assert requests.completion_token_ids({"prompt": [1, 2, 3], "truncate_prompt_tokens": 2}) == [
         [2, 3]
     ]
+
+
+def test_truncation_reads_the_prompt_from_its_end(requests, monkeypatch):
+    """`truncate_prompt_tokens` keeps the last ids: they are those of the whole text, read from
+    a tail of it (a 15 MB prompt tokenized whole to keep 16 ids took 16 s and 4 GiB)."""
+    import random
+
+    rng = random.Random(7)
+    words = ["alpha", "beta", "<|im_start|>", "\n", "  ", "x" * 40, "123456", "é", "🙂", "def"]
+    text = " ".join(rng.choice(words) for _ in range(20_000))
+    tokenizer = requests.tokenizer
+    whole = tokenizer.encode(text)
+    seen: list[int] = []
+    encode = tokenizer.encode
+
+    def spy(piece, **kwargs):
+        seen.append(len(piece))
+        return encode(piece, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", spy)
+    for keep in (1, 16, 500, 3000):
+        seen.clear()
+        body = {"prompt": text, "truncate_prompt_tokens": keep}
+        assert requests.completion_token_ids(body) == [whole[-keep:]]
+        assert seen == [min(len(text), (keep + 64) * 32)]  # one tail was enough
+    body = {"prompt": "a " * 200_000, "truncate_prompt_tokens": 10**9}
+    with pytest.raises(PromptTooLong):  # kept whole, over the cap: the cap bounds the work
+        requests.completion_token_ids(body, max_tokens=1000)
 
 
 @pytest.fixture(scope="module")
