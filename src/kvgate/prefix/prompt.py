@@ -27,7 +27,6 @@ from kvgate.prefix.content_format import ContentFormat
 from kvgate.prefix.message_ends import MessageEnds
 from kvgate.prefix.tokenizer import PromptTooLong, Tokenizer
 
-
 TAIL_CHARS_PER_TOKEN = 32
 """Characters read per id kept by `truncate_prompt_tokens`, at first (ids average ~4)."""
 TAIL_MARGIN_TOKENS = 64
