@@ -179,13 +179,18 @@ class RequestTokenizer:
         return self._encode(self.chat_text(body), add_special, body, max_tokens)
 
     def message_ends(
-        self, body: Mapping[str, Any], ids: Sequence[int], indices: Iterable[int]
+        self,
+        body: Mapping[str, Any],
+        ids: Sequence[int],
+        indices: Iterable[int],
+        budget: int | None = None,
     ) -> dict[int, int]:
         """For each message index i, the token offset in `ids` (the body's own ids) where
         message i ends: the ids of the first i+1 messages rendered without a generation prompt
-        (remembered across turns: `kvgate.prefix.message_ends`). Raises PromptError where those
-        ids are not a prefix of `ids`: cache ops cannot be placed there."""
-        return self._message_ends.ends(body, ids, indices, self.chat_token_ids)
+        (remembered across turns: `kvgate.prefix.message_ends`; those past `budget` messages
+        rendered are left out). Raises PromptError where those ids are not a prefix of `ids`:
+        cache ops cannot be placed there."""
+        return self._message_ends.ends(body, ids, indices, self.chat_token_ids, budget)
 
     def _template_for(self, body: Mapping[str, Any]) -> ChatTemplate:
         source = body.get("chat_template")

@@ -44,3 +44,24 @@ def test_a_head_that_is_not_a_prefix_is_refused() -> None:
         memo.ends(body, [1, 2, 3, 4], [0], lambda head: [9, 9])
     # remembered, and checked again against the next prompt's own ids
     assert memo.ends(body, [9, 9, 3], [0], lambda head: pytest.fail("rendered again")) == {0: 2}
+
+
+def test_a_request_renders_new_ends_up_to_its_budget_and_later_turns_go_on() -> None:
+    """Naming every boundary of a long history cost a render of each head (2,000 messages:
+    2 million messages rendered, 9.8 s): the ends past the budget are left out, lowest first
+    kept, and the next turn renders on from them."""
+    memo = MessageEnds()
+    messages = [{"role": "user", "content": str(i)} for i in range(10)]
+    body = {"messages": messages}
+    ids = list(range(10))
+    heads: list[int] = []
+
+    def head_ids(head):
+        heads.append(len(head["messages"]))
+        return ids[: len(head["messages"])]
+
+    assert memo.ends(body, ids, range(10), head_ids, budget=10) == {0: 1, 1: 2, 2: 3, 3: 4}
+    assert heads == [1, 2, 3, 4]  # 10 messages rendered
+    heads.clear()
+    assert memo.ends(body, ids, range(10), head_ids, budget=10) == {i: i + 1 for i in range(5)}
+    assert heads == [5]  # 6 more would be over

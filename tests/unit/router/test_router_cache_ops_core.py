@@ -14,6 +14,7 @@ from kvgate.api.router_config import CacheOpsConfig, EngineConfig, PoolConfig, T
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
+from kvgate.prefix import message_ends
 from kvgate.prefix.cache_ops import OpHistory, history_block_keys, parse_cache_ops
 from kvgate.router.core.cache_policy import added_cache_ops
 from kvgate.router.core.errors import RouterError
@@ -103,6 +104,32 @@ def test_chat_turns_with_a_rolling_drop_extend_each_other() -> None:
         # the next turn's prompt ends with this turn's answer, not the generation prompt's tail
         previous = keys.block_keys[:-1]
         history.append({"role": "assistant", "content": f"run step {turn} " * 10})
+
+
+def test_ops_naming_more_ends_than_a_request_may_render_key_the_shared_head(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each new end renders its head: past the render budget the keys are those of the
+    messages up to the first op (as without a tokenizer), and the next turns render on."""
+    monkeypatch.setattr(message_ends, "MIN_RENDER_BUDGET", 0)
+    requests = load_request_tokenizer(TokenizerConfig(path=str(TOKENIZER)))
+    assert requests is not None
+    keyer = Keyer(
+        EngineConfig(cache_ops=True, tokenizer=TokenizerConfig(path=str(TOKENIZER))), requests
+    )
+    history = [{"role": "user", "content": f"step {i} " * 30} for i in range(40)]
+    body = {"messages": history, "cache": {"drop": {"39": list(range(39))}}}
+    ids = requests.chat_token_ids(body)
+    head = {**body, "messages": history[:40], "add_generation_prompt": False}
+    memo = requests._message_ends
+    keys = keyer.keys(body, "chat", None)
+    assert memo.rendered < 40  # 4 x 40 messages rendered: the heads of messages 0-16
+    assert keys.prompt_tokens == len(ids) and keys.lookup is None
+    shared = len(requests.chat_token_ids(head)) // keys.block_tokens
+    assert keys.block_keys == keyer.keys({"messages": history}, "chat", None).block_keys[:shared]
+    for _ in range(8):  # later turns render the rest, then key every branch
+        keys = keyer.keys(body, "chat", None)
+    assert keys.lookup is not None and memo.rendered == 40
 
 
 def test_forward_body_strips_ops_for_pods_without_them() -> None:

@@ -56,6 +56,7 @@ from kvgate.prefix.cache_ops import (
     token_prompt_history,
 )
 from kvgate.prefix.hashing import INT_KEY_SIZE
+from kvgate.prefix.message_ends import render_budget
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.reuse import PromptReuse
 
@@ -228,20 +229,32 @@ class Keyer:
         max_prompt_tokens: int | None,
     ) -> RequestKeys:
         """A chat prompt with ops: its ids, each named message's end, then branched keys.
-        Without a tokenizer: approximate keys of the messages before the first op only (the
-        part every branch shares)."""
+        Without a tokenizer, or when the ends are more than one request may render
+        (`render_budget`): keys of the messages up to the first op only (the part every branch
+        shares; approximate without a tokenizer)."""
         if self.requests is None:
             head = {**body, "messages": body["messages"][: ops.boundaries[0] + 1]}
             approx = self._approximate(head, _approximate_salt(cache_salt, lora))
             tokens = max(1, int(len(request_text(body)) / CHARS_PER_TOKEN))
             return RequestKeys(tokens, approx.block_keys, approx.block_tokens, False)
+        needed = ops.needed_ends()
+        budget = render_budget(len(body["messages"]))
         try:
             ids = self.requests.chat_token_ids(body, max_tokens=max_prompt_tokens)
-            ends = self.requests.message_ends(body, ids, ops.needed_ends())
+            ends = self.requests.message_ends(body, ids, needed, budget)
+            shared_end = None  # over budget: the end of the messages every branch shares
+            if not needed <= ends.keys():
+                first = ops.boundaries[0]
+                shared_end = ends.get(first)
+                if shared_end is None:
+                    shared_end = self.requests.message_ends(body, ids, [first])[first]
         except PromptTooLong as exc:
             raise too_long(exc, "messages", self.max_tokens) from None
         except (PromptError, ValueError, TypeError) as exc:
             raise RouterError(400, f"cannot tokenize the prompt: {exc}", param="cache") from exc
+        if shared_end is not None:
+            keys = self._exact(ids[:shared_end], cache_salt, lora).block_keys
+            return RequestKeys(len(ids), keys, self.engine.block_size, True)
         return self._branched(ids, OpHistory.from_ops(ops, ends), cache_salt, lora)
 
     def _tokens_with_ops(
