@@ -55,3 +55,30 @@ def test_request_text_forms():
 def test_bad_block_size():
     with pytest.raises(ValueError):
         ApproxBlockHasher(block_chars=0)
+
+
+def test_a_rendering_stops_where_the_keys_stop_reading() -> None:
+    """Millions of items were rendered whole (8 s for 3.5M) before the block cap kept the
+    first of them: the rendering stops once it holds the characters the keys read, or one
+    item per 64 of them (tiny items are bounded in number too), and where items are longer
+    its keys are those of the whole rendering."""
+    hasher = ApproxBlockHasher(block_chars=16, max_blocks=256)  # 4,096 characters
+    parts = [{"type": "text", "text": f"part {i}"} for i in range(50_000)]
+    tiny = [
+        {"input": [1] * 100_000},
+        {"messages": [{"role": "user", "content": parts}]},
+        {"messages": [{"role": "user", "content": f"m{i}"} for i in range(100_000)]},
+    ]
+    for body in tiny:
+        whole, cut = request_text(body), request_text(body, hasher.max_chars)
+        assert whole.startswith(cut) and 0 < len(cut) <= 4096
+    long = [
+        {"input": [{"role": "user", "content": f"turn {i} " + "x" * 80} for i in range(100_000)]},
+        {"messages": [{"role": "user", "content": f"m{i} " + "y" * 80} for i in range(100_000)]},
+        {"prompt": list(range(100_000))},
+    ]
+    for body in long:
+        whole, cut = request_text(body), request_text(body, hasher.max_chars)
+        assert whole.startswith(cut) and 4096 <= len(cut) <= 8 * 4096
+        assert hasher.hash_request(body) == hasher.hash_text(whole)
+        assert len(hasher.hash_request(body)) == 256

@@ -235,7 +235,7 @@ class Keyer:
         if self.requests is None:
             head = {**body, "messages": body["messages"][: ops.boundaries[0] + 1]}
             approx = self._approximate(head, _approximate_salt(cache_salt, lora))
-            tokens = max(1, int(len(request_text(body)) / CHARS_PER_TOKEN))
+            tokens = max(1, int(len(request_text(body, self.approx.max_chars)) / CHARS_PER_TOKEN))
             return RequestKeys(tokens, approx.block_keys, approx.block_tokens, False)
         needed = ops.needed_ends()
         budget = render_budget(len(body["messages"]))
@@ -328,7 +328,8 @@ class Keyer:
     def _approximate(
         self, body: Mapping[str, Any], cache_salt: str | None, kind: str = ""
     ) -> RequestKeys:
-        text = responses_text(body) if kind == "responses" else request_text(body)
+        limit = self.approx.max_chars
+        text = responses_text(body, limit) if kind == "responses" else request_text(body, limit)
         keys = self.approx.hash_text(text, cache_salt=cache_salt)
         tokens = max(1, int(len(text) / CHARS_PER_TOKEN))
         # A chat's or a Responses body's keyed text is a rendering, not what the engine
