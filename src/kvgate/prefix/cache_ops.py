@@ -90,7 +90,7 @@ def _index(value: Any, what: str, num_segments: int) -> int:
     if isinstance(value, str):
         # ASCII only: str.isdigit() also accepts digits int() refuses ("²")
         if not (value.isascii() and value.isdigit()) or len(value) > 9:
-            raise CacheOpsError(f"`cache`: {what} {value!r} is not a segment index")
+            raise CacheOpsError(f"`cache`: {what} {value[:16]!r} is not a segment index")
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool):
         raise CacheOpsError(f"`cache`: {what} must be an integer, got {type(value).__name__}")

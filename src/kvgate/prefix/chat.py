@@ -241,7 +241,7 @@ def _text_parts(role: str, content: Any) -> list[tuple[str, dict[str, Any]]]:
             extra = {k: v for k, v in part.items() if k not in _KNOWN_PART_FIELDS}
         else:
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            raise ChatTemplateError(f"unsupported content part {kind!r} (text only)")
+            raise ChatTemplateError(f"unsupported content part {str(kind)[:40]!r} (text only)")
         if role == "system" and strippable and text.startswith(_BILLING_HEADER):
             text = text.partition("\n")[2]
             if not text:

@@ -105,6 +105,17 @@ async def test_client_mistakes_are_4xx_in_openai_shape(router_app):
         assert set(resp.json()["error"]) >= {"message", "type", "code"}
     assert (await client.get("/v1/chat/completions")).status_code == 405
     assert (await client.get("/nope")).status_code == 404
+    # A client's value is cut short in the message (a 13 MiB model name made a 40 MiB answer).
+    huge = {"model": "ü" * 1_000_000, "messages": [{"role": "user", "content": "x"}]}
+    resp = await client.post("/v1/chat/completions", json=huge)
+    assert resp.status_code == 404 and len(resp.content) < 2048
+    ops = {"model": "m", "messages": [{"role": "user", "content": "x"}],
+           "cache": {"drop": {"0" * 100_000: [0]}}}  # fmt: skip
+    resp = await client.post("/v1/chat/completions", json=ops)
+    assert resp.status_code == 400 and len(resp.content) < 2048
+    # More query fields than `/debug/route` reads: a 400, not a 500.
+    fields = "&".join(f"k{i}=1" for i in range(9))
+    assert (await client.post(f"/debug/route?{fields}", json=CHAT)).status_code == 400
 
 
 async def test_body_size_limit(router_app):

@@ -192,6 +192,25 @@ async def test_debug_warm_reports_phases_and_hot_prefixes(router_app):
     assert debug["hot_prefix_bytes"] > 0
 
 
+async def test_debug_warm_shows_tenants_hot_prefixes_to_the_admin_only(router_app, tmp_path):
+    """Tenants' names and what they send often are theirs: without the admin token,
+    `/debug/warm` lists the prefixes of requests that named no tenant only."""
+    token = tmp_path / "token"
+    token.write_text("s3cret")
+    tenants = {"tenants": [{"name": "acme-legal", "api_keys": [{"value": "key-a"}]}]}
+    config = make_config(2, admin={"token": {"file": str(token)}}, tenants=tenants)
+    client, _ = await router_app(config, FakePods())
+    for i in range(3):
+        await client.post(
+            "/v1/completions", json=_body(i), headers={"authorization": "Bearer key-a"}
+        )
+    admin = {"authorization": "Bearer s3cret"}
+    seen = (await client.get("/debug/warm", headers=admin)).json()["top"]["default/p"]
+    assert [p["tenant"] for p in seen] == ["acme-legal"]
+    for headers in ({}, {"authorization": "Bearer key-a"}, {"authorization": "Bearer nope"}):
+        assert (await client.get("/debug/warm", headers=headers)).json()["top"]["default/p"] == []
+
+
 async def _join_third_pod(runtime) -> None:  # type: ignore[no-untyped-def]
     pool = "default/p"
     specs = [ep.spec for ep in runtime.endpoints.in_pool(pool)]

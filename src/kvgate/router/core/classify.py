@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.api.router_config import PoolConfig, RequestClass, RouterConfig
-from kvgate.router.core.errors import RouterError, bad_request, not_found_response
+from kvgate.router.core.errors import RouterError, bad_request, not_found_response, shown
 from kvgate.router.core.response_ids import UNSCOPED, parse, scope_tag
 
 
@@ -139,7 +139,7 @@ class Classifier:
         if not pools:
             raise RouterError(
                 404,
-                f"The model `{model}` does not exist. Known: {sorted(self._pools_by_model)}",
+                f"The model `{shown(model)}` does not exist. Known: {sorted(self._pools_by_model)}",
                 code="model_not_found",
                 param="model",
             )
@@ -230,7 +230,7 @@ class Classifier:
             return name, self._salt_by_tenant[name]
         if name == tenants.anonymous_tenant and anonymous_allowed:
             return name, self._anonymous_salt
-        raise bad_request(f"unknown tenant `{name}`", param="tenant")
+        raise bad_request(f"unknown tenant `{shown(name)}`", param="tenant")
 
     def _request_class(
         self, model: str, tenant: str | None, headers: Mapping[str, str]

@@ -43,6 +43,16 @@ class RouterError(Exception):
         return error_body(self.message, self.type, self.code, self.param)
 
 
+MAX_SHOWN_CHARS = 100
+
+
+def shown(value: object) -> str:
+    """A client's value in an error message, cut to `MAX_SHOWN_CHARS` (a 13 MiB model name
+    made a 40 MiB answer)."""
+    text = str(value)
+    return text if len(text) <= MAX_SHOWN_CHARS else f"{text[:MAX_SHOWN_CHARS]}..."
+
+
 def error_body(
     message: str, type: str, code: str | None = None, param: str | None = None
 ) -> dict[str, Any]:

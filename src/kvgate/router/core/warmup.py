@@ -149,8 +149,11 @@ class Warmup:
         share = self.pods.advance(pod, now)
         return share >= 1.0 or (share > 0.0 and rng.random() < share)
 
-    def debug(self, now: float, endpoints: Iterable[Endpoint]) -> dict[str, Any]:
-        """Every endpoint's warm state and each pool's hottest prefixes, for `/debug/warm`."""
+    def debug(
+        self, now: float, endpoints: Iterable[Endpoint], *, tenants: bool = True
+    ) -> dict[str, Any]:
+        """Every endpoint's warm state and each pool's hottest prefixes, for `/debug/warm`;
+        without `tenants`, only the prefixes of requests that named no tenant."""
         ramp, half_life = self.config.ramp_seconds, self.config.half_life_seconds
         states = []
         pools: set[str] = set()
@@ -176,6 +179,7 @@ class Warmup:
                     "peer_requests": round(peers.get(p.key, 0.0), 2),
                 }
                 for p in self.hot.top(pool, self.config.top_prefixes, now, peer_counts=peers)
+                if tenants or p.tenant is None
             ]
         return {
             "enabled": self.config.enabled,

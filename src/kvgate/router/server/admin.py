@@ -38,6 +38,15 @@ if TYPE_CHECKING:
     from kvgate.router.runtime import RouterRuntime
 
 
+def is_admin(token: str | None, headers: Mapping[str, str]) -> bool:
+    """Whether the request carries the admin token (False when the admin API is off)."""
+    try:
+        authorize(token, headers.get("authorization"))
+    except RouterError:
+        return False
+    return True
+
+
 def authorize(token: str | None, authorization: str | None) -> None:
     """Raise unless `authorization` is `Bearer <token>`: 404 if the admin API is off (no
     token), 401 otherwise."""

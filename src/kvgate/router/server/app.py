@@ -47,7 +47,7 @@ from kvgate.router.core.response_ids import mint, parse, tagged
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.http.proxy import plan_headers
 from kvgate.router.runtime import RouterRuntime
-from kvgate.router.server.admin import authorize, warm
+from kvgate.router.server.admin import authorize, is_admin, warm
 from kvgate.router.server.body import (
     PARSE_IN_THREAD_BYTES,
     ClientDisconnected,
@@ -142,7 +142,9 @@ class RouterApp:
                 await self._debug_route(scope, receive, send)
             elif path == "/debug/warm" and method == "GET":
                 core = self.runtime.core
-                await _json(send, 200, core.warmup.debug(core.clock(), core.endpoints.all()))
+                admin = is_admin(core.state.classifier.admin_token, _headers(scope))
+                state = core.warmup.debug(core.clock(), core.endpoints.all(), tenants=admin)
+                await _json(send, 200, state)
             elif path == "/admin/warm" and method == "POST":
                 await self._admin_warm(scope, receive, send)
             else:
@@ -313,7 +315,11 @@ class RouterApp:
 def _debug_api(query: bytes, body: dict[str, Any]) -> str:
     """The API a body to explain is for: `?api=chat|completion|responses|messages|pooling`, else
     guessed (Anthropic's has a top-level `system`, the Responses API's an `input`)."""
-    named = parse_qs(query.decode("latin-1"), max_num_fields=8).get("api", [None])[-1]
+    try:
+        fields = parse_qs(query.decode("latin-1"), max_num_fields=8)
+    except ValueError:
+        raise RouterError(400, "at most 8 query fields") from None
+    named = fields.get("api", [None])[-1]
     if named is not None:
         if named not in ("chat", "completion", "responses", "messages", "pooling"):
             raise RouterError(400, "`api` must be chat, completion, responses, messages or pooling")
