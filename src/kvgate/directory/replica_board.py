@@ -5,10 +5,12 @@
 `exchange(replica, payload)` runs one Lua script: it stamps this replica's field with Redis' own
 clock (so replicas' clocks never need to agree), deletes the fields older than the TTL (replicas
 that stopped), and returns every other replica's payload, at most `max_replicas` of them and
-none over the board's `max_field_bytes` (a bad writer cannot make a reader fetch more). The hash
-expires ten TTLs after the last write, so a pool no router serves leaves nothing. What a payload
-means, and checking it, is the caller's (`replica_load.py`, `shared_warmup.py`): Redis is
-shared, and a bad writer must not break routing.
+none over the board's `max_field_bytes` or the caller's tighter bound (a bad writer cannot make
+a reader fetch more), and of those only as many as `max_round_bytes` hold in all: the caller
+parses them on the event loop. The hash expires ten TTLs after the last write, so a pool no
+router serves leaves nothing. What a payload means, and checking it, is the caller's
+(`replica_load.py`, `shared_warmup.py`): Redis is shared, and a bad writer must not break
+routing.
 """
 
 from __future__ import annotations
@@ -43,22 +45,37 @@ return out
 class ReplicaBoard:
     """One hash of per-replica fields (see the module docstring)."""
 
-    def __init__(self, client: Client, key: str, *, max_field_bytes: int) -> None:
+    def __init__(
+        self, client: Client, key: str, *, max_field_bytes: int, max_round_bytes: int
+    ) -> None:
         self.key = key
         self.max_field_bytes = max_field_bytes
+        self.max_round_bytes = max_round_bytes
         self._script = client.register_script(EXCHANGE)
 
     async def exchange_raw(
-        self, replica: str, payload: str, *, ttl_seconds: float, max_replicas: int
+        self,
+        replica: str,
+        payload: str,
+        *,
+        ttl_seconds: float,
+        max_replicas: int,
+        max_field_bytes: int | None = None,
     ) -> dict[str, bytes]:
-        """Publish this replica's payload; the other replicas' fresh ones, by replica id."""
+        """Publish this replica's payload; the other replicas' fresh ones, by replica id, each
+        at most `max_field_bytes` (the board's if None or more) and `max_round_bytes` in all."""
         ttl_ms = max(1, round(ttl_seconds * 1000))
+        longest = self.max_field_bytes
+        if max_field_bytes is not None:
+            longest = min(longest, max_field_bytes)
         raw = await self._script(
-            keys=[self.key],
-            args=[replica, payload, ttl_ms, max_replicas, self.max_field_bytes],
+            keys=[self.key], args=[replica, payload, ttl_ms, max_replicas, longest]
         )
-        return {
-            raw[i].decode("utf-8", "replace"): raw[i + 1]
-            for i in range(0, len(raw) - 1, 2)
-            if len(raw[i + 1]) <= self.max_field_bytes
-        }
+        out: dict[str, bytes] = {}
+        budget = self.max_round_bytes
+        for i in range(0, len(raw) - 1, 2):
+            value = raw[i + 1]
+            if len(value) <= min(longest, budget):
+                budget -= len(value)
+                out[raw[i].decode("utf-8", "replace")] = value
+        return out

@@ -39,6 +39,7 @@ ClaimState = Literal["warming", "done", "gone"]
 
 MAX_SHARED_PREFIXES = 1024  # entries of one replica's published counts, per pool
 MAX_HOT_FIELD_BYTES = 256 << 10  # ~100 bytes an entry
+MAX_HOT_ROUND_BYTES = 2 << 20  # read in one exchange, parsed on the event loop (~20 ms)
 MAX_KEY_BYTES = 64  # block keys are 32 (sha256) or 16 bytes
 MAX_COUNT = 1e9
 MAX_CLAIM_BYTES = 1024  # a claim's value; a longer one is no claim
@@ -198,7 +199,9 @@ class HotPrefixBoard(ReplicaBoard):
 
     def __init__(self, client: Client, pool_key: str, *, key_prefix: str = DEFAULT_PREFIX) -> None:
         key = PoolKeys.for_pool(pool_key, key_prefix).replica_hot
-        super().__init__(client, key, max_field_bytes=MAX_HOT_FIELD_BYTES)
+        super().__init__(
+            client, key, max_field_bytes=MAX_HOT_FIELD_BYTES, max_round_bytes=MAX_HOT_ROUND_BYTES
+        )
 
     async def exchange(
         self,

@@ -85,12 +85,10 @@ class LoadSharer(ReplicaExchange):
                 if self._failures == 0:
                     log.warning("load sharing: exchange for %s failed: %r", pool, result)
                 continue
-            known = set(ids)
-            for replica, pods in result.items():
+            for replica, pods in result.items():  # the loads of this pool's pods only
                 view = merged.setdefault(replica, {})
                 for pod, load in pods.items():
-                    if pod in known:
-                        view[pod] = EndpointLoad(*load)
+                    view[pod] = EndpointLoad(*load)
         if failed < len(pools) or not pools:
             self.core.peers.update(merged, self._clock())
         self.metrics.load_sharing_peers.set(self.core.peers.replicas)
