@@ -235,6 +235,20 @@ async def test_idle_connections_per_host_are_capped_and_forgotten():
     assert pod.connections[2][1].closed
 
 
+async def test_an_answer_read_after_its_pod_left_does_not_keep_its_connection():
+    """Kubernetes drops a terminating pod at once, while answers are still read from it: their
+    connections were handed back to the forgotten host and sat in CLOSE_WAIT."""
+    pod = _Pod([[OK]], [[OK]])
+    client = _client(pod)
+    response = await client.request("POST", URL, b"", [], connect_timeout=1, head_timeout=1)
+    client.forget("http://pod:8000")  # the pod left while its answer was read
+    await read_all(response)
+    assert pod.connections[0][1].closed and client._idle == {}
+    await _post(client)  # the address came back (another pod): its connections are kept
+    assert not pod.connections[1][1].closed and len(client._idle[("pod", 8000)]) == 1
+    await client.aclose()
+
+
 class _Body:
     """An upstream response that sends `chunks` and records that it was released."""
 

@@ -218,8 +218,11 @@ class RawUpstream:
         self._open = open_connection
 
     def _release(self, conn: _Connection) -> None:
-        idle = self._idle.setdefault(conn.key, [])
-        if len(idle) < self._max_idle:
+        """Keep `conn` for the next request to its host, unless that host was forgotten since
+        the request began (its pod left while the answer was read: kept, the connection sat
+        in CLOSE_WAIT until the address came back)."""
+        idle = self._idle.get(conn.key)
+        if idle is not None and len(idle) < self._max_idle:
             idle.append(conn)
         else:
             conn.close()
@@ -235,7 +238,7 @@ class RawUpstream:
         return _Connection(key, reader, writer)
 
     def _take_idle(self, key: tuple[str, int]) -> _Connection | None:
-        idle = self._idle.get(key)
+        idle = self._idle.setdefault(key, [])  # a host is known from its first request on
         while idle:
             conn = idle.pop()
             if conn.usable():
