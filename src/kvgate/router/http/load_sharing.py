@@ -76,7 +76,7 @@ class LoadSharer(ReplicaExchange):
         )
         merged: dict[str, dict[str, EndpointLoad]] = {}
         failed = 0
-        for (pool, ids), result in zip(pools.items(), results, strict=True):
+        for pool, result in zip(pools, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, RedisError | OSError | TimeoutError):
                     raise result
