@@ -749,6 +749,8 @@ async def test_a_responses_follow_up_waits_for_its_pod_alone_and_others_pass_it(
     core.first_byte(*on_pod0, streamed=True)
     assert grants.done == [other, pinned]
     assert (await core.dispatch(pinned)).endpoint.id == "pod0:8000"
+    # one queue per pod a follow-up waited for: not kept once empty (they were kept for good)
+    assert [key for key in core.flow._queues if key[-1] is not None] == []
     gone = {**body, "previous_response_id": mint("pod9:8000", scope)}
     with pytest.raises(RouterError) as err:
         await core.admit(ClientRequest(gone, headers, "responses", body_bytes=50), grants)

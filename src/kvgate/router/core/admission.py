@@ -522,6 +522,8 @@ class FlowControl:
         if not (queue.fair.take(node) if outcome == "dispatched" else queue.fair.remove(node)):
             return
         self._joined_waiters.pop(waiter.seq, None)
+        if not queue.fair and waiter.classification.pinned_tag is not None:
+            del self._queues[waiter.key]  # one per pod that stored a response: not kept empty
         self._waiting -= 1
         self._bytes -= waiter.body_bytes
         cls = waiter.classification.request_class
