@@ -8,9 +8,14 @@ kind, never free text. The directory and its KV-event indexer export `kvgate_dir
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+MAX_LEFT_ENDPOINTS = 4096
+"""Pods that left whose series are refused (answers still in flight when they left)."""
 
 _LATENCY_BUCKETS = (
     0.00005,
@@ -37,6 +42,7 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._left: OrderedDict[str, None] = OrderedDict()  # endpoints gone, oldest first
         r = self.registry
         self.requests = Counter(
             "kvgate_router_requests_total",
@@ -270,19 +276,45 @@ class RouterMetrics:
         )
 
     def child(self, metric: Any, *labels: str) -> Any:
-        """`metric.labels(*labels)`, cached: `labels()` costs more than the update on the hot path."""
+        """`metric.labels(*labels)`, cached: `labels()` costs more than the update on the hot path.
+        A pod that left gets no new series (`forget_endpoint`)."""
         key = (metric._name, labels)
         found = self._children.get(key)
         if found is None:
+            names = metric._labelnames
+            if self._left and "endpoint" in names and labels[names.index("endpoint")] in self._left:
+                return _DISCARDED
             found = self._children[key] = metric.labels(*labels)
         return found
 
     def init_endpoint(self, pool: str, endpoint: str) -> None:
         """Create an endpoint's counters at 0 when it joins: Prometheus' rate() cannot see the
         first increment of a series that appears with a value already above 0."""
+        self._left.pop(endpoint, None)
         for metric in (self.cached_tokens, self.prompt_tokens, self.predicted_hit_tokens):
             self.child(metric, pool, endpoint)
         self.child(self.inflight, pool, endpoint)
+
+    def forget_endpoint(self, endpoint: str) -> None:
+        """Remove every series of a pod that left, and make none for it until it joins again
+        (an answer or a scrape still in flight): a rollout of two pods left ~16 series behind
+        for good, 3,184 after 200 rollouts."""
+        self._left[endpoint] = None
+        while len(self._left) > MAX_LEFT_ENDPOINTS:
+            self._left.popitem(last=False)
+        for metric in vars(self).values():
+            if not isinstance(metric, MetricWrapperBase) or "endpoint" not in metric._labelnames:
+                continue
+            names, at = metric._labelnames, metric._labelnames.index("endpoint")
+            series = {
+                tuple(sample.labels[name] for name in names)
+                for family in metric.collect()
+                for sample in family.samples
+            }
+            for labels in series:
+                if labels[at] == endpoint:
+                    metric.remove(*labels)
+                    self._children.pop((metric._name, labels), None)
 
     def init_pool(self, pool: str) -> None:
         for metric in (self.saved_prefill_seconds, self.session_prompt_tokens, self.retries):
@@ -291,3 +323,22 @@ class RouterMetrics:
             self.child(self.queued, pool, request_class)
             for reason in ("queue_full", "deadline_exceeded"):
                 self.child(self.queue_refusals, pool, request_class, reason)
+
+
+class _Discarded:
+    """What `child` gives for a pod that left: every update is dropped."""
+
+    def inc(self, amount: float = 1) -> None:
+        return None
+
+    def dec(self, amount: float = 1) -> None:
+        return None
+
+    def set(self, value: float) -> None:
+        return None
+
+    def observe(self, amount: float) -> None:
+        return None
+
+
+_DISCARDED = _Discarded()

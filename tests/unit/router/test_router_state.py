@@ -95,6 +95,26 @@ async def test_a_large_turn_is_digested_off_the_event_loop(router_app, monkeypat
     assert 'kvgate_router_prefix_breaks_total{field="content",pool="default/p"} 1.0' in metrics
 
 
+async def test_a_pod_that_left_leaves_no_series_behind(router_app):
+    """Every per-pod series goes with its pod, and an answer still in flight when it left
+    makes none again (a rollout of two pods left ~16 series for good); the pod's id is
+    counted again once it joins again."""
+    client, runtime = await router_app(make_config(2), FakePods())
+    for i in range(4):
+        body = {"model": "m", "messages": [{"role": "user", "content": f"q{i} " * 50}]}
+        assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
+    assert 'endpoint="pod0:8000"' in (await client.get("/metrics")).text
+    pool = "default/p"
+    specs = [ep.spec for ep in runtime.endpoints.in_pool(pool)]
+    await runtime.endpoints.replace_pool(pool, [s for s in specs if s.id != "pod0:8000"])
+    metrics = runtime.metrics
+    metrics.child(metrics.requests, pool, "pod0:8000", "online", "prefix-hit", "200").inc()
+    text = (await client.get("/metrics")).text
+    assert 'endpoint="pod0:8000"' not in text and 'endpoint="pod1:8000"' in text
+    await runtime.endpoints.replace_pool(pool, specs)
+    assert 'endpoint="pod0:8000"' in (await client.get("/metrics")).text
+
+
 async def test_reload_adds_endpoints_and_keeps_state(router_app):
     client, runtime = await router_app(make_config(1), FakePods())
     await client.post("/v1/chat/completions", json={"model": "m", "messages": [SYSTEM]})

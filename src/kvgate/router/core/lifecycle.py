@@ -453,7 +453,7 @@ class RoutingCore:
 
     def _answer_failed(self, plan: RoutePlan, kind: str) -> None:
         ep = plan.endpoint
-        self.metrics.upstream_errors.labels(plan.pool.key, ep.id, kind).inc()
+        self.metrics.child(self.metrics.upstream_errors, plan.pool.key, ep.id, kind).inc()
         limits = self.state.config.limits
         if ep.answers.failed(self.clock(), limits.eject_after_failures, limits.eject_seconds):
             log.warning("endpoint %s ejected after repeated failures", ep.id)
@@ -486,7 +486,7 @@ class RoutingCore:
         self.flow.pump()
 
     def scrape_failed(self, ep: Endpoint, reason: object) -> None:
-        self.metrics.scrape_errors.labels(ep.pool, ep.id).inc()
+        self.metrics.child(self.metrics.scrape_errors, ep.pool, ep.id).inc()
         limits = self.state.config.limits
         if ep.scrapes.failed(self.clock(), limits.eject_after_failures, limits.eject_seconds):
             log.warning("endpoint %s ejected: /metrics failing (%r)", ep.id, reason)
@@ -499,6 +499,7 @@ class RoutingCore:
             self.router.history.forget(ep.id)
             self.accounting.forget(ep.id)
             self.peers.forget(ep.id)
+            self.metrics.forget_endpoint(ep.id)
         joining = {ep.id for ep in added}
         for ep in added:
             self.metrics.init_endpoint(ep.pool, ep.id)
