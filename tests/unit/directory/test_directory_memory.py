@@ -15,6 +15,7 @@ from tests.unit.directory.conformance import (
 from tests.unit.loop_turns import other_task_turns
 
 from kvgate.directory.base import HISTORY_CHUNK_KEYS, BlockIndex
+from kvgate.directory import memory
 from kvgate.directory.memory import MemoryBlockIndex
 
 
@@ -107,3 +108,43 @@ async def test_the_least_recently_written_approximate_entries_go_first(
 def test_bad_caps_are_rejected() -> None:
     with pytest.raises(ValueError):
         MemoryBlockIndex(max_blocks_per_pod=0)
+
+
+async def test_a_clear_cancelled_halfway_still_erases_and_frees_its_slot() -> None:
+    """A subscription stopped while it cleared its pod: the erase goes on by itself (cancelled
+    halfway, the slot was never freed and its keys stayed in the forward index for good)."""
+    index = MemoryBlockIndex()
+    keys = chain(40_000)
+    for start in range(0, len(keys), 4096):
+        await index.add("a", keys[start : start + 4096], generation="g0")
+    clearing = asyncio.create_task(index.set_generation("a", "g1"))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # the erase is under way
+    clearing.cancel()
+    await asyncio.gather(clearing, return_exceptions=True)
+    await asyncio.gather(*index._erasing)
+    await index.forget_pod("a")
+    assert index._masks == {} and sorted(index._free_slots) == list(range(index._next_slot))
+
+
+async def test_a_lookup_collects_a_bounded_share_of_expired_history_and_never_counts_it(
+    monkeypatch: pytest.MonkeyPatch, clock: FakeClock
+) -> None:
+    """After an idle longer than the TTL every entry had expired, and the next lookup collected
+    all of every pod's in one go (0.41 s for 8 pods of 100k): a lookup collects a bounded
+    share, and the rest still never counts."""
+    monkeypatch.setattr(memory, "COLLECT_PER_LOOKUP", 5)
+    index = MemoryBlockIndex(max_approximate_per_pod=100, clock=clock)
+    keys = chain(20)
+    await index.add("a", keys[:3])  # exact: never expires
+    for pod in ("a", "b"):
+        await index.add_approximate(pod, keys, ttl_seconds=60)
+    assert await index.lookup(keys) == {"a": 20, "b": 20}
+    clock.advance(61)
+    assert await index.lookup(keys) == {"a": 3}  # 5 of 37 expired entries collected
+    left = sum(len(state.approx) for state in index._pods.values())
+    assert left == 37 - 5
+    for _ in range(8):
+        assert await index.lookup(keys) == {"a": 3}
+    assert sum(len(state.approx) for state in index._pods.values()) == 0
+
