@@ -14,8 +14,8 @@ from tests.unit.directory.conformance import (
 )
 from tests.unit.loop_turns import other_task_turns
 
-from kvgate.directory.base import HISTORY_CHUNK_KEYS, BlockIndex
 from kvgate.directory import memory
+from kvgate.directory.base import HISTORY_CHUNK_KEYS, BlockIndex
 from kvgate.directory.memory import MemoryBlockIndex
 
 
