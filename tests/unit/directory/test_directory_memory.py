@@ -147,4 +147,3 @@ async def test_a_lookup_collects_a_bounded_share_of_expired_history_and_never_co
     for _ in range(8):
         assert await index.lookup(keys) == {"a": 3}
     assert sum(len(state.approx) for state in index._pods.values()) == 0
-
