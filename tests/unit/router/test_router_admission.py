@@ -786,3 +786,19 @@ async def test_queued_follow_ups_go_once_their_pod_begins_to_drain():
     core.flow.pump()
     assert grants.done == [waiter] and waiter.error is None
     assert (await core.dispatch(waiter)).endpoint.id == "pod0:8000"
+
+
+def test_a_tenants_share_ends_attempts_of_no_uncached_token_after_its_sum_reached_zero():
+    """An attempt with 0 uncached tokens ending after the tenant's token sum went to 0 raised
+    KeyError in `_close`, and the flow-control pump after it never ran."""
+    from kvgate.router.core.tenant_shares import TenantShares
+
+    shares = TenantShares()
+    shares.configure(10.0, {"a": 1.0})
+    first, empty = object(), object()
+    shares.started(first, "a", "pod0", 5)
+    shares.started(empty, "a", "pod0", 0)
+    shares.ended(first)
+    shares.ended(empty)
+    shares.ended(empty)  # idempotent
+    assert shares._tokens == {} and shares._pods == {}

@@ -62,11 +62,12 @@ class TenantShares:
         if found is None:
             return
         tenant, endpoint, tokens = found
-        left_tokens = self._tokens[tenant] - tokens
+        # Attempts of 0 uncached tokens outlive the sum reaching 0: `get`, not `[]`.
+        left_tokens = self._tokens.get(tenant, 0) - tokens
         if left_tokens > 0:
             self._tokens[tenant] = left_tokens
         else:
-            del self._tokens[tenant]
+            self._tokens.pop(tenant, None)
         pods = self._pods[tenant]
         left = pods[endpoint] - 1
         if left:
