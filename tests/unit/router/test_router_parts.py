@@ -455,8 +455,9 @@ def test_a_bodys_digest_walks_a_bounded_number_of_values(monkeypatch):
     assert digest[-1] == "+9" and len(digest) == 4  # the rest by its length
     same = sessions.digest_body({"messages": [marked]})["messages"][0]
     assert same == digest[0]
-    assert sessions.digest_body({"messages": [changed]})["messages"][0]["content"] != (
-        digest[0]["content"]
+    assert (
+        sessions.digest_body({"messages": [changed]})["messages"][0]["content"]
+        != (digest[0]["content"])
     )
     huge = {"messages": [{"role": "user", "content": "hi", "meta": [{"b": 1}] * 1_000_000}]}
     assert sessions.digest_body(huge)["messages"][0]["meta"]  # digested by its length
