@@ -289,7 +289,8 @@ class PodSubscriber:
             self.endpoint.pod, start, stop, why,
         )  # fmt: skip
         self._count_clear("gap")
-        await self._index.clear_pod(self.endpoint.pod)
+        if not await self._clear():
+            self._bad("stale_generation", f"generation {self.generation} superseded")
 
     async def _apply_payload(self, seq: int, payload: bytes) -> None:
         """Decode a batch and queue its writes (flushed by `_flush`), a slice at a time."""
@@ -400,10 +401,19 @@ class PodSubscriber:
         pod's generation in the directory is no longer `generation`."""
         pod = self.endpoint.pod
         if op.op == "clear":
-            await self._index.clear_pod(pod)
-            return True
+            return await self._clear()
         write = self._index.add if op.op == "add" else self._index.remove
         return await write(pod, keys, medium=op.medium, generation=generation)
+
+    async def _clear(self) -> bool:
+        """Clear the pod; False if another subscription owns it now (a newer generation, e.g.
+        the next indexer in a rolling update): its adds are refused, and its clears would wipe
+        the owner's entries."""
+        pod = self.endpoint.pod
+        if await self._index.get_generation(pod) != self.generation:
+            return False
+        await self._index.clear_pod(pod)
+        return True
 
     async def _restart(self, reason: str) -> None:
         """Forget everything known about the pod: new generation, no expected seq."""

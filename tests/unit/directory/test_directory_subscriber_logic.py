@@ -237,6 +237,21 @@ async def test_a_newer_writer_wins(sub: PodSubscriber, registry: CollectorRegist
     assert bad(registry, "stale_generation") == 1
 
 
+async def test_a_superseded_subscription_clears_nothing(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
+    """Two indexers follow the pod during a rolling update: the newer one's generation owns
+    its entries, and the older one's clears (a batch's AllBlocksCleared, a gap it alone saw)
+    wiped them, as its adds could not."""
+    index = index_of(sub)
+    await index.set_generation("p", "next-indexer")
+    await index.add("p", [h(0)], generation="next-indexer")
+    await sub.handle(msg(0, AllBlocksCleared()))
+    await sub.handle(msg(50_000, stored(h(1))))  # a jump past the replay buffer: a clear
+    assert await index.lookup([h(0)]) == {"p": 1}
+    assert bad(registry, "stale_generation") == 3  # two clears and the store
+
+
 async def test_directory_failure_rewinds_expected_seq(
     sub: PodSubscriber, registry: CollectorRegistry
 ) -> None:
