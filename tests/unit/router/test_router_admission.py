@@ -757,6 +757,35 @@ async def test_a_responses_follow_up_waits_for_its_pod_alone_and_others_pass_it(
     assert err.value.status == 404
 
 
+async def test_a_follow_up_that_pushes_out_the_last_of_its_pods_queue_is_still_queued():
+    """A pinned queue goes once empty: a newcomer that emptied it by pushing its only waiter
+    out was put in the queue that was gone, never granted, and its bytes never given back."""
+    from kvgate.router.core.response_ids import mint
+
+    core, now = await _core(1, flow={"max_queued_bytes": 120})
+    grants = Grants()
+    await _send(core, _request(), grants)  # pod0 busy
+
+    def follow_up(tenant: str) -> ClientRequest:
+        headers = {"authorization": f"Bearer k-{tenant}"}
+        scope = core.state.classifier.caller_scope(headers)
+        body = {"model": "m", "input": "next", "previous_response_id": mint("pod0:8000", scope)}
+        return ClientRequest(body, headers, "responses", body_bytes=50)
+
+    low = await core.admit(follow_up("short"), grants)
+    flood = ClientRequest(
+        _request().body, {"authorization": "Bearer k-flood"}, "completion", body_bytes=60
+    )
+    other = await core.admit(flood, grants)
+    vip = await core.admit(follow_up("vip"), grants)  # room for it: `low` goes
+    assert isinstance(low, Waiter) and low.error is not None
+    assert isinstance(vip, Waiter) and isinstance(other, Waiter)
+    assert vip.node in core.flow._queues[vip.key].fair  # where the pump looks
+    now[0] += 3600  # every waiter's deadline passed: each leaves, its bytes with it
+    core.flow.pump()
+    assert vip.error is not None and core.flow._bytes == 0 and len(core.flow) == 0
+
+
 async def test_a_responses_follow_up_reaches_its_pod_while_it_drains():
     from kvgate.router.core.response_ids import mint
 

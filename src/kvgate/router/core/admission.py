@@ -262,6 +262,7 @@ class FlowControl:
                     retry_after_seconds=wait if wait is not None else 1.0,
                 )
             self._push_out(victim.item)
+            queue = self._queues.get(key)  # a pinned queue emptied by it is gone (`_leave`)
         if queue is None:
             queue = self._queues[key] = _Queue(key, cls, pool)
         queue.classification = cls  # the latest pools' configuration
