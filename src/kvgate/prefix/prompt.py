@@ -110,7 +110,7 @@ class RequestTokenizer:
         self, text: str, add_special: bool, body: Mapping[str, Any], max_tokens: int | None
     ) -> list[int]:
         keep = _truncation(body)
-        if keep is None or (max_tokens is not None and keep >= max_tokens):
+        if keep is None or (max_tokens is not None and keep > max_tokens):
             # kept whole, or longer than the cap whatever is kept: `max_tokens` bounds the work
             return self.tokenizer.encode(
                 text, add_special_tokens=add_special, max_tokens=max_tokens

@@ -79,6 +79,8 @@ def test_truncation_reads_the_prompt_from_its_end(requests, monkeypatch):
         body = {"prompt": text, "truncate_prompt_tokens": keep}
         assert requests.completion_token_ids(body) == [whole[-keep:]]
         assert seen == [min(len(text), (keep + 64) * 32)]  # one tail was enough
+    at_cap = {"prompt": text, "truncate_prompt_tokens": 1000}  # keeps as many as the cap
+    assert requests.completion_token_ids(at_cap, max_tokens=1000) == [whole[-1000:]]
     body = {"prompt": "a " * 200_000, "truncate_prompt_tokens": 10**9}
     with pytest.raises(PromptTooLong):  # kept whole, over the cap: the cap bounds the work
         requests.completion_token_ids(body, max_tokens=1000)
