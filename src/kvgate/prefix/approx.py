@@ -36,11 +36,11 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",
 
 def canonical_json(value: Any) -> str:
     """`value` as JSON with sorted keys, without Anthropic's `cache_control` markers: what the
-    keys and the session digests read of a structured field. Serialised once (a copy without
-    the markers costs less than serialising twice)."""
-    if isinstance(value, Mapping | list):
-        value = without_cache_control(value)
-    return _CANONICAL.encode(value)
+    approximate keys read of a structured field."""
+    text = _CANONICAL.encode(value)
+    if '"cache_control"' not in text:  # the usual case: no copy of `value` to make
+        return text
+    return _CANONICAL.encode(without_cache_control(value))
 
 
 def without_cache_control(value: Any) -> Any:
@@ -59,10 +59,11 @@ CHARS_PER_ITEM = 64
 
 class _Text:
     """A rendering, built until it holds `limit` characters or `limit` / `CHARS_PER_ITEM`
-    items (messages, content parts, input items; None: no limit): the keys read no further,
-    so a body of millions of items is not rendered whole (3.5M one-character items took 8 s
-    to render, of which 4 MiB were keyed). Only a rendering of items shorter than 64
-    characters on average ends before its characters do."""
+    items (messages, content parts, input items, tools; None: no limit): the keys read no
+    further, so a body of millions of items is not rendered whole (3.5M one-character items
+    took 8 s to render, of which 4 MiB were keyed). Only a rendering of items shorter than 64
+    characters on average ends before its characters do. One structured value (a tool, a
+    message's tool calls) is rendered whole, in one C call."""
 
     def __init__(self, limit: int | None) -> None:
         self.pieces: list[str] = []
@@ -128,8 +129,11 @@ def _add_message(out: _Text, message: Any) -> None:
         out.add(canonical_json(message["tool_calls"]) + "\n")
 
 
-def _tools_text(body: Mapping[str, Any]) -> str:
+def _tools_text(body: Mapping[str, Any], max_tools: int | None = None) -> str:
+    """The tools, the first `max_tools` of a list (None: all)."""
     tools = body.get("tools")
+    if isinstance(tools, list) and max_tools is not None:
+        tools = tools[:max_tools]
     return f"<|tools|>\n{canonical_json(tools)}\n" if tools else ""
 
 
@@ -161,7 +165,7 @@ def responses_text(body: Mapping[str, Any], max_chars: int | None = None) -> str
     canonical JSON), so an agent that resends its items extends the text of its last turn.
     Rendered up to about `max_chars` characters (None: whole)."""
     out = _Text(max_chars)
-    out.add(_tools_text(body))
+    out.add(_tools_text(body, out.max_items))
     instructions = body.get("instructions")
     if isinstance(instructions, str) and instructions:
         out.add(f"<|system|>\n{instructions}\n")
@@ -186,7 +190,7 @@ def request_text(body: Mapping[str, Any], max_chars: int | None = None) -> str:
     messages = body.get("messages")
     if isinstance(messages, list):
         out = _Text(max_chars)
-        out.add(_tools_text(body) + system_text(body))
+        out.add(_tools_text(body, out.max_items) + system_text(body))
         for message in messages:
             if out.full:
                 break

@@ -69,6 +69,10 @@ def test_a_rendering_stops_where_the_keys_stop_reading() -> None:
         {"messages": [{"role": "user", "content": parts}]},
         {"messages": [{"role": "user", "content": f"m{i}"} for i in range(100_000)]},
     ]
+    tools = {"tools": [{"n": i} for i in range(100_000)], "messages": []}
+    assert request_text(tools, hasher.max_chars) == request_text(
+        {**tools, "tools": tools["tools"][:64]}
+    )
     for body in tiny:
         whole, cut = request_text(body), request_text(body, hasher.max_chars)
         assert whole.startswith(cut) and 0 < len(cut) <= 4096
