@@ -461,3 +461,9 @@ def test_a_bodys_digest_walks_a_bounded_number_of_values(monkeypatch):
     )
     huge = {"messages": [{"role": "user", "content": "hi", "meta": [{"b": 1}] * 1_000_000}]}
     assert sessions.digest_body(huge)["messages"][0]["meta"]  # digested by its length
+    # each top-level field walks on its own budget, and values are delimited
+    tools = [{"name": "t"}]
+    big = sessions.digest_body({"messages": [first] * 40, "tools": tools})
+    assert big["tools"] == sessions.digest_body({"messages": [], "tools": tools})["tools"]
+    one, other = (sessions.digest_body({"messages": [], "tools": t}) for t in ([1, 23], [12, 3]))
+    assert one["tools"] != other["tools"]

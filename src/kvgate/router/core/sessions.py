@@ -17,8 +17,8 @@ dropped first; a turn is counted as its session id, 8 bytes per block and ~120 b
 digested field; a turn over an eighth of the budget is not kept), each forgotten `ttl` seconds
 after its last turn. Session ids are short: the classifier replaces long ones by a digest.
 
-Time is bounded too: a body's digest walks at most `MAX_DIGEST_NODES` values (text is hashed as
-it is), and one of `DIGEST_IN_THREAD_BYTES` or more is digested in a worker thread, the event
+Time is bounded too: a body's digest walks at most `MAX_DIGEST_NODES` values a top-level field
+(text is hashed as it is), and one of `DIGEST_IN_THREAD_BYTES` or more is digested in a worker thread, the event
 loop serving other requests meanwhile.
 """
 
@@ -103,13 +103,13 @@ def _common_blocks(a: bytes, b: bytes) -> int:
 
 
 MAX_DIGEST_NODES = 1 << 16
-"""Values (messages, fields, list items, dict entries) one body's digest walks: past it a list
-or an object is digested by its length only. A body of 1M tiny objects in one made-up field
+"""Values (messages, fields, list items, dict entries) the digest of one top-level field of a
+body walks: past it a list or an object is digested by its length only. A body of 1M tiny objects in one made-up field
 took 0.5 s to digest, in one call that held the GIL (threads do not help)."""
 
 
 class _Digester:
-    """Digests of one body's fields, walking at most `MAX_DIGEST_NODES` values in all. Text is
+    """Digests of one top-level field, walking at most `MAX_DIGEST_NODES` values in all. Text is
     hashed as it is (in C, which lets other threads run for long text); structure is walked in
     Python a value at a time, keys sorted, Anthropic's `cache_control` markers left out."""
 
@@ -136,7 +136,9 @@ class _Digester:
                 if self._walks(len(item)):
                     stack.extend(reversed(item))
             else:
-                digest.update(repr(item).encode())
+                text = repr(item).encode()
+                digest.update(b"v%d:" % len(text))
+                digest.update(text)
         return digest.hexdigest()
 
     def items(self, items: list[Any]) -> list[Any]:
@@ -161,25 +163,27 @@ class _Digester:
 
 
 def digest_body(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What prefix-break location needs of a body, in a few bytes per field."""
-    digester = _Digester()
+    """What prefix-break location needs of a body, in a few bytes per field. Each top-level
+    field has its own budget of values: a field digested by its length on one turn, because
+    another used the budget up, would pass for the field that changed."""
     out: dict[str, Any] = {}
     messages = body.get("messages")
     if isinstance(messages, list):
-        out["messages"] = digester.items(messages)
+        out["messages"] = _Digester().items(messages)
         for name in ("tools", "chat_template", "documents", "chat_template_kwargs"):
             if name in body:
-                out[name] = digester.field(body[name])
+                out[name] = _Digester().field(body[name])
         if "system" in body:  # Anthropic's, as the keys read it (no Claude Code billing header)
-            out["system"] = digester.field(system_text(body))
+            out["system"] = _Digester().field(system_text(body))
     elif "input" in body and not isinstance(body.get("prompt"), (str, list)):  # Responses
         items = body["input"]
+        digester = _Digester()
         out["input"] = digester.items(items) if isinstance(items, list) else digester.field(items)
         for name in ("tools", "instructions"):
             if name in body:
-                out[name] = digester.field(body[name])
+                out[name] = _Digester().field(body[name])
     elif "prompt" in body:
-        out["prompt"] = digester.field(body["prompt"])
+        out["prompt"] = _Digester().field(body["prompt"])
     return out
 
 
