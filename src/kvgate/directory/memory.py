@@ -24,7 +24,7 @@ Bounds. At most `max_blocks_per_pod` exact entries per pod (the oldest-inserted 
 `max_approximate_per_pod` approximate ones (the least recently written go first; a write of
 more keys keeps its first ones, the head a lookup starts from). Expired approximate entries are
 collected lazily on lookup (`COLLECT_PER_LOOKUP` a lookup, over all pods) and on writes to the
-pod, from the oldest written; one written with a shorter time to live than an older one is
+pod (as many), from the oldest written; one written with a shorter time to live than an older one is
 collected when it reaches the front, and never counts once expired (a lookup checks the held
 keys of a pod whose expired entries are not all collected yet). A write of many approximate keys (a long prompt's routing history) yields
 to the event loop every `HISTORY_CHUNK_KEYS` keys: at the cap, 65,536 keys written at once held
@@ -63,8 +63,9 @@ from kvgate.prefix import BlockKey
 
 _CLEANUP_CHUNK = 8192
 COLLECT_PER_LOOKUP = 8192
-"""Expired approximate entries one lookup collects, over all pods (~4 ms): after an idle
-longer than the TTL, collecting every pod's at once held the loop 0.41 s (8 pods of 100k)."""
+"""Expired approximate entries one lookup (over all pods) or one write collects (~4 ms): after
+an idle longer than the TTL, collecting every pod's at once held the loop 0.41 s (8 pods of
+100k), and a write to a pod of 100k 41 ms."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -348,7 +349,7 @@ class MemoryBlockIndex:
 
     def _write_approximate(self, state: _Pod, keys: Sequence[BlockKey], ttl: float) -> None:
         now = self._clock()
-        self._collect_expired(state, now)
+        self._collect_expired(state, now, COLLECT_PER_LOOKUP)  # the cap below drops the rest
         expiry = now + ttl
         bit = state.bit
         masks = self._masks
@@ -478,18 +479,17 @@ class MemoryBlockIndex:
             if key not in state.approx:
                 self._drop_bit(key, state.bit)
 
-    def _collect_expired(self, state: _Pod, now: float, budget: int | None = None) -> int:
-        """Drop up to `budget` (None: every) expired entries, oldest first; the budget left."""
+    def _collect_expired(self, state: _Pod, now: float, budget: int) -> int:
+        """Drop up to `budget` expired entries, oldest first; the budget left."""
         approx = state.approx
-        left = -1 if budget is None else budget
-        while approx and left:
+        while approx and budget:
             key, expiry = next(iter(approx.items()))
             if expiry > now:
                 break
             del approx[key]
             self._drop_bit(key, state.bit)  # never exact too: an exact entry replaces it
-            left -= 1
-        return max(left, 0)
+            budget -= 1
+        return budget
 
 
 def _has_expired(state: _Pod, now: float) -> bool:
