@@ -15,7 +15,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics import MetricWrapperBase
 
 MAX_LEFT_ENDPOINTS = 4096
-"""Pods that left whose series are refused (answers still in flight when they left)."""
+"""Pods whose series were removed and whose new ones are refused (answers that outlived the
+grace below)."""
+SERIES_GRACE_SECONDS = 600.0
+"""How long a pod's series outlive it: its answers in flight when it left are still counted,
+and a pod that comes back meanwhile keeps its series (an in-flight gauge stays right)."""
 
 _LATENCY_BUCKETS = (
     0.00005,
@@ -42,6 +46,7 @@ class RouterMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
+        self._leaving: OrderedDict[str, float] = OrderedDict()  # endpoint -> when it left
         self._left: OrderedDict[str, None] = OrderedDict()  # endpoints gone, oldest first
         r = self.registry
         self.requests = Counter(
@@ -290,15 +295,29 @@ class RouterMetrics:
     def init_endpoint(self, pool: str, endpoint: str) -> None:
         """Create an endpoint's counters at 0 when it joins: Prometheus' rate() cannot see the
         first increment of a series that appears with a value already above 0."""
+        self._leaving.pop(endpoint, None)
         self._left.pop(endpoint, None)
         for metric in (self.cached_tokens, self.prompt_tokens, self.predicted_hit_tokens):
             self.child(metric, pool, endpoint)
         self.child(self.inflight, pool, endpoint)
 
-    def forget_endpoint(self, endpoint: str) -> None:
-        """Remove every series of a pod that left, and make none for it until it joins again
-        (an answer or a scrape still in flight): a rollout of two pods left ~16 series behind
-        for good, 3,184 after 200 rollouts."""
+    def endpoint_left(self, endpoint: str, now: float) -> None:
+        """`endpoint` left the pools: its series go `SERIES_GRACE_SECONDS` later (`sweep`)."""
+        self._leaving[endpoint] = now
+        self._leaving.move_to_end(endpoint)
+
+    def sweep(self, now: float) -> None:
+        """Remove the series of the pods that left `SERIES_GRACE_SECONDS` ago or more: a
+        rollout of two pods left ~16 series behind for good, 3,184 after 200 rollouts."""
+        while self._leaving:
+            endpoint, left_at = next(iter(self._leaving.items()))
+            if now - left_at < SERIES_GRACE_SECONDS:
+                return
+            del self._leaving[endpoint]
+            self._forget_endpoint(endpoint)
+
+    def _forget_endpoint(self, endpoint: str) -> None:
+        """Remove every series of `endpoint`, and make none for it until it joins again."""
         self._left[endpoint] = None
         while len(self._left) > MAX_LEFT_ENDPOINTS:
             self._left.popitem(last=False)

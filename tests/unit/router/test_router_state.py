@@ -96,18 +96,21 @@ async def test_a_large_turn_is_digested_off_the_event_loop(router_app, monkeypat
 
 
 async def test_a_pod_that_left_leaves_no_series_behind(router_app):
-    """Every per-pod series goes with its pod, and an answer still in flight when it left
-    makes none again (a rollout of two pods left ~16 series for good); the pod's id is
-    counted again once it joins again."""
+    """A pod's series outlive it by a grace period (its answers in flight are still counted),
+    then go, and an answer that outlived the grace makes none again (a rollout of two pods
+    left ~16 series for good); the pod's id is counted again once it joins again."""
+    from kvgate.router.metrics import SERIES_GRACE_SECONDS
+
     client, runtime = await router_app(make_config(2), FakePods())
     for i in range(4):
         body = {"model": "m", "messages": [{"role": "user", "content": f"q{i} " * 50}]}
         assert (await client.post("/v1/chat/completions", json=body)).status_code == 200
-    assert 'endpoint="pod0:8000"' in (await client.get("/metrics")).text
     pool = "default/p"
     specs = [ep.spec for ep in runtime.endpoints.in_pool(pool)]
     await runtime.endpoints.replace_pool(pool, [s for s in specs if s.id != "pod0:8000"])
+    assert 'endpoint="pod0:8000"' in (await client.get("/metrics")).text  # the grace
     metrics = runtime.metrics
+    metrics.sweep(runtime.core.clock() + SERIES_GRACE_SECONDS)
     metrics.child(metrics.requests, pool, "pod0:8000", "online", "prefix-hit", "200").inc()
     text = (await client.get("/metrics")).text
     assert 'endpoint="pod0:8000"' not in text and 'endpoint="pod1:8000"' in text

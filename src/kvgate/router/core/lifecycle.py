@@ -499,13 +499,14 @@ class RoutingCore:
             self.router.history.forget(ep.id)
             self.accounting.forget(ep.id)
             self.peers.forget(ep.id)
-            self.metrics.forget_endpoint(ep.id)
+            self.metrics.endpoint_left(ep.id, now)
         joining = {ep.id for ep in added}
         for ep in added:
             self.metrics.init_endpoint(ep.pool, ep.id)
             # Pods that were there before (not joining with it) are what it is warmed against.
             others = [m for m in self.endpoints.in_pool(ep.pool) if m.id not in joining]
             self.warmup.joined(ep, others, now)
+        self.metrics.sweep(now)
         self.flow.pump()
 
     def pool_removed(self, pool: str) -> None:
