@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from kubernetes_asyncio.client import Configuration
+from kubernetes_asyncio.config import kube_config
 
 from kvgate.api.router_config import RouterConfig
 from kvgate.discovery import kubernetes
@@ -75,8 +77,10 @@ async def test_a_silent_watch_is_ended_and_the_slices_listed_again(
         "users: [{name: u, user: {token: t}}]\n"
         "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
     )
-    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    # read at its import: set where an earlier test imported the client already
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    previous = Configuration.get_default_copy()  # loading the kubeconfig replaces it
     config = RouterConfig.model_validate(
         {"pools": [{"name": "p", "model": "m", "endpoints": {"kubernetes": {"service": "vllm"}}}]}
     )
@@ -100,3 +104,4 @@ async def test_a_silent_watch_is_ended_and_the_slices_listed_again(
         await discovery.stop()
         done.set()
         await runner.cleanup()
+        Configuration.set_default(previous)
