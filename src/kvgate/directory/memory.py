@@ -443,6 +443,11 @@ class MemoryBlockIndex:
         """Erase a detached pod state (`_erase_now`) in a task of its own: a caller cancelled
         meanwhile (a subscription stopped) leaves it to finish. Cancelled halfway, its slot was
         never freed and its keys stayed in the forward index for good."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # driven without an event loop (the discrete-event bench)
+            await self._erase_now(state)
+            return
         task = asyncio.ensure_future(self._erase_now(state))
         self._erasing.add(task)
         task.add_done_callback(self._erasing.discard)
