@@ -35,7 +35,9 @@ QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
     r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
-PERCENT_PATTERN = r"^[0-9]+%$"
+PERCENT_PATTERN = r"^(100|[1-9]?[0-9])%$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+INT32_MAX = 2**31 - 1
 
 
 def _matching(pattern: str, what: str) -> AfterValidator:
@@ -62,12 +64,35 @@ Quantity = Annotated[
 ]
 """A Kubernetes resource quantity (``4``, ``"500m"``, ``"16Gi"``)."""
 
+
+def _count_or_percent(value: int | str) -> int | str:
+    if isinstance(value, str) and not re.match(PERCENT_PATTERN, value):
+        raise ValueError(f"{value!r} is not a percentage from 0% to 100%")
+    if isinstance(value, int) and not 0 <= value <= INT32_MAX:
+        raise ValueError(f"{value} is not a count from 0 to {INT32_MAX}")
+    return value
+
+
 IntOrPercent = Annotated[
     int | str,
-    _matching(PERCENT_PATTERN, "a count or a percentage such as 25%"),
-    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": PERCENT_PATTERN}),
+    AfterValidator(_count_or_percent),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "pattern": PERCENT_PATTERN,  # strings only
+            "minimum": 0,  # integers only
+            "maximum": INT32_MAX,
+        }
+    ),
 ]
-"""A count or a percentage (``1``, ``"25%"``), as in a PodDisruptionBudget."""
+"""A count or a percentage (``1``, ``"25%"``), as in a PodDisruptionBudget: the API server
+refuses a negative count or a percentage over 100%, and with it every later change of the
+pool's children (they are applied in order)."""
+
+ObjectName = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+"""The name of an object in the resource's namespace (a Secret, a ConfigMap): a DNS subdomain,
+so that it names nothing else when put in an API path (``../../kube-system/secrets/x`` read
+another namespace's Secret with the operator's rights)."""
 
 FreeForm = Annotated[
     dict[str, Any],
@@ -173,7 +198,7 @@ class EnvVar(ApiModel):
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the resource's namespace."""
 
-    name: str = Field(min_length=1, description="Secret name (same namespace).")
+    name: ObjectName = Field(description="Secret name (same namespace).")
     key: str = Field(min_length=1, description="Key within the Secret.")
 
 
@@ -192,8 +217,8 @@ class DataKeyRef(ApiModel):
         }
     )
 
-    secret: str | None = Field(default=None, min_length=1, description="Secret name.")
-    config_map: str | None = Field(default=None, min_length=1, description="ConfigMap name.")
+    secret: ObjectName | None = Field(default=None, description="Secret name.")
+    config_map: ObjectName | None = Field(default=None, description="ConfigMap name.")
     key: str = Field(min_length=1, description="Key within it.")
 
     @model_validator(mode="after")
@@ -218,7 +243,9 @@ class PodTemplateOverrides(ApiModel):
     tolerations: list[Toleration] = Field(
         default_factory=list, description="Taints the pods tolerate."
     )
-    priority_class_name: str | None = Field(default=None, description="PriorityClass of the pods.")
-    service_account_name: str | None = Field(
+    priority_class_name: ObjectName | None = Field(
+        default=None, description="PriorityClass of the pods."
+    )
+    service_account_name: ObjectName | None = Field(
         default=None, description="ServiceAccount the pods run as."
     )

@@ -21,9 +21,11 @@ from typing import Annotated, Final, Literal
 from pydantic import ConfigDict, Field, WithJsonSchema
 
 from kvgate.api.base import (
+    INT32_MAX,
     ApiModel,
     Condition,
     DataKeyRef,
+    ObjectName,
     PodTemplateOverrides,
     ResourceRequirements,
     SecretKeyRef,
@@ -75,9 +77,7 @@ class GatewayPoolRef(ApiModel):
     kind: Annotated[
         Literal["InferencePool"], WithJsonSchema({"type": "string", "enum": ["InferencePool"]})
     ] = Field(default="InferencePool", description="Kind of the referenced pool.")
-    name: str = Field(
-        min_length=1,
-        max_length=253,
+    name: ObjectName = Field(
         description="Name of the InferencePool (inference.networking.k8s.io/v1).",
     )
     model: str = Field(
@@ -128,7 +128,7 @@ DirectorySpec = DirectorySettings[SecretKeyRef, DataKeyRef]
 class RouterSpec(ApiModel):
     """The router Deployment."""
 
-    replicas: int = Field(default=1, ge=0, description="Router pods.")
+    replicas: int = Field(default=1, ge=0, le=INT32_MAX, description="Router pods.")
     image: str | None = Field(
         default=None, description="Router image; default: the operator's --router-image."
     )

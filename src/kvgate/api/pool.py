@@ -14,11 +14,13 @@ from enum import StrEnum
 from pydantic import ConfigDict, Field
 
 from kvgate.api.base import (
+    INT32_MAX,
     ApiModel,
     Condition,
     EnvVar,
     IntOrPercent,
     JsonDict,
+    ObjectName,
     PodTemplateOverrides,
     ResourceRequirements,
     cel,
@@ -181,7 +183,7 @@ class TokenizerSource(ApiModel):
         description="Directory inside the router image holding tokenizer.json (and a chat "
         "template).",
     )
-    config_map: str | None = Field(
+    config_map: ObjectName | None = Field(
         default=None,
         description="ConfigMap holding tokenizer.json (and a chat template), mounted into the "
         "router.",
@@ -255,7 +257,7 @@ class InferencePoolSpec(ApiModel):
         default=None,
         description="Name clients put in the request's `model` field; defaults to `model`.",
     )
-    replicas: int = Field(default=1, ge=0, description="Number of engine pods.")
+    replicas: int = Field(default=1, ge=0, le=INT32_MAX, description="Number of engine pods.")
     pool_class: PoolClass = Field(
         default=PoolClass.ONLINE,
         description="Pool class: online (latency-sensitive) or batch (throughput; batch requests "

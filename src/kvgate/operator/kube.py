@@ -15,6 +15,7 @@ import json
 import logging
 from datetime import UTC, datetime
 from typing import Any, Protocol
+from urllib.parse import quote
 
 from kvgate.api.base import GROUP_VERSION, JsonDict
 from kvgate.operator.render.common import FIELD_MANAGER
@@ -85,8 +86,9 @@ def resource_path(
     base = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
     if namespace is None:
         return f"{base}/{plural}"
-    path = f"{base}/namespaces/{namespace}/{plural}"
-    return f"{path}/{name}" if name else path
+    # Quoted whole: a name taken from a resource's spec never reaches another path.
+    path = f"{base}/namespaces/{quote(namespace, safe='')}/{plural}"
+    return f"{path}/{quote(name, safe='')}" if name else path
 
 
 def _message(exc: Exception) -> tuple[int, str]:

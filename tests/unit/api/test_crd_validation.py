@@ -296,6 +296,8 @@ def test_defaults_pass_their_own_rules_as_written(name: str) -> None:
     [
         {"maxUnavailable": "lots"},
         {"maxUnavailable": "25"},
+        {"maxUnavailable": "150%"},  # the API server refuses such a PDB, and every later apply
+        {"maxUnavailable": -1},
         {"resources": {"requests": {"cpu": "lots"}}},
         {"resources": {"limits": {"memory": "16 GB"}}},
     ],
@@ -305,6 +307,7 @@ def test_malformed_quantities_are_rejected(spec: Json) -> None:
         InferencePoolSpec.model_validate({"model": "m", **spec})
     schema = _spec_schema(POOL)
     assert "pattern" in schema["properties"]["maxUnavailable"]
+    assert schema["properties"]["maxUnavailable"]["minimum"] == 0
     assert (
         "pattern"
         in schema["properties"]["resources"]["properties"]["requests"]["additionalProperties"]
@@ -336,3 +339,21 @@ def test_flow_control_waits_must_fit_the_longest_deadline() -> None:
             RoutingPolicySpec.model_validate({"pools": ["p"], "flowControl": flow})
     fine = {"onlineMaxWaitSeconds": 5.0, "batchMaxWaitSeconds": 40.0, "maxDeadlineSeconds": 40.0}
     assert _check(POLICY, {"pools": ["p"], "flowControl": fine}) == []
+
+
+@pytest.mark.parametrize("name", ["../../kube-system/secrets/victim", "a/b", "UPPER", "x" * 254])
+def test_object_names_a_spec_refers_to_are_dns_subdomains(name: str) -> None:
+    """A Secret name of `../../kube-system/secrets/victim` made the operator read another
+    namespace's Secret with its own rights (the path was not quoted, and `..` collapsed)."""
+    from kvgate.operator.kube import resource_path
+
+    policy = {"pools": [{"name": "p"}], "directory": {"backend": "redis",
+              "redis": {"url": "redis://r:6379", "password": {"name": name, "key": "k"}}}}  # fmt: skip
+    with pytest.raises(ValidationError):
+        RoutingPolicySpec.model_validate(policy)
+    with pytest.raises(ValidationError):
+        InferencePoolSpec.model_validate({"model": "m", "tokenizer": {"configMap": name}})
+    schema = _spec_schema(POOL)
+    assert "pattern" in schema["properties"]["tokenizer"]["properties"]["configMap"]
+    path = resource_path("v1", "Secret", "attacker", name)
+    assert path.startswith("/api/v1/namespaces/attacker/secrets/") and path.count("/") == 6
