@@ -145,6 +145,19 @@ def test_schema_bounds_and_required_fields_are_enforced(
         "apply", "-n", namespace, "-f", "-", input=pool({"model": "m", "replicas": -1}), check=False
     )
     assert negative.returncode != 0 and "spec.replicas" in negative.stderr
+    # the API server would refuse the PodDisruptionBudget, and with it every later apply
+    for bad in (-1, "150%"):
+        spec = pool({"model": "m", "maxUnavailable": bad})
+        refused = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=spec, check=False)
+        assert refused.returncode != 0 and "spec.maxUnavailable" in refused.stderr
+    # another namespace's Secret, by a path in its name
+    stolen = {
+        "url": "redis://r:6379",
+        "password": {"name": "../../kube-system/secrets/x", "key": "k"},
+    }
+    sneaky = policy({"pools": ["p"], "directory": {"redis": stolen}})
+    refused = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=sneaky, check=False)
+    assert refused.returncode != 0 and "spec.directory.redis.password.name" in refused.stderr
     missing = cluster.kubectl("apply", "-n", namespace, "-f", "-", input=pool({}), check=False)
     assert missing.returncode != 0 and "spec.model: Required value" in missing.stderr
     not_redis = policy({"pools": ["p"], "directory": {"redis": {"url": "http://r:6379/0"}}})
