@@ -169,13 +169,19 @@ class Reconciler:
 
     # -- pools ---------------------------------------------------------------------------------
 
-    async def reconcile_pool(self, body: JsonDict, *, cascade: bool = True) -> JsonDict | None:
-        """Apply a pool's children and write its status; returns the status written."""
+    async def reconcile_pool(
+        self, body: JsonDict, *, cascade: bool = True, reread: bool = False
+    ) -> JsonDict | None:
+        """Apply a pool's children and write its status; returns the status written.
+        `reread`: `body` may be old (a list the resync took a while ago), read it again."""
         owner = Owner.from_body(body)
         if _meta(body).get("deletionTimestamp"):
             return None
         async with self._lock(owner.kind, owner.namespace, owner.name):
-            status = await self._reconcile_pool(body, owner)
+            current = await self._current(owner) if reread else body
+            if current is None:
+                return None
+            status = await self._reconcile_pool(current, owner)
         if cascade:
             await self.reconcile_policies_of_pool(owner.namespace, owner.name)
         return status
@@ -307,13 +313,36 @@ class Reconciler:
         for policy in policies:
             await self.reconcile_policy(policy)
 
-    async def reconcile_policy(self, body: JsonDict) -> JsonDict | None:
-        """Render the router config from the selected pools, apply the router's children."""
+    async def reconcile_policy(self, body: JsonDict, *, reread: bool = False) -> JsonDict | None:
+        """Render the router config from the selected pools, apply the router's children.
+        `reread`: as for `reconcile_pool`."""
         owner = Owner.from_body(body)
         if _meta(body).get("deletionTimestamp"):
             return None
         async with self._lock(owner.kind, owner.namespace, owner.name):
-            return await self._reconcile_policy(body, owner)
+            current = await self._current(owner) if reread else body
+            if current is None:
+                return None
+            return await self._reconcile_policy(current, owner)
+
+    async def _current(self, owner: Owner) -> JsonDict | None:
+        """`owner` as the API server has it now; None once it is being deleted, or replaced by
+        an object of the same name (its own handler reconciles that one). Applying a list
+        taken earlier undid newer changes (a scale from 4 back to 2), and after a delete and
+        re-create gave the new pool's children the old owner, whose deletion then took them."""
+        body = await self._get(GROUP_VERSION, owner.kind, owner.namespace, owner.name)
+        if body is None or _meta(body).get("deletionTimestamp"):
+            return None
+        return body if str(_meta(body).get("uid", "")) == owner.uid else None
+
+    def forget_others(self, present: set[tuple[str, str, str]]) -> None:
+        """Drop what is kept per resource for those not in `present` (kind, namespace, name):
+        a policy has no delete handler, and each kept its last problem for good."""
+        for kept in (self._problems, self._advised):
+            for key in [k for k in kept if k not in present]:
+                del kept[key]
+        for key in [k for k, lock in self._locks.items() if k not in present and not lock.locked()]:
+            del self._locks[key]
 
     async def _selected_pools(
         self, owner: Owner, spec: RoutingPolicySpec

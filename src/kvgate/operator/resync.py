@@ -26,25 +26,32 @@ async def resync_all(reconciler: Reconciler) -> int:
     """Reconcile every pool and policy in the watched namespaces; returns how many."""
     scopes: list[str | None] = list(reconciler.settings.namespaces) or [None]
     done = 0
+    present: set[tuple[str, str, str]] = set()
+    listed = True
     for kind in (POOL_KIND, POLICY_KIND):
         for scope in scopes:
             try:
                 items = await reconciler.kube.list(GROUP_VERSION, kind, scope)
             except KubeError as exc:
                 log.warning("resync: cannot list %s in %s: %s", kind, scope or "*", exc.message)
+                listed = False
                 continue
             for item in items:
-                try:
+                meta = item.get("metadata") or {}
+                present.add((kind, str(meta.get("namespace") or "default"), str(meta.get("name"))))
+                try:  # read again in turn: the list is old by the time an item's turn comes
                     if kind == POOL_KIND:
-                        await reconciler.reconcile_pool(item, cascade=False)
+                        await reconciler.reconcile_pool(item, cascade=False, reread=True)
                     else:
-                        await reconciler.reconcile_policy(item)
+                        await reconciler.reconcile_policy(item, reread=True)
                 except asyncio.CancelledError:
                     raise
                 except Exception:  # one broken object must not stop the others
                     name = (item.get("metadata") or {}).get("name")
                     log.exception("resync of %s %s failed", kind, name)
                 done += 1
+    if listed:
+        reconciler.forget_others(present)
     return done
 
 

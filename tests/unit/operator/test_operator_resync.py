@@ -103,3 +103,46 @@ async def test_resync_forever_repeats_until_cancelled(kube: FakeKube, events: Ev
     with pytest.raises(asyncio.CancelledError):
         await task
     assert kube.find("Deployment", "a", "ns1") is not None
+
+
+async def test_the_resync_reads_each_object_again_in_its_turn(
+    kube: FakeKube, events: Events
+) -> None:
+    """The resync walks a list taken at its start: applying an object as listed undid a newer
+    change (a scale from 4 back to 2), and after a delete and re-create gave the new pool's
+    children the old owner, whose deletion took them."""
+    put_pool(kube, "a", "ns1", replicas=2)
+    put_pool(kube, "b", "ns1", replicas=2)
+    rec = reconciler(kube, events)
+    original = rec.reconcile_pool
+    changes = [True]
+
+    async def meanwhile(body: Any, **kwargs: Any) -> Any:
+        if body["metadata"]["name"] == "a" and changes.pop():  # b changes while a's turn
+            changes.append(False)
+            kube.find("InferencePool", "b", "ns1")["spec"]["replicas"] = 4  # type: ignore[index]
+            del kube.objects[(GROUP_VERSION, "InferencePool", "ns1", "b")]
+            put_pool(kube, "b", "ns1", replicas=4)  # deleted and made again: a new uid
+        return await original(body, **kwargs)
+
+    rec.reconcile_pool = meanwhile  # type: ignore[method-assign]
+    await resync_all(rec)
+    assert kube.find("Deployment", "b", "ns1") is None  # the old b's turn: nothing applied
+    await resync_all(rec)
+    deployment = kube.find("Deployment", "b", "ns1")
+    new_uid = kube.find("InferencePool", "b", "ns1")["metadata"]["uid"]  # type: ignore[index]
+    assert deployment["spec"]["replicas"] == 4  # type: ignore[index]
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == new_uid  # type: ignore[index]
+
+
+async def test_what_is_kept_per_resource_goes_with_it(kube: FakeKube, events: Events) -> None:
+    """Policies have no delete handler: their locks and last problems were kept for good."""
+    put_pool(kube, "a", "ns1")
+    put_policy(kube, "r", "ns1", "missing")  # a problem to remember
+    rec = reconciler(kube, events)
+    await resync_all(rec)
+    assert ("RoutingPolicy", "ns1", "r") in rec._problems
+    del kube.objects[(GROUP_VERSION, "RoutingPolicy", "ns1", "r")]
+    await resync_all(rec)
+    assert ("RoutingPolicy", "ns1", "r") not in rec._problems
+    assert ("RoutingPolicy", "ns1", "r") not in rec._locks
