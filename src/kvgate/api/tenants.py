@@ -22,7 +22,9 @@ class TenantSettings(ConfigModel, Generic[SecretT]):
 
     name: str = Field(min_length=1, max_length=63, description="Tenant name.")
     api_keys: list[SecretT] = Field(
-        default_factory=list, description="This tenant's API keys (secrets)."
+        default_factory=list,
+        max_length=16,
+        description="This tenant's API keys (secrets); at most 16 (enough to rotate them).",
     )
     cache_salt: SecretT | None = Field(
         default=None,

@@ -106,3 +106,29 @@ def test_nothing_progresses_while_a_problem_blocks_the_deployment() -> None:
     conds = by_type(status_of(Rollout.from_deployment(None, 1), problem=problem))
     assert (conds["Progressing"]["status"], conds["Progressing"]["reason"]) == ("False", "NoPools")
     assert conds["Degraded"]["status"] == "True"
+
+
+def test_a_problem_message_is_cut_short() -> None:
+    """A problem naming every missing Secret of thousands of API keys made a 1 MB status
+    patch, which the API server refused."""
+    from kvgate.operator.status import MAX_PROBLEM_CHARS, Problem
+
+    problem = Problem("MissingReference", "Secret key-x not found; " * 10_000)
+    assert len(problem.message) <= MAX_PROBLEM_CHARS
+    assert problem.message.endswith("(240000 characters)")
+    assert Problem("Short", "fix it").message == "fix it"
+
+
+def test_a_tenant_has_at_most_16_api_keys() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from kvgate.api.policy import RoutingPolicySpec
+
+    keys = [{"name": f"k{i}", "key": "v"} for i in range(17)]
+    tenants = {"items": [{"name": "t", "apiKeys": keys}]}
+    with pytest.raises(ValidationError):
+        RoutingPolicySpec.model_validate({"pools": ["p"], "tenants": tenants})
+    RoutingPolicySpec.model_validate(
+        {"pools": ["p"], "tenants": {"items": [{"name": "t", "apiKeys": keys[:16]}]}}
+    )
