@@ -145,11 +145,39 @@ class Reconciler:
         applied: dict[str, JsonDict] = {}
         for child in children:
             kind, name = child["kind"], child["metadata"]["name"]
+            holder = await self._other_owner(child)
+            if holder is not None:
+                message = f"{kind} {name} belongs to {holder}: rename one of the two"
+                return applied, Problem("NameTaken", message)
             try:
                 applied[kind] = await self.kube.apply(child)
             except KubeError as exc:
                 return applied, Problem("ApplyFailed", f"cannot apply {kind} {name}: {exc.message}")
         return applied, None
+
+    async def _other_owner(self, child: JsonDict) -> str | None:
+        """The kind and name of another resource that controls the object `child` would
+        replace (a pool `foo-router` and a policy `foo` both make a `foo-router`: forced, each
+        apply took the other's Service and Deployment over), else None. The same resource
+        made again (another uid) takes its old children over."""
+        meta = child["metadata"]
+        existing = await self._get(
+            child["apiVersion"], child["kind"], meta["namespace"], meta["name"]
+        )
+        if existing is None:
+            return None
+        mine, theirs = _controller(child), _controller(existing)
+        if (
+            mine is None
+            or theirs is None
+            or (theirs.get("kind"), theirs.get("name"))
+            == (
+                mine.get("kind"),
+                mine.get("name"),
+            )
+        ):
+            return None
+        return f"{theirs.get('kind')} {theirs.get('name')}"
 
     async def _get(self, api_version: str, kind: str, namespace: str, name: str) -> JsonDict | None:
         try:
@@ -506,3 +534,9 @@ def owner_kind(child: dict[str, Any]) -> str | None:
         if ref.get("controller") and ref.get("apiVersion") == GROUP_VERSION:
             return str(ref.get("kind"))
     return None
+
+
+def _controller(obj: JsonDict) -> JsonDict | None:
+    """The ownerReference of `obj` that controls it, if any."""
+    refs = _meta(obj).get("ownerReferences") or []
+    return next((ref for ref in refs if ref.get("controller")), None)

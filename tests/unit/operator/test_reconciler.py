@@ -129,6 +129,32 @@ async def test_children_of_foreign_owners_are_ignored(kube: FakeKube, events: Ev
     assert kube.applied == []
 
 
+async def test_a_child_name_another_resource_holds_is_not_taken_over(
+    kube: FakeKube, events: Events
+) -> None:
+    """A pool `front-router` and a policy `front` both make a Deployment and a Service
+    `front-router`: forced, each apply took the other's over (the router's Service then sent
+    clients to the engines, past the router's API keys)."""
+    rec = make(kube, events)
+    kube.put(pool())
+    engines = kube.put(pool("front-router"))
+    await rec.reconcile_pool(engines, cascade=False)
+    router = kube.put(policy())
+    status = await rec.reconcile_policy(router)
+    deployment = kube.find("Deployment", "front-router")
+    assert deployment["metadata"]["ownerReferences"][0]["kind"] == "InferencePool"  # type: ignore[index]
+    degraded = condition(status, "Degraded")  # type: ignore[arg-type]
+    assert degraded["reason"] == "NameTaken" and "InferencePool front-router" in degraded["message"]
+    # the same resource made again (a new uid) takes its children over
+    del kube.objects[(GROUP_VERSION, "InferencePool", "default", "front-router")]
+    again = kube.put(pool("front-router"))
+    assert (
+        condition(await rec.reconcile_pool(again, cascade=False), "Degraded")["status"] == "False"
+    )  # type: ignore[arg-type]
+    owner = kube.find("Deployment", "front-router")["metadata"]["ownerReferences"][0]  # type: ignore[index]
+    assert owner["uid"] == again["metadata"]["uid"]
+
+
 async def test_invalid_spec_becomes_degraded_with_an_event(kube: FakeKube, events: Events) -> None:
     rec = make(kube, events)
     body = kube.put(pool(replicas=-1, engine={"blockSize": 12}))
