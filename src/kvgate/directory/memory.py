@@ -440,18 +440,16 @@ class MemoryBlockIndex:
         await self._erase(old)
 
     async def _erase(self, state: _Pod) -> None:
-        """Erase a detached pod state (`_erase_now`) in a task of its own: a caller cancelled
-        meanwhile (a subscription stopped) leaves it to finish. Cancelled halfway, its slot was
-        never freed and its keys stayed in the forward index for good."""
+        """Erase a detached pod state (`_erase_now`); a caller cancelled meanwhile (a
+        subscription stopped) leaves it to finish in a task of its own. Cancelled halfway,
+        its slot was never freed and its keys stayed in the forward index for good."""
         try:
-            asyncio.get_running_loop()
-        except RuntimeError:  # driven without an event loop (the discrete-event bench)
             await self._erase_now(state)
-            return
-        task = asyncio.ensure_future(self._erase_now(state))
-        self._erasing.add(task)
-        task.add_done_callback(self._erasing.discard)
-        await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task = asyncio.ensure_future(self._erase_now(state))  # erasing twice is harmless
+            self._erasing.add(task)
+            task.add_done_callback(self._erasing.discard)
+            raise
 
     async def _erase_now(self, state: _Pod) -> None:
         """Remove a detached pod state's bit from the forward index, then free its slot."""

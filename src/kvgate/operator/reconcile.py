@@ -112,6 +112,7 @@ class Reconciler:
         self._locks: dict[tuple[str, str, str], asyncio.Lock] = {}
         self._problems: dict[tuple[str, str, str], Problem | None] = {}
         self._advised: dict[tuple[str, str, str], str | None] = {}
+        self._absent: set[tuple[str, str, str]] = set()  # missing from the last resync
 
     def _lock(self, kind: str, namespace: str, name: str) -> asyncio.Lock:
         return self._locks.setdefault((kind, namespace, name), asyncio.Lock())
@@ -167,15 +168,8 @@ class Reconciler:
         if existing is None:
             return None
         mine, theirs = _controller(child), _controller(existing)
-        if (
-            mine is None
-            or theirs is None
-            or (theirs.get("kind"), theirs.get("name"))
-            == (
-                mine.get("kind"),
-                mine.get("name"),
-            )
-        ):
+        fields = ("apiVersion", "kind", "name")
+        if mine is None or theirs is None or all(theirs.get(f) == mine.get(f) for f in fields):
             return None
         return f"{theirs.get('kind')} {theirs.get('name')}"
 
@@ -209,7 +203,7 @@ class Reconciler:
             current = await self._current(owner) if reread else body
             if current is None:
                 return None
-            status = await self._reconcile_pool(current, owner)
+            status = await self._reconcile_pool(current, Owner.from_body(current))
         if cascade:
             await self.reconcile_policies_of_pool(owner.namespace, owner.name)
         return status
@@ -226,7 +220,7 @@ class Reconciler:
             applied, problem = await self._apply_all(pool_children(owner, spec))
             deployment = applied.get("Deployment")
         if deployment is None:
-            deployment = await self._get("apps/v1", "Deployment", owner.namespace, owner.name)
+            deployment = await self._own_deployment(owner, owner.name)
         await self._report(body, owner, problem)
         desired = (
             spec.replicas
@@ -351,7 +345,7 @@ class Reconciler:
             current = await self._current(owner) if reread else body
             if current is None:
                 return None
-            return await self._reconcile_policy(current, owner)
+            return await self._reconcile_policy(current, Owner.from_body(current))
 
     async def _current(self, owner: Owner) -> JsonDict | None:
         """`owner` as the API server has it now; None once it is being deleted, or replaced by
@@ -364,13 +358,20 @@ class Reconciler:
         return body if str(_meta(body).get("uid", "")) == owner.uid else None
 
     def forget_others(self, present: set[tuple[str, str, str]]) -> None:
-        """Drop what is kept per resource for those not in `present` (kind, namespace, name):
-        a policy has no delete handler, and each kept its last problem for good."""
-        for kept in (self._problems, self._advised):
-            for key in [k for k in kept if k not in present]:
-                del kept[key]
-        for key in [k for k, lock in self._locks.items() if k not in present and not lock.locked()]:
-            del self._locks[key]
+        """Drop what is kept per resource for those missing from `present` (kind, namespace,
+        name) in two resyncs in a row: a policy has no delete handler, and each kept its last
+        problem for good. One absence is no proof: a resource made after the resync's list
+        may be reconciling, and a lock dropped between its holder and its next waiter would
+        let two reconciles of it run at once."""
+        known = set(self._locks) | set(self._problems) | set(self._advised)
+        gone = {key for key in known if key not in present}
+        for key in gone & self._absent:
+            self._problems.pop(key, None)
+            self._advised.pop(key, None)
+            lock = self._locks.get(key)
+            if lock is not None and not lock.locked():
+                del self._locks[key]
+        self._absent = gone - self._absent
 
     async def _selected_pools(
         self, owner: Owner, spec: RoutingPolicySpec
@@ -434,9 +435,17 @@ class Reconciler:
         """1 when the policy needs `kvgate indexer`; 0 to park one it no longer needs."""
         if needs_indexer(spec):
             return 1
-        name = indexer_name(owner.name)
-        existing = await self._get("apps/v1", "Deployment", owner.namespace, name)
+        existing = await self._own_deployment(owner, indexer_name(owner.name))
         return 0 if existing is not None else None
+
+    async def _own_deployment(self, owner: Owner, name: str) -> JsonDict | None:
+        """The Deployment `name` if `owner` controls it (another resource's of that name, a
+        `NameTaken`, is none of its own: its pods are not this resource's)."""
+        deployment = await self._get("apps/v1", "Deployment", owner.namespace, name)
+        ref = _controller(deployment) if deployment is not None else None
+        if ref is None or (ref.get("kind"), ref.get("name")) != (owner.kind, owner.name):
+            return None
+        return deployment
 
     async def _reconcile_policy(self, body: JsonDict, owner: Owner) -> JsonDict:
         problem: Problem | None = None
@@ -471,9 +480,7 @@ class Reconciler:
                 problem = apply_problem or problem
                 deployment = applied.get("Deployment")
         if deployment is None:
-            deployment = await self._get(
-                "apps/v1", "Deployment", owner.namespace, router_name(owner.name)
-            )
+            deployment = await self._own_deployment(owner, router_name(owner.name))
         await self._report(body, owner, problem)
         status = policy_status(
             rollout=Rollout.from_deployment(deployment, desired),

@@ -164,9 +164,9 @@ async def test_a_write_after_an_idle_collects_a_bounded_share_of_expired_history
     assert await index.lookup(chain(30)) == {}
 
 
-def test_a_clear_works_driven_without_an_event_loop() -> None:
-    """The discrete-event bench drives the router's coroutines by hand, with no event loop:
-    an erase there runs inline (a task of its own needs a loop)."""
+async def test_a_clear_works_driven_by_hand() -> None:
+    """The discrete-event bench drives the router's coroutines by hand (under a caller's
+    event loop or none): an erase there runs inline, never waiting on a task."""
 
     def complete(coroutine):  # type: ignore[no-untyped-def]
         try:

@@ -133,16 +133,26 @@ async def test_the_resync_reads_each_object_again_in_its_turn(
     new_uid = kube.find("InferencePool", "b", "ns1")["metadata"]["uid"]  # type: ignore[index]
     assert deployment["spec"]["replicas"] == 4  # type: ignore[index]
     assert deployment["metadata"]["ownerReferences"][0]["uid"] == new_uid  # type: ignore[index]
+    # the generation observed is the object's as read again, not the list's
+    kube.find("InferencePool", "a", "ns1")["metadata"]["generation"] = 2  # type: ignore[index]
+    listed = [kube.find("InferencePool", "a", "ns1")]
+    listed = [{**listed[0], "metadata": {**listed[0]["metadata"], "generation": 1}}]  # type: ignore[index]
+    await original(listed[0], cascade=False, reread=True)
+    status = kube.find("InferencePool", "a", "ns1")["status"]  # type: ignore[index]
+    assert status["observedGeneration"] == 2
 
 
 async def test_what_is_kept_per_resource_goes_with_it(kube: FakeKube, events: Events) -> None:
-    """Policies have no delete handler: their locks and last problems were kept for good."""
+    """Policies have no delete handler: their locks and last problems were kept for good.
+    They go once missing from two resyncs in a row."""
     put_pool(kube, "a", "ns1")
     put_policy(kube, "r", "ns1", "missing")  # a problem to remember
     rec = reconciler(kube, events)
     await resync_all(rec)
     assert ("RoutingPolicy", "ns1", "r") in rec._problems
     del kube.objects[(GROUP_VERSION, "RoutingPolicy", "ns1", "r")]
+    await resync_all(rec)  # one absence is no proof (one made after the list may be running)
+    assert ("RoutingPolicy", "ns1", "r") in rec._problems
     await resync_all(rec)
     assert ("RoutingPolicy", "ns1", "r") not in rec._problems
     assert ("RoutingPolicy", "ns1", "r") not in rec._locks

@@ -145,6 +145,7 @@ async def test_a_child_name_another_resource_holds_is_not_taken_over(
     assert deployment["metadata"]["ownerReferences"][0]["kind"] == "InferencePool"  # type: ignore[index]
     degraded = condition(status, "Degraded")  # type: ignore[arg-type]
     assert degraded["reason"] == "NameTaken" and "InferencePool front-router" in degraded["message"]
+    assert status["replicas"] == 0  # type: ignore[index]  # not the pool's engine pods
     # the same resource made again (a new uid) takes its children over
     del kube.objects[(GROUP_VERSION, "InferencePool", "default", "front-router")]
     again = kube.put(pool("front-router"))
