@@ -40,6 +40,7 @@ from kvgate.operator.render import (
     policy_children,
     pool_children,
 )
+from kvgate.operator.render.common import FIELD_MANAGER
 from kvgate.operator.render.gateway import GATEWAY_POOL_API_VERSION, GATEWAY_POOL_KIND, gateway_pool
 from kvgate.operator.render.router import indexer_name, needs_indexer, router_name
 from kvgate.operator.status import Problem, Rollout, policy_status, pool_status
@@ -168,8 +169,11 @@ class Reconciler:
         if existing is None:
             return None
         mine, theirs = _controller(child), _controller(existing)
+        if theirs is None:  # an orphan of kvgate's own is taken back; anyone else's is not
+            managers = {f.get("manager") for f in _meta(existing).get("managedFields") or []}
+            return None if FIELD_MANAGER in managers else "an object kvgate did not make"
         fields = ("apiVersion", "kind", "name")
-        if mine is None or theirs is None or all(theirs.get(f) == mine.get(f) for f in fields):
+        if mine is None or all(theirs.get(f) == mine.get(f) for f in fields):
             return None
         return f"{theirs.get('kind')} {theirs.get('name')}"
 

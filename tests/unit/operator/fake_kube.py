@@ -7,6 +7,7 @@ import itertools
 from typing import Any
 
 from kvgate.operator.kube import KubeError, resource_path
+from kvgate.operator.render.common import FIELD_MANAGER
 
 Json = dict[str, Any]
 
@@ -55,6 +56,7 @@ class FakeKube:
         self.applied.append(copy.deepcopy(obj))
         current = self.objects.get(self.key(obj))
         merged = copy.deepcopy(obj)
+        merged["metadata"]["managedFields"] = [{"manager": FIELD_MANAGER, "operation": "Apply"}]
         if current is not None:
             generation = int(current["metadata"].get("generation", 1))
             merged["metadata"]["uid"] = current["metadata"]["uid"]

@@ -154,6 +154,18 @@ async def test_a_child_name_another_resource_holds_is_not_taken_over(
     )  # type: ignore[arg-type]
     owner = kube.find("Deployment", "front-router")["metadata"]["ownerReferences"][0]  # type: ignore[index]
     assert owner["uid"] == again["metadata"]["uid"]
+    # an object of the same name that kvgate did not make is left alone; an orphan of its own
+    # (its owner's reference dropped) is taken back
+    mine = kube.put(pool("mine"))
+    kube.put({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "mine"}, "spec": {}})
+    status = await rec.reconcile_pool(mine, cascade=False)
+    assert condition(status, "Degraded")["reason"] == "NameTaken"  # type: ignore[arg-type]
+    assert "ownerReferences" not in kube.find("Service", "mine")["metadata"]  # type: ignore[index]
+    del kube.objects[("v1", "Service", "default", "mine")]
+    await rec.reconcile_pool(mine, cascade=False)
+    del kube.find("Service", "mine")["metadata"]["ownerReferences"]  # type: ignore[index]
+    status = await rec.reconcile_pool(mine, cascade=False)
+    assert condition(status, "Degraded")["status"] == "False"  # type: ignore[arg-type]
 
 
 async def test_invalid_spec_becomes_degraded_with_an_event(kube: FakeKube, events: Events) -> None:
