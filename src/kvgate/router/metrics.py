@@ -12,7 +12,6 @@ from collections import OrderedDict
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.metrics import MetricWrapperBase
 
 MAX_LEFT_ENDPOINTS = 4096
 """Pods whose series were removed and whose new ones are refused (answers that outlived the
@@ -48,6 +47,8 @@ class RouterMetrics:
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         self._leaving: OrderedDict[str, float] = OrderedDict()  # endpoint -> when it left
         self._left: OrderedDict[str, None] = OrderedDict()  # endpoints gone, oldest first
+        # endpoint -> its series, as `child` made them (what `_forget_endpoint` removes)
+        self._series: dict[str, list[tuple[Any, tuple[str, ...]]]] = {}
         r = self.registry
         self.requests = Counter(
             "kvgate_router_requests_total",
@@ -282,13 +283,16 @@ class RouterMetrics:
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: `labels()` costs more than the update on the hot path.
-        A pod that left gets no new series (`forget_endpoint`)."""
+        Every per-endpoint series is made here; a pod that left gets none (`_forget_endpoint`)."""
         key = (metric._name, labels)
         found = self._children.get(key)
         if found is None:
             names = metric._labelnames
-            if self._left and "endpoint" in names and labels[names.index("endpoint")] in self._left:
-                return _DISCARDED
+            if "endpoint" in names:
+                endpoint = labels[names.index("endpoint")]
+                if endpoint in self._left:
+                    return _DISCARDED
+                self._series.setdefault(endpoint, []).append((metric, labels))
             found = self._children[key] = metric.labels(*labels)
         return found
 
@@ -321,19 +325,11 @@ class RouterMetrics:
         self._left[endpoint] = None
         while len(self._left) > MAX_LEFT_ENDPOINTS:
             self._left.popitem(last=False)
-        for metric in vars(self).values():
-            if not isinstance(metric, MetricWrapperBase) or "endpoint" not in metric._labelnames:
-                continue
-            names, at = metric._labelnames, metric._labelnames.index("endpoint")
-            series = {
-                tuple(sample.labels[name] for name in names)
-                for family in metric.collect()
-                for sample in family.samples
-            }
-            for labels in series:
-                if labels[at] == endpoint:
-                    metric.remove(*labels)
-                    self._children.pop((metric._name, labels), None)
+        # Its own series only (every per-endpoint series is made by `child`): reading every
+        # metric's samples for each pod that left held the loop 2.6 s for 100 pods at once.
+        for metric, labels in self._series.pop(endpoint, ()):
+            metric.remove(*labels)
+            self._children.pop((metric._name, labels), None)
 
     def init_pool(self, pool: str) -> None:
         for metric in (self.saved_prefill_seconds, self.session_prompt_tokens, self.retries):
