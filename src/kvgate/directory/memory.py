@@ -503,7 +503,7 @@ def _unexpired_head(state: _Pod, keys: Sequence[BlockKey], held: int, now: float
     """How many of the first `held` keys the pod holds once its expired entries are left out
     (a walk of them, for a pod whose expired entries are not all collected yet)."""
     approx = state.approx
-    for i, key in enumerate(keys[:held]):
+    for i, key in enumerate(itertools.islice(keys, held)):
         expiry = approx.get(key)
         if expiry is not None and expiry <= now:
             return i

@@ -504,12 +504,11 @@ class Reconciler:
     async def reconcile_owner_of(self, child: JsonDict) -> None:
         """A child changed or vanished: reconcile the pool or policy that owns it."""
         namespace = str(_meta(child).get("namespace") or "default")
-        for ref in _meta(child).get("ownerReferences") or []:
-            if not ref.get("controller") or ref.get("apiVersion") != GROUP_VERSION:
-                continue
+        ref = _controller(child)
+        if ref is not None and ref.get("apiVersion") == GROUP_VERSION:
             owner = await self._get(GROUP_VERSION, ref["kind"], namespace, ref["name"])
             if owner is None or _meta(owner).get("uid") != ref.get("uid"):
-                continue
+                return
             owner.setdefault("apiVersion", GROUP_VERSION)
             owner.setdefault("kind", ref["kind"])
             if ref["kind"] == POOL_KIND:
@@ -541,10 +540,10 @@ def unshared_replicas(spec: RoutingPolicySpec) -> str | None:
 
 def owner_kind(child: dict[str, Any]) -> str | None:
     """Kind of the kvgate resource controlling `child`, if any (cheap pre-filter for watches)."""
-    for ref in (child.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("apiVersion") == GROUP_VERSION:
-            return str(ref.get("kind"))
-    return None
+    ref = _controller(child)
+    return (
+        str(ref.get("kind")) if ref is not None and ref.get("apiVersion") == GROUP_VERSION else None
+    )
 
 
 def _controller(obj: JsonDict) -> JsonDict | None:

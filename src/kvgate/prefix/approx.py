@@ -34,7 +34,7 @@ CHARS_PER_TOKEN = 4.0
 _CANONICAL = json.JSONEncoder(sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
-def canonical_json(value: Any) -> str:
+def _canonical(value: Any) -> str:
     """`value` as JSON with sorted keys, without Anthropic's `cache_control` markers: what the
     approximate keys read of a structured field."""
     text = _CANONICAL.encode(value)
@@ -103,9 +103,9 @@ def _add_content(out: _Text, content: Any) -> None:
             elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
                 out.add(part["text"], item=True)
             else:
-                out.add(canonical_json(part), item=True)
+                out.add(_canonical(part), item=True)
     else:
-        out.add(canonical_json(content))
+        out.add(_canonical(content))
 
 
 def completion_text(body: Mapping[str, Any]) -> str | None:
@@ -120,13 +120,13 @@ def completion_text(body: Mapping[str, Any]) -> str | None:
 
 def _add_message(out: _Text, message: Any) -> None:
     if not isinstance(message, Mapping):
-        out.add(f"<|?|>\n{canonical_json(message)}\n", item=True)
+        out.add(f"<|?|>\n{_canonical(message)}\n", item=True)
         return
     out.add(f"<|{message.get('role')}|>\n", item=True)
     _add_content(out, message.get("content"))
     out.add("\n")
     if message.get("tool_calls") and not out.full:
-        out.add(canonical_json(message["tool_calls"]) + "\n")
+        out.add(_canonical(message["tool_calls"]) + "\n")
 
 
 def _tools_text(body: Mapping[str, Any], max_tools: int | None = None) -> str:
@@ -134,7 +134,7 @@ def _tools_text(body: Mapping[str, Any], max_tools: int | None = None) -> str:
     tools = body.get("tools")
     if isinstance(tools, list) and max_tools is not None:
         tools = tools[:max_tools]
-    return f"<|tools|>\n{canonical_json(tools)}\n" if tools else ""
+    return f"<|tools|>\n{_canonical(tools)}\n" if tools else ""
 
 
 BILLING_HEADER = "x-anthropic-billing-header"
@@ -180,7 +180,7 @@ def responses_text(body: Mapping[str, Any], max_chars: int | None = None) -> str
                 _add_message(out, item)
             else:
                 kind = item.get("type") if isinstance(item, Mapping) else None
-                out.add(f"<|{kind}|>\n{canonical_json(item)}\n", item=True)
+                out.add(f"<|{kind}|>\n{_canonical(item)}\n", item=True)
     return out.text()
 
 

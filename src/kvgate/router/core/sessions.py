@@ -126,10 +126,10 @@ class _Digester:
                 digest.update(b"s%d:" % len(item))
                 digest.update(item.encode("utf-8", "surrogatepass"))
             elif isinstance(item, dict):
-                keys = sorted(k for k in item if k != "cache_control")
-                digest.update(b"d%d:" % len(keys))
-                if self._walks(len(keys)):
-                    for key in reversed(keys):
+                size = len(item) - ("cache_control" in item)
+                digest.update(b"d%d:" % size)
+                if self._walks(size):  # before sorting: a huge object is not sorted
+                    for key in sorted((k for k in item if k != "cache_control"), reverse=True):
                         stack.extend((item[key], key))
             elif isinstance(item, list):
                 digest.update(b"l%d:" % len(item))
