@@ -82,7 +82,7 @@ class DirectoryMetrics:
         )
         self.pod_clears = counter(
             "kvgate_directory_pod_clears_total",
-            "Pods cleared (reason: restart | gap | all_blocks_cleared | removed | start)",
+            "Pods cleared (reason: restart | gap | all_blocks_cleared | lost_removal | removed | start)",
             ["pool", "reason"],
         )
         # The indexer's own fallback to its local view while Redis is down (a router counts

@@ -26,7 +26,9 @@ Algorithm, with `expected` = the next seq this subscriber needs (None before the
   clears the pod at once, then seq > 0 is handled as a first message.
 * Payloads that do not decode, frames that are not `[topic, seq, payload]`, rejected events:
   counted, logged once, skipped (a batch is read up to its 64th rejected event, the rest of it
-  counted once as `too_many_rejects`: `kvgate.kvevents.decode`). Only events of
+  counted once as `too_many_rejects`: `kvgate.kvevents.decode`). A batch that lost a removal
+  (a rejected `BlockRemoved`, or unread events) clears the pod after its other events
+  (`lost_removal`): a block it removed would otherwise stay listed for good. Only events of
   full-attention KV cache groups count (hybrid models, `cache_groups.py`): those of
   sliding-window or mamba groups are skipped quietly, those of a group of unknown kind other
   than `kv_cache_group` are counted and skipped.
@@ -321,6 +323,8 @@ class PodSubscriber:
             if start:
                 await asyncio.sleep(0)
             self._queue_writes(batch.events[start : start + APPLY_SLICE_EVENTS])
+        if batch.lost_removal:  # after the batch's stores: clearing can only under-report
+            self._queue_clear("lost_removal")
 
     def _queue_writes(self, events: Sequence[KVEvent]) -> None:
         """Coalesce events into the queued writes, in order."""
@@ -331,10 +335,7 @@ class PodSubscriber:
         ops = self._ops
         for event in events:
             if isinstance(event, AllBlocksCleared):
-                self._count_clear("all_blocks_cleared")
-                ops.clear()  # everything before is moot
-                self._hashes = 0
-                ops.append(_Op("clear", DEFAULT_MEDIUM, []))
+                self._queue_clear("all_blocks_cleared")
                 continue
             assert isinstance(event, BlockStored | BlockRemoved)
             if not self._groups.accepts(event):
@@ -351,6 +352,13 @@ class PodSubscriber:
                 ops[-1].hashes.extend(event.block_hashes)
             else:
                 ops.append(_Op(op, medium, list(event.block_hashes)))
+
+    def _queue_clear(self, reason: str) -> None:
+        """Queue a clear of the pod: the writes queued before it are moot."""
+        self._count_clear(reason)
+        self._ops.clear()
+        self._hashes = 0
+        self._ops.append(_Op("clear", DEFAULT_MEDIUM, []))
 
     async def _flush(self) -> None:
         """Apply the queued writes in order, at most `WRITE_SLICE_KEYS` keys a call and between

@@ -20,7 +20,8 @@ batch (unknown type, wrong hash size, wrong field type) is left out and reported
 `EventBatch.rejected`, so the rest of the batch still applies. A batch stops being decoded at
 its `MAX_REJECTED_EVENTS`-th bad event: the events after it are only checked as msgpack and
 counted (`EventBatch.unread_events`). An event of more than `MAX_EVENT_BLOCKS` block hashes
-is rejected (`too_many_blocks`) before they are checked. Rejecting an
+is rejected (`too_many_blocks`) before they are checked. A rejected `BlockRemoved` is marked
+(`RejectedEvent.removal`): its blocks may still be listed, which only a clear undoes. Rejecting an
 event costs a raised exception, about 1.5 us: a payload of one-byte junk events made a
 megabyte cost seconds of the router's event loop and ~150 bytes a rejection. A detail shows a
 short form of what the pod sent (`_shown`), never a full repr of it.
@@ -70,6 +71,7 @@ class _Reject(Exception):
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(detail)
         self.reason = reason
+        self.removal = False  # set where the rejected event is a `BlockRemoved`
 
 
 def decode_batch(payload: bytes, *, check_token_ids: bool = True) -> EventBatch:
@@ -177,7 +179,7 @@ class BatchDecoder:
             try:
                 self._events.append(_decode_event(raw_event, self._check_token_ids))
             except _Reject as exc:
-                self._rejected.append(RejectedEvent(exc.reason, str(exc)))
+                self._rejected.append(RejectedEvent(exc.reason, str(exc), exc.removal))
             self._events_left -= 1
 
     def _skip_unread_events(self, left: int) -> None:
@@ -240,11 +242,15 @@ def _decode_event(raw: Any, check_token_ids: bool) -> KVEvent:
             kv_cache_spec_sliding_window=_opt(fields, "kv_cache_spec_sliding_window", int),
         )
     if tag == "BlockRemoved":
-        return BlockRemoved(
-            block_hashes=_hashes(fields),
-            medium=_medium(fields),
-            group_idx=_opt(fields, "group_idx", int),
-        )
+        try:
+            return BlockRemoved(
+                block_hashes=_hashes(fields),
+                medium=_medium(fields),
+                group_idx=_opt(fields, "group_idx", int),
+            )
+        except _Reject as exc:
+            exc.removal = True
+            raise
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     raise _Reject("unknown_type", f"unknown event type {_shown(tag)}")

@@ -94,6 +94,7 @@ class RejectedEvent:
 
     reason: str  # unknown_type | bad_hash | bad_field | malformed_event | too_many_blocks
     detail: str
+    removal: bool = False  # it was a `BlockRemoved`: the blocks it names may still be listed
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,12 @@ class EventBatch:
     rejected: list[RejectedEvent] = field(default_factory=list)
     # Events after the decoder's `MAX_REJECTED_EVENTS`-th rejection: neither decoded nor kept.
     unread_events: int = 0
+
+    @property
+    def lost_removal(self) -> bool:
+        """A removal of this batch was not decoded (rejected, or among the unread events), so
+        a block it removed may still be listed: only a clear of the pod is safe."""
+        return bool(self.unread_events) or any(r.removal for r in self.rejected)
 
 
 def directory_keys(hashes: list[BlockHash]) -> list[BlockKey]:

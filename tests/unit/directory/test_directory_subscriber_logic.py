@@ -7,6 +7,7 @@ import math
 import random
 from collections.abc import AsyncIterator, Sequence
 
+import msgpack
 import pytest
 import zmq.asyncio
 from prometheus_client import CollectorRegistry
@@ -23,6 +24,7 @@ from kvgate.directory.events import (
 from kvgate.directory.memory import MemoryBlockIndex
 from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.directory.subscriber import PodEndpoint, PodSubscriber
+from kvgate.kvevents.decode import MAX_EVENT_BLOCKS, MAX_REJECTED_EVENTS
 from kvgate.prefix import block_key
 from kvgate.sim.hashing import PrefixBlockHasher
 from kvgate.sim.kv_cache import KVCacheManager
@@ -227,6 +229,40 @@ async def test_seq_handling_without_replay(sub: PodSubscriber, registry: Collect
         for r in ("gap", "restart")
     }
     assert clears == {"gap": 1, "restart": 1}
+
+
+def sent(seq: int, *events: object) -> list[bytes]:
+    """A message of events as a pod could send them, valid or not (array encoding)."""
+    return [b"t", seq.to_bytes(8, "big"), msgpack.packb([float(seq), list(events), None])]
+
+
+async def test_a_removal_that_is_rejected_clears_the_pod(
+    sub: PodSubscriber, registry: CollectorRegistry
+) -> None:
+    """A removal the decoder rejects (too many hashes, a bad hash) cannot be applied; skipping
+    it left the blocks it named listed for good, so the pod is cleared after its batch."""
+    index = index_of(sub)
+    await sub.handle(msg(0, stored(h(0), h(1))))
+    too_many = ["BlockRemoved", [h(0)] * (MAX_EVENT_BLOCKS + 1)]
+    await sub.handle(sent(1, too_many, ["BlockStored", [h(2)], None, [0] * 16, 16]))
+    assert await index.lookup([h(0)]) == {}
+    assert await index.lookup([h(2)]) == {}  # stored before the clear, so cleared too
+    await sub.handle(msg(2, stored(h(3))))
+    assert await index.lookup([h(3)]) == {"p": 1}  # the pod is followed on
+    await sub.handle(sent(3, ["BlockRemoved", [b"short"]]))
+    assert await index.lookup([h(3)]) == {}
+    # A rejected store only under-reports: nothing is cleared for it.
+    await sub.handle(msg(4, stored(h(4))))
+    await sub.handle(sent(5, ["BlockStored", [b"short"], None, [0] * 16, 16]))
+    assert await index.lookup([h(4)]) == {"p": 1}
+    # Past the 64th rejection the rest is not read: a removal may be among it.
+    await sub.handle(sent(6, *[["Unknown"]] * (MAX_REJECTED_EVENTS + 1)))
+    assert await index.lookup([h(4)]) == {}
+    clears = registry.get_sample_value(
+        "kvgate_directory_pod_clears_total", {"pool": "pool", "reason": "lost_removal"}
+    )
+    assert clears == 3
+    assert bad(registry, "too_many_blocks") == 1
 
 
 async def test_a_newer_writer_wins(sub: PodSubscriber, registry: CollectorRegistry) -> None:
