@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,19 @@ class FakePods:
     waiting: dict[str, int] = field(default_factory=dict)
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     cached_tokens: int = 3
+    error_body_bytes: int = 0  # a forced status's body is this long (0: a short JSON error)
+    error_bytes_read: int = 0  # how much of such bodies the router read
+
+    def _error_body(self) -> httpx.AsyncByteStream:
+        pods = self
+
+        class Counted(httpx.AsyncByteStream):
+            async def __aiter__(self) -> AsyncIterator[bytes]:
+                for _ in range(0, pods.error_body_bytes, 1 << 16):
+                    pods.error_bytes_read += 1 << 16
+                    yield b" " * (1 << 16)
+
+        return Counted()
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         host = request.url.netloc.decode()
@@ -50,6 +64,8 @@ class FakePods:
         body = json.loads(request.content)
         self.requests.append((host, body))
         if host in self.status:
+            if self.error_body_bytes:
+                return httpx.Response(self.status[host], stream=self._error_body())
             return _resp(self.status[host], b'{"error": {"message": "boom"}}')
         usage = {
             "prompt_tokens": 10,

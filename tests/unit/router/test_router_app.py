@@ -4,6 +4,7 @@ import json
 import pytest
 from tests.unit.router.fakes import FakePods, make_config
 
+from kvgate.router.http.proxy import MAX_ERROR_BODY_BYTES
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.server.app import _until_disconnect
 
@@ -81,6 +82,16 @@ async def test_5xx_is_retried_and_exhaustion_is_502(router_app):
     assert resp.status_code == 502
     assert resp.json()["error"]["type"] == "upstream_error"
     assert len(pods.requests) == 2
+
+
+async def test_a_long_error_body_is_not_read_to_its_end(router_app):
+    """A 5xx body is read to reuse its connection, and dropped: past 64 KiB the connection is
+    not worth its bytes (joining it held up to 16 MiB a request)."""
+    pods = FakePods(status={"pod0:8000": 500, "pod1:8000": 500}, error_body_bytes=8 << 20)
+    client, _ = await router_app(make_config(2), pods)
+    resp = await client.post("/v1/chat/completions", json=CHAT)
+    assert resp.status_code == 502 and len(pods.requests) == 2
+    assert 0 < pods.error_bytes_read <= 2 * (MAX_ERROR_BODY_BYTES + (1 << 16))
 
 
 async def test_client_mistakes_are_4xx_in_openai_shape(router_app):

@@ -46,7 +46,6 @@ from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.http.responses_stream import OpeningEvents, error_event
 from kvgate.router.http.upstream import (
-    MAX_READ_ALL_BYTES,
     Upstream,
     UpstreamError,
     UpstreamResponse,
@@ -78,6 +77,26 @@ class _Retryable(Exception):
         self.kind = kind
         self.status = status
         self.retry = retry
+
+
+#: An error body is read this far, to reuse its connection; past it the connection is closed.
+MAX_ERROR_BODY_BYTES = 64 << 10
+
+
+async def _discard_error_body(response: UpstreamResponse, read_timeout: float) -> None:
+    """Read a 5xx answer's body and drop it, so that its connection can be reused: at most
+    `MAX_ERROR_BODY_BYTES` (a longer one is not worth its bytes; closing the connection is
+    cheaper), for one read timeout in all (a body that drips must not keep the client from its
+    answer, or from another pod). Nothing is kept: joining it held up to 16 MiB a request."""
+    until = asyncio.get_running_loop().time() + read_timeout
+    read = 0
+    chunks = paced(response.chunks(), read_timeout, until=until)
+    with contextlib.suppress(UpstreamError):
+        async with contextlib.aclosing(chunks):
+            async for chunk in chunks:
+                read += len(chunk)
+                if read > MAX_ERROR_BODY_BYTES:
+                    return  # left unread: `aclose` closes the connection
 
 
 @dataclass
@@ -237,14 +256,7 @@ class Proxy:
             raise _Retryable(exc.kind, str(exc)) from exc
         try:
             if response.status >= 500:
-                # read to reuse the connection, for one read timeout in all: a body that drips
-                # must not keep the client from its answer (or another pod)
-                until = asyncio.get_running_loop().time() + limits.read_timeout_seconds
-                with contextlib.suppress(UpstreamError):
-                    await join_chunks(
-                        paced(response.chunks(), limits.read_timeout_seconds, until=until),
-                        MAX_READ_ALL_BYTES,
-                    )
+                await _discard_error_body(response, limits.read_timeout_seconds)
                 raise _Retryable("status", f"HTTP {response.status}", response.status)
             chunks = response.chunks()
             try:

@@ -415,10 +415,9 @@ class RoutingUpstream:
         await self._fallback.aclose()
 
 
-# A body the router reads whole (a pod's /metrics, a warm request's answer, an error body it
-# drops), or one event of a stream it holds until the event ends (`usage.SseUsageTap`), is at most
-# this big: a pod that sends more fails that read, and the router's memory stays bounded whatever
-# the pod does.
+# A body the router reads whole (a pod's /metrics, a warm request's answer), or one event of a
+# stream it holds until the event ends (`usage.SseUsageTap`), is at most this big: a pod that
+# sends more fails that read, and the router's memory stays bounded whatever the pod does.
 MAX_READ_ALL_BYTES = 16 << 20
 
 
