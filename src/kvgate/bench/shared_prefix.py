@@ -30,7 +30,9 @@ class SharedPrefixParams(BaseModel):
     question_len: int = Field(default=128, ge=1, description="tokens in each question")
     output_len: int = Field(default=256, ge=1, description="tokens generated per request")
     rate_rps: float = Field(default=8.0, gt=0, description="Poisson arrival rate, requests/s")
-    vocab_size: int = Field(default=32000, ge=2000, description="token ids are drawn below this")
+    vocab_size: int = Field(
+        default=32000, ge=2000, le=1 << 32, description="token ids are drawn below this"
+    )
     seed: int = Field(default=0, description="seed of every random choice")
 
 

@@ -45,7 +45,7 @@ class HotPrefixParams(BaseModel):
     question_len: int = Field(default=128, ge=1)
     output_len: int = Field(default=128, ge=1)
     rate_rps: float = Field(default=8.0, gt=0, description="Poisson arrival rate, requests/s")
-    vocab_size: int = Field(default=32000, ge=2000)
+    vocab_size: int = Field(default=32000, ge=2000, le=1 << 32)
     seed: int = 0
 
 
@@ -89,7 +89,7 @@ class MixedParams(BaseModel):
     batch_instruction_len: int = Field(default=512, ge=0)
     batch_document_len: int = Field(default=4096, ge=1)
     batch_output_len: int = Field(default=512, ge=1)
-    vocab_size: int = Field(default=32000, ge=2000)
+    vocab_size: int = Field(default=32000, ge=2000, le=1 << 32)
     seed: int = 0
 
 

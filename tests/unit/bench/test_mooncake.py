@@ -251,8 +251,8 @@ def test_rows_that_carry_their_prompt_are_sent_as_is():
     assert first.path == second.path == CHAT_COMPLETIONS
     assert first.body["messages"] == FIRST and first.body["tools"] == TOOLS
     assert first.max_tokens == first.body["max_tokens"] == 5 and second.max_tokens == 7
-    assert first.prefix_units == tuple(
-        tokenize(CHAT_COMPLETIONS, {"messages": FIRST, "tools": TOOLS})
+    assert list(first.prefix_units) == tokenize(
+        CHAT_COMPLETIONS, {"messages": FIRST, "tools": TOOLS}
     )
     assert first.think_time_s == pytest.approx(0.25)  # the next row's delay
     # the later turn repeats the earlier one's prompt: the pods see the same leading tokens
@@ -260,7 +260,7 @@ def test_rows_that_carry_their_prompt_are_sent_as_is():
     assert second.prefix_units[:shared] == first.prefix_units[:shared]
     [plain] = sessions["b"]
     assert plain.path == COMPLETIONS and plain.body["prompt"] == "a plain completion prompt"
-    assert plain.prefix_units == tuple(tokenize(COMPLETIONS, {"prompt": plain.body["prompt"]}))
+    assert list(plain.prefix_units) == tokenize(COMPLETIONS, {"prompt": plain.body["prompt"]})
     assert "3 rows with their own prompts" in w.description
     assert "hash ids" not in w.description
 

@@ -44,7 +44,7 @@ def test_shared_prefix_groups_share_exactly_the_system_prompt():
     assert w.size == 12
     by_group: dict[str, list[tuple[int, ...]]] = {}
     for r in w.requests:
-        by_group.setdefault(r.request_id.split("-")[0], []).append(r.prefix_units)
+        by_group.setdefault(r.request_id.split("-")[0], []).append(tuple(r.prefix_units))
         assert len(r.prefix_units) == 72
         assert r.body["prompt"] == token_text(r.prefix_units)
         assert r.body["max_tokens"] == 256
@@ -77,7 +77,8 @@ def test_hot_prefix_puts_most_requests_on_one_prefix():
     )
     counts: dict[tuple[int, ...], int] = {}
     for r in w.requests:
-        counts[r.prefix_units[:32]] = counts.get(r.prefix_units[:32], 0) + 1
+        head = tuple(r.prefix_units[:32])
+        counts[head] = counts.get(head, 0) + 1
     hottest = max(counts.values())
     assert 0.85 * 400 < hottest < 0.95 * 400
 
