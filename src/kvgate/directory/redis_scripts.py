@@ -218,7 +218,9 @@ for _, a in ipairs(approx) do
     i = i + 1
     scanned_to(i)
     if i > from then
-      local upto = math.min(nkeys, math.max(fetched, i + 63))
+      -- up to where the masks are fetched, but at most 2,048 keys a call: Lua unpacks at
+      -- most ~8,000 values, and a chain of more blocks failed every lookup
+      local upto = math.min(nkeys, i + 2047, math.max(fetched, i + 63))
       local got = redis.call('ZMSCORE', a.zkey, unpack(keys, i, upto))
       for j = 1, #got do scores[i + j - 1] = got[j] end
       from = upto

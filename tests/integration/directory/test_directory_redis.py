@@ -177,6 +177,24 @@ async def test_a_long_routing_history_is_written_a_chunk_per_script(
         await index.close()
 
 
+async def test_a_chain_longer_than_lua_unpacks_is_looked_up(redis_url: str) -> None:
+    """Lua unpacks at most ~8,000 values in one call: a chain of more blocks (128k tokens of
+    16) made every lookup fail where a pod had approximate entries (routing history, or blocks
+    in flight shared by replicas), and three failures in a row turned the router degraded."""
+    index = RedisBlockIndex.from_url(redis_url, "ns/unpack", key_prefix="test")
+    keys = chain(10_000, "unpack")
+    try:
+        for pod in ("a", "b"):
+            await index.add_approximate(pod, keys, ttl_seconds=60)
+        await index.add("c", keys)
+        await index.add_approximate("c", chain(1, "other"), ttl_seconds=60)
+        expected = {"a": len(keys), "b": len(keys), "c": len(keys)}
+        assert await index.lookup(keys) == expected
+        assert await index.lookup(keys, medium="GPU") == expected
+    finally:
+        await index.close()
+
+
 def test_bad_pool_key_or_prefix() -> None:
     client = aioredis.Redis()
     with pytest.raises(ValueError):
