@@ -195,5 +195,8 @@ async def test_megabytes_of_junk_events_cost_milliseconds_and_later_events_apply
     assert peak_growth < 256 * 1024 * 1024
     assert bad(registry, "malformed_event") == 3 * MAX_REJECTED_EVENTS
     assert bad(registry, "too_many_rejects") == 3 * (junk_events - MAX_REJECTED_EVENTS)
-    assert await index.lookup([h(0), h(1), h(2)]) == {"p1": 3}
+    # Each junk batch's unread events may have held a removal: it clears the pod, and the
+    # events after it apply.
+    assert await index.lookup([h(0)]) == {}
+    assert await index.lookup([h(2)]) == {"p1": 1}
     await engine.close()
