@@ -195,6 +195,29 @@ async def test_a_chain_longer_than_lua_unpacks_is_looked_up(redis_url: str) -> N
         await index.close()
 
 
+async def test_a_long_chain_in_one_medium_is_looked_up_a_chunk_per_script(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """The medium is read key by key for each pod: one script over a long chain held Redis,
+    every router's call, 0.5 s (65,536 blocks, 16 pods). Only pods that held every key of a
+    chunk are asked about the next one."""
+    index = RedisBlockIndex.from_url(redis_url, "ns/medium", key_prefix="test")
+    keys = chain(2 * HISTORY_CHUNK_KEYS + 5, "medium")
+    try:
+        await index.add("a", keys)
+        await index.add("b", keys[: HISTORY_CHUNK_KEYS + 3])
+        await index.add("c", keys[:7], medium="CPU")
+        await index.lookup(keys[:1], medium="GPU")  # loads the script
+        await raw.config_resetstat()
+        got = await index.lookup(keys, medium="GPU")
+        assert got == {"a": len(keys), "b": HISTORY_CHUNK_KEYS + 3}
+        info = await raw.info("commandstats")
+        assert info["cmdstat_evalsha"]["calls"] == 3
+        assert await index.lookup(keys, ["b", "c"], medium="CPU") == {"c": 7}
+    finally:
+        await index.close()
+
+
 def test_bad_pool_key_or_prefix() -> None:
     client = aioredis.Redis()
     with pytest.raises(ValueError):
