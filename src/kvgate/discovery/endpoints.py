@@ -159,6 +159,18 @@ class Endpoint:
             self._recent_lora_set = frozenset(recent)
 
 
+def every_one_ejected(endpoints: Iterable[Endpoint], now: float) -> bool:
+    """Every one of `endpoints` (at least one) is ejected: the router then fails open, in
+    routing and in flow control alike, since trying a pod beats refusing every request (a
+    pool whose /metrics all fail, or all slower than the scrape timeout, still serves)."""
+    seen = False
+    for ep in endpoints:
+        if ep.healthy(now):
+            return False
+        seen = True
+    return seen
+
+
 Listener = Callable[[list[Endpoint], list[Endpoint]], Awaitable[None]]
 
 

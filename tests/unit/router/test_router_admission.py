@@ -229,6 +229,31 @@ async def test_the_scraped_engine_queue_saturates_a_pod_too():
     assert len(core.flow) == 0 and second in grants.done
 
 
+async def test_with_every_pod_ejected_flow_control_fails_open_as_routing_does():
+    """Pods whose /metrics all fail (or answer slower than the scrape timeout) are all ejected,
+    yet they may serve: routing fails open, and flow control gave such pods no room, so every
+    request waited out its deadline (30 s) and got a 429 as if rate-limited."""
+    core, now = await _core(2)
+    limits = core.state.config.limits
+    pods = core.endpoints.all()
+    for pod in pods:
+        for _ in range(limits.eject_after_failures):
+            core.scrape_failed(pod, TimeoutError())
+    assert not any(pod.healthy(now[0]) for pod in pods)
+    grants = Grants()
+    plan, attempt = await _send(core, _request(), grants)
+    second, _ = await _send(core, _request(first=1000), grants)
+    assert {plan.endpoint.id, second.endpoint.id} == {pod.id for pod in pods}
+    waiter = await _send(core, _request(first=2000), grants)  # both full: it waits
+    assert isinstance(waiter, Waiter)
+    core.first_byte(plan, attempt, streamed=True)  # room again: granted on the ejected pod
+    assert grants.done == [waiter] and waiter.error is None
+    assert (await core.dispatch(waiter)).endpoint.id == plan.endpoint.id
+    # One pod back: the other is out of rotation again.
+    core.load_scraped(pods[0], LoadSample(scraped_at=now[0]))
+    assert core.flow.slots(pods[1], now[0]) == 0
+
+
 async def test_online_leaves_before_batch_and_priority_tenants_first():
     core, _now = await _core()
     grants = Grants()

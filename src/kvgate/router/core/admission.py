@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvgate.api.router_config import FlowControlConfig, RouterConfig
-from kvgate.discovery.endpoints import Endpoint
+from kvgate.discovery.endpoints import Endpoint, every_one_ejected
 from kvgate.router.core.accounting import Accounting
 from kvgate.router.core.classify import Classification
 from kvgate.router.core.errors import RouterError, bad_request, overloaded
@@ -196,14 +196,11 @@ class FlowControl:
             if request_class == "batch" and not home and pool in borrow
         )
 
-    def slots(self, ep: Endpoint, now: float) -> int:
-        return self.saturation.slots(ep, now)
+    def slots(self, ep: Endpoint, now: float, *, fail_open: bool = False) -> int:
+        return self.saturation.slots(ep, now, fail_open=fail_open)
 
-    def room(self, endpoints: Iterable[Endpoint], now: float) -> dict[str, int]:
-        return self.saturation.room(endpoints, now)
-
-    def any_room(self, endpoints: Iterable[Endpoint], now: float) -> bool:
-        return self.saturation.any_room(endpoints, now)
+    def any_room(self, endpoints: Iterable[Endpoint], now: float, *, fail_open: bool) -> bool:
+        return self.saturation.any_room(endpoints, now, fail_open=fail_open)
 
     # -- admission -------------------------------------------------------------------------
 
@@ -409,7 +406,8 @@ class FlowControl:
 
     def _pump_queue(self, queue: _Queue, now: float) -> None:
         candidates = self._candidates(queue.classification, now)
-        free = self.room(candidates, now)
+        fail_open = every_one_ejected(candidates, now)
+        free = self.saturation.room(candidates, now, fail_open=fail_open)
         if pinned_to_leaving_pod(queue.classification, candidates):
             free = {ep.id: len(queue.fair) for ep in candidates}  # they go now
         if not free:
@@ -452,7 +450,7 @@ class FlowControl:
                 waiter.granted_to = target
                 waiter.granted_tokens = max(0, waiter.prompt_tokens - waiter.hits.get(target, 0))
                 self.saturation.reserve(target, waiter.granted_tokens)
-                left = self.saturation.slots(by_id[target], now)
+                left = self.saturation.slots(by_id[target], now, fail_open=fail_open)
                 if left:
                     free[target] = left
                 else:

@@ -53,7 +53,7 @@ from typing import Any
 from prometheus_client import Counter
 
 from kvgate.directory.base import BlockIndex
-from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample
+from kvgate.discovery.endpoints import Endpoint, EndpointSet, LoadSample, every_one_ejected
 from kvgate.router.core.accounting import Accounting, Attempt
 from kvgate.router.core.admission import (
     MISS_COST_FACTOR,
@@ -227,7 +227,7 @@ class RoutingCore:
         usable = flow.usable(cls, candidates, now)
         if (
             pinned_to_leaving_pod(cls, candidates)
-            or flow.any_room(usable, now)
+            or flow.any_room(usable, now, fail_open=every_one_ejected(candidates, now))
             or not self.router.serves(cls)
         ):
             beyond_share: tuple[str, ...] = ()
@@ -300,10 +300,12 @@ class RoutingCore:
             self.flow.requeue(waiter)
             return None
         usable = {ep.id for ep in self.flow.usable(cls, candidates, now)}
+        fail_open = every_one_ejected(candidates, now)
         full = tuple(
             ep.id
             for ep in candidates
-            if ep.id != waiter.granted_to and (ep.id not in usable or self.flow.slots(ep, now) <= 0)
+            if ep.id != waiter.granted_to
+            and (ep.id not in usable or self.flow.slots(ep, now, fail_open=fail_open) <= 0)
         )
         try:
             return await self.plan(

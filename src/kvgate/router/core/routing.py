@@ -29,7 +29,7 @@ from typing import Any
 
 from kvgate.api.router_config import PoolConfig, RouterConfig
 from kvgate.directory.base import DEFAULT_MEDIUM, BlockIndex
-from kvgate.discovery.endpoints import Endpoint, EndpointSet
+from kvgate.discovery.endpoints import Endpoint, EndpointSet, every_one_ejected
 from kvgate.prefix import LoraKey
 from kvgate.router.core.accounting import Accounting, EndpointLoad
 from kvgate.router.core.cache_policy import added_cache_ops
@@ -293,8 +293,7 @@ class Router:
         ids = [ep.spec.id for ep in members]
         loads = self._loads(ids, now)
         rates = self._pool_rates(members)
-        # Every candidate ejected: fail open (trying a pod beats refusing the request).
-        fail_open = all(now < ep.ejected_until for ep in members)
+        fail_open = every_one_ejected(members, now)
         out: list[EndpointSnapshot] = []
         for ep, mine in zip(members, loads, strict=True):
             spec, load = ep.spec, ep.load

@@ -5,7 +5,8 @@ larger of what its engine reports waiting (`vllm:num_requests_waiting`, scraped,
 and this router's own requests on it not yet past their prefill (which also covers what it sent
 since the last scrape). It has none while its scraped KV cache usage is at `max_kv_cache_usage`,
 while this router's unprefilled tokens on it reach `max_pending_prefill_tokens` (an idle pod
-always takes one request), or while it is ejected or draining. Slots granted to queued requests
+always takes one request), or while it is ejected (unless every candidate is: it fails open, as
+routing does) or draining. Slots granted to queued requests
 not sent yet are reserved with the tokens they will prefill there (`reserve` / `release`): they
 count as this router's requests and tokens on the pod, so one dispatch does not grant a pod a
 60k-token prompt and then the short ones queued behind it.
@@ -32,9 +33,10 @@ class Saturation:
         self.limits = limits
         self.stale_after_seconds = stale_after_seconds
 
-    def slots(self, ep: Endpoint, now: float) -> int:
-        """How many more requests `ep` takes before it is saturated (reservations deducted)."""
-        if ep.draining or not ep.healthy(now):
+    def slots(self, ep: Endpoint, now: float, *, fail_open: bool = False) -> int:
+        """How many more requests `ep` takes before it is saturated (reservations deducted).
+        `fail_open`: every candidate is ejected (`every_one_ejected`), so no ejection counts."""
+        if ep.draining or not (fail_open or ep.healthy(now)):
             return 0
         limits = self.limits
         own = self._accounting.load(ep.id, now)
@@ -50,15 +52,15 @@ class Saturation:
             backlog = max(backlog, int(ep.load.waiting))
         return max(0, limits.max_waiting_requests - backlog - reserved)
 
-    def any_room(self, endpoints: Iterable[Endpoint], now: float) -> bool:
+    def any_room(self, endpoints: Iterable[Endpoint], now: float, *, fail_open: bool) -> bool:
         """Some endpoint of `endpoints` has a free slot (stops at the first)."""
-        return any(self.slots(ep, now) > 0 for ep in endpoints)
+        return any(self.slots(ep, now, fail_open=fail_open) > 0 for ep in endpoints)
 
-    def room(self, endpoints: Iterable[Endpoint], now: float) -> dict[str, int]:
+    def room(self, endpoints: Iterable[Endpoint], now: float, *, fail_open: bool) -> dict[str, int]:
         """Endpoint id -> free slots, for the endpoints that have any."""
         out = {}
         for ep in endpoints:
-            n = self.slots(ep, now)
+            n = self.slots(ep, now, fail_open=fail_open)
             if n > 0:
                 out[ep.id] = n
         return out

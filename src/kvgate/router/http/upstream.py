@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -426,7 +426,7 @@ _TIMER_SLACK_SECONDS = 0.001  # a timer that fires this early counts as on time 
 
 async def paced(
     chunks: AsyncIterator[bytes], gap_seconds: float, *, until: float | None = None
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """`chunks`, failing with UpstreamError("timeout") once the pod sends nothing for
     `gap_seconds`, or at `until` (the event loop's clock) if given: a pod that stalls mid-body,
     or drips it, must not hold the request (and its client) forever. Only the time spent waiting
