@@ -196,7 +196,9 @@ class LimitsConfig(ConfigModel):
     # Python's own parsers fail near 1,000.
     max_json_depth: int = Field(default=64, ge=2, le=256)
     connect_timeout_seconds: float = Field(default=2.0, gt=0)
-    first_byte_timeout_seconds: float = Field(default=600.0, gt=0)  # includes queue + prefill
+    # Includes queue + prefill. A whole (non-stream) answer's head comes once it is all
+    # generated: it waits this plus max_answer_seconds, and is not retried on another pod.
+    first_byte_timeout_seconds: float = Field(default=600.0, gt=0)
     # Between chunks of a pod's answer once it started (a stream, or a whole answer being read).
     read_timeout_seconds: float = Field(default=120.0, gt=0)
     # From an answer's first byte to its last: a pod that keeps sending a byte now and then,

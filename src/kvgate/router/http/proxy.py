@@ -240,6 +240,12 @@ class Proxy:
         attempt: Attempt,
     ) -> _Answer:
         limits = self.limits
+        # A stream's head comes with its first token; a whole answer's only once all of it is
+        # generated, so its wait includes the answer's. A whole answer that timed out is not
+        # tried on another pod (it may have run to its end; another pod would run it again).
+        head_timeout = limits.first_byte_timeout_seconds
+        if not stream:
+            head_timeout += limits.max_answer_seconds
         try:
             response = await self.upstream.request(
                 "POST",
@@ -250,10 +256,11 @@ class Proxy:
                     (b"x-request-id", request.request_id.encode()),
                 ],
                 connect_timeout=limits.connect_timeout_seconds,
-                head_timeout=limits.first_byte_timeout_seconds,
+                head_timeout=head_timeout,
             )
         except UpstreamError as exc:
-            raise _Retryable(exc.kind, str(exc)) from exc
+            retry = stream or exc.kind != "timeout"
+            raise _Retryable(exc.kind, str(exc), retry=retry) from exc
         try:
             if response.status >= 500:
                 await _discard_error_body(response, limits.read_timeout_seconds)
