@@ -42,7 +42,7 @@ async def test_a_whole_answer_longer_than_the_first_byte_timeout_is_waited_for_o
         return ANSWER, "application/json"
 
     limits = {"first_byte_timeout_seconds": 0.5, "max_answer_seconds": 10}
-    with router_before_pod(canned_pod(answer), tmp_path, limits=limits) as (proc, pod):
+    with router_before_pod(canned_pod(answer), tmp_path, limits=limits) as (proc, _pod):
         async with httpx.AsyncClient(base_url=proc.url, timeout=30) as client:
             for _ in range(3):
                 body = {"model": "m", "prompt": "hello", "max_tokens": 600}
