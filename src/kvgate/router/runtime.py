@@ -23,6 +23,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -275,12 +276,16 @@ class RouterRuntime:
         self._update_endpoint_gauges()
 
     def _update_endpoint_gauges(self) -> None:
-        now = time.monotonic()
+        """Each pool's endpoints by state, counted when /metrics is read: an ejection starts
+        and ends with no change to the endpoint set (set once then, they read ready for good)."""
+        gauge = self.metrics.endpoints
         for pool in self.endpoints.pools():
-            eps = self.endpoints.in_pool(pool)
-            ready = sum(1 for ep in eps if ep.healthy(now))
-            self.metrics.endpoints.labels(pool, "ready").set(ready)
-            self.metrics.endpoints.labels(pool, "ejected").set(len(eps) - ready)
+            gauge.labels(pool, "ready").set_function(partial(self._endpoints_in, pool, True))
+            gauge.labels(pool, "ejected").set_function(partial(self._endpoints_in, pool, False))
+
+    def _endpoints_in(self, pool: str, healthy: bool) -> int:
+        now = time.monotonic()
+        return sum(1 for ep in self.endpoints.in_pool(pool) if ep.healthy(now) == healthy)
 
     async def _watch_config(
         self, last: tuple[float, int, int] | None, interval: float = 1.0

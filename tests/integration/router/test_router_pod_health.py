@@ -121,6 +121,16 @@ async def _stream(client: httpx.AsyncClient) -> tuple[str, bytes]:
         return got.headers["x-kvgate-endpoint"], await got.aread()
 
 
+def _endpoints(router: RouterProcess) -> dict[str, float]:
+    """`kvgate_router_endpoints` by state (one pool)."""
+    text = httpx.get(router.url + "/metrics", timeout=5).text
+    return {
+        line.split('state="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("kvgate_router_endpoints{")
+    }
+
+
 def _pod_id(pod: Pod) -> str:
     return pod.url.removeprefix("http://")
 
@@ -142,6 +152,8 @@ async def test_a_pod_that_breaks_every_stream_is_ejected_for_a_while(
                     break
             assert bad.posts == EJECT_AFTER_FAILURES
             ejected_at = time.monotonic()
+            # The dashboards' count of endpoints by state sees it (it read ready for good).
+            assert _endpoints(router) == {"ready": 1.0, "ejected": 1.0}
             # Out of rotation: every request goes to the good pod, /metrics scrapes or not.
             while time.monotonic() - ejected_at < EJECT_SECONDS - 1.0:
                 endpoint, text = await _stream(client)
@@ -152,6 +164,7 @@ async def test_a_pod_that_breaks_every_stream_is_ejected_for_a_while(
             await asyncio.sleep(max(0.0, ejected_at + EJECT_SECONDS + 0.2 - time.monotonic()))
             chosen = {(await _stream(client))[0] for _ in range(2)}
             assert chosen == {_pod_id(bad), _pod_id(good)}
+            assert _endpoints(router) == {"ready": 2.0, "ejected": 0.0}
             errors = router.metric("kvgate_router_upstream_errors_total")
             assert errors == EJECT_AFTER_FAILURES + 1
             assert not router.error_lines(), router.error_lines()
