@@ -50,6 +50,12 @@ class FakePods:
         return Counted()
 
     def handler(self, request: httpx.Request) -> httpx.Response:
+        response = self._answer(request)
+        if "x-request-id" in request.headers:  # as vLLM --enable-request-id-headers does
+            response.headers["x-request-id"] = request.headers["x-request-id"]
+        return response
+
+    def _answer(self, request: httpx.Request) -> httpx.Response:
         host = request.url.netloc.decode()
         if host in self.fail:
             raise httpx.ConnectError("connection refused", request=request)

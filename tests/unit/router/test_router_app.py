@@ -4,6 +4,7 @@ import json
 import pytest
 from tests.unit.router.fakes import FakePods, make_config
 
+from kvgate.api.router_pools import LoraAdapter
 from kvgate.router.http.proxy import MAX_ERROR_BODY_BYTES
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.server.app import _until_disconnect
@@ -135,6 +136,32 @@ async def test_body_size_limit(router_app):
     big = {"model": "m", "messages": [{"role": "user", "content": "x" * 4096}]}
     resp = await client.post("/v1/chat/completions", json=big)
     assert resp.status_code == 413
+
+
+async def test_model_cards_say_what_vllms_do(router_app):
+    """Clients size their context from `max_model_len` and tell adapters by `parent`."""
+    config = make_config()
+    pool = config.pools[0]
+    engine = pool.engine.model_copy(update={"max_model_len": 8192})
+    adapters = [LoraAdapter(name="sql", path="/adapters/sql")]
+    pools = [pool.model_copy(update={"engine": engine, "lora_adapters": adapters})]
+    client, _ = await router_app(config.model_copy(update={"pools": pools}), FakePods())
+    cards = {m["id"]: m for m in (await client.get("/v1/models")).json()["data"]}
+    assert cards["m"]["root"] == "m" and cards["m"]["parent"] is None
+    assert cards["sql"]["root"] == "/adapters/sql" and cards["sql"]["parent"] == "m"
+    assert cards["m"]["max_model_len"] == cards["sql"]["max_model_len"] == 8192
+
+
+async def test_router_errors_carry_the_request_id_and_a_trailing_slash_is_the_route(router_app):
+    client, _ = await router_app(make_config(), FakePods())
+    got = await client.post(
+        "/v1/chat/completions", json={**CHAT, "model": "nope"}, headers={"x-request-id": "r-1"}
+    )
+    assert got.status_code == 404 and got.headers["x-request-id"] == "r-1"
+    got = await client.post("/v1/chat/completions/", json=CHAT)
+    assert got.status_code == 200
+    # A pod that echoes the id (vLLM --enable-request-id-headers) does not make it twice.
+    assert got.headers.get_list("x-request-id") == [got.headers["x-request-id"]]
 
 
 async def test_models_health_ready_debug(router_app):

@@ -65,6 +65,7 @@ _DROP_RESPONSE_HEADERS = {
     b"keep-alive",
     b"date",
     b"server",
+    b"x-request-id",  # vLLM echoes it (--enable-request-id-headers); the router sets its own
 }
 
 

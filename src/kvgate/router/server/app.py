@@ -116,12 +116,16 @@ class RouterApp:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
+        if len(path) > 1 and path.endswith("/"):
+            path = path[:-1]  # vLLM (FastAPI) redirects there, and the SDKs follow
         method: str = scope["method"]
+        request_id = _header(scope, b"x-request-id")
         try:
             if path in _KINDS:
                 if method != "POST":
                     raise RouterError(405, f"use POST for {path}", code="method_not_allowed")
-                await self._completions(scope, receive, send, _KINDS[path])
+                request_id = request_id or uuid.uuid4().hex
+                await self._completions(scope, receive, send, _KINDS[path], request_id)
             elif path in _RELAYED:
                 if method != "POST":
                     raise RouterError(405, f"use POST for {path}", code="method_not_allowed")
@@ -155,7 +159,10 @@ class RouterApp:
                 if path.startswith("/v1/messages")
                 else err.body()
             )
-            await _raw(send, err.status, json.dumps(body).encode(), _JSON + err.headers())
+            headers = _JSON + err.headers()
+            if request_id:  # the client's, or the one its request was logged with
+                headers.append((b"x-request-id", request_id.encode("latin-1")))
+            await _raw(send, err.status, json.dumps(body).encode(), headers)
         except ClientDisconnected:
             # The client's doing, and frequent under load: a counter and a DEBUG line.
             self.runtime.metrics.client_disconnects.labels("body").inc()
@@ -171,15 +178,27 @@ class RouterApp:
                 await _raw(send, 500, payload, _JSON)
 
     def _models(self) -> dict[str, Any]:
+        """Model cards as vLLM writes them: a LoRA adapter's `root` is its path and its
+        `parent` the base model; `max_model_len` where the pools' engines say it (the least)."""
         created = int(time.time())
-        names = self.runtime.core.state.classifier.models()
-        return {
-            "object": "list",
-            "data": [
-                {"id": n, "object": "model", "created": created, "owned_by": "kvgate"}
-                for n in names
-            ],
-        }
+        classifier = self.runtime.core.state.classifier
+        cards = []
+        for name in classifier.models():
+            pools = classifier.pools(name)
+            lora = next((a for pool in pools if (a := pool.lora_for(name)) is not None), None)
+            lengths = [p.engine.max_model_len for p in pools if p.engine.max_model_len]
+            cards.append(
+                {
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "kvgate",
+                    "root": lora.path if lora else pools[0].model,
+                    "parent": pools[0].model if lora else None,
+                    "max_model_len": min(lengths) if lengths else None,
+                }
+            )
+        return {"object": "list", "data": cards}
 
     async def _read_json(self, scope: Scope, receive: Receive) -> dict[str, Any]:
         return (await self._read_body(scope, receive))[1]
@@ -193,12 +212,11 @@ class RouterApp:
         # Its numpy passes release the GIL: the event loop serves others meanwhile (body.py).
         return raw, await asyncio.to_thread(parse_json_object, raw, limits.max_json_depth)
 
-    async def _completions(self, scope: Scope, receive: Receive, send: Send, kind: str) -> None:
+    async def _completions(
+        self, scope: Scope, receive: Receive, send: Send, kind: str, request_id: str
+    ) -> None:
         raw, body = await self._read_body(scope, receive)
-        headers = _headers(scope)
-        request = ClientRequest(
-            body, headers, kind, len(raw), headers.get("x-request-id") or uuid.uuid4().hex
-        )
+        request = ClientRequest(body, _headers(scope), kind, len(raw), request_id)
         stream = body.get("stream") is True
         # Responses and Messages streams always end with their usage.
         strip_usage = kind in ("chat", "completion") and _needs_usage(body, stream)
