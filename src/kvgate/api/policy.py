@@ -116,6 +116,11 @@ class GatewayPoolRef(ApiModel):
         max_length=256,
         description="LoRA adapters the engines serve (their --lora-modules name=path).",
     )
+    api_key: SecretKeyRef | None = Field(
+        default=None,
+        description="Key of a Secret holding the engines' API key (their --api-key): the "
+        "router sends it as Authorization: Bearer on every request to them. Default: none.",
+    )
 
 
 # The sections shared with the router's configuration, with Secrets named by name and key.

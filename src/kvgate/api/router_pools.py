@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from kvgate.api.secret_ref import SecretRef
 from kvgate.api.sections import ConfigModel, RequestClass
 
 HashAlgo = Literal["sha256", "sha256_cbor"]  # what kvgate can reproduce exactly
@@ -58,6 +59,10 @@ class EngineConfig(ConfigModel):
     # a copy back to the GPU (cost model `cpu_load_tokens_per_second`), cheaper than recomputing
     # and dearer than a GPU hit. False: only GPU blocks count; events of other media are skipped.
     cpu_offload: bool = False
+    # The engines' API key (`vllm serve --api-key`): sent as `Authorization: Bearer` on every
+    # request the router makes to them (clients' requests, warm-ups, copies, relays). Read at
+    # load and on every reload; an empty or unreadable one is a config error. None: no key.
+    api_key: SecretRef | None = None
 
 
 class StaticEndpoint(ConfigModel):

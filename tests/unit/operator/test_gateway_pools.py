@@ -72,6 +72,34 @@ async def test_a_gateway_pool_becomes_a_headless_service_and_a_router_pool(
     assert [(a.name, a.path) for a in pool.lora_adapters] == [("sql", "/adapters/sql")]
 
 
+async def test_a_gateway_pools_api_key_reaches_its_router_from_the_secret(
+    kube: FakeKube, events: Events
+) -> None:
+    """Engines run with `--api-key` answer 401 to a router without it: the reference names the
+    Secret key, which the router container gets as an environment variable (never copied)."""
+    kube.put(upstream_pool())
+    kube.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "engines", "namespace": "default"},
+            "data": {"key": "c2stcG9k"},  # "sk-pod"
+        }
+    )
+    body = kube.put(gateway_policy(apiKey={"name": "engines", "key": "key"}))
+    status = await make(kube, events).reconcile_policy(body)
+    assert status is not None and condition(status, "Degraded")["status"] == "False"
+    config_map = kube.find("ConfigMap", "front-router-config")
+    assert config_map is not None and "sk-pod" not in config_map["data"]["router.yaml"]
+    (pool,) = parse_router_config(config_map["data"]["router.yaml"]).pools
+    assert pool.engine.api_key is not None and pool.engine.api_key.env is not None
+    router = kube.find("Deployment", "front-router")
+    assert router is not None
+    (container,) = router["spec"]["template"]["spec"]["containers"]
+    sources = {e["name"]: e.get("valueFrom") for e in container["env"]}
+    assert sources[pool.engine.api_key.env] == {"secretKeyRef": {"name": "engines", "key": "key"}}
+
+
 async def test_gateway_pools_route_alongside_kvgate_pools(kube: FakeKube, events: Events) -> None:
     from test_reconciler import pool
 

@@ -36,6 +36,7 @@ class GatewayTarget:
     selector: dict[str, str]
     port: int
     kv_events: bool
+    api_key: SecretKeyRef | None = None  # the engines' --api-key
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,9 @@ def pool_config(pool: SelectedPool) -> rc.PoolConfig:
             kv_events=pool.gateway.kv_events if pool.gateway is not None else True,
             cpu_offload=spec.engine.cpu_offload_gib is not None,
             cache_ops=spec.cache.cache_ops,
+            api_key=_secret(pool.gateway.api_key)
+            if pool.gateway is not None and pool.gateway.api_key is not None
+            else None,
         ),
         endpoints=rc.EndpointsConfig(
             kubernetes=rc.KubernetesDiscovery(namespace=pool.namespace, service=pool.service)
@@ -184,6 +188,7 @@ def data_refs(spec: RoutingPolicySpec) -> list[DataKeyRef]:
 
 def secret_refs(spec: RoutingPolicySpec) -> list[SecretKeyRef]:
     refs = [k for t in spec.tenants.tenants for k in t.api_keys]
+    refs += [r.api_key for r in spec.pool_refs if r.api_key is not None]
     refs += [t.cache_salt for t in spec.tenants.tenants if t.cache_salt]
     redis = spec.directory.redis
     for ref in (

@@ -63,6 +63,7 @@ def gateway_pool(policy: str, namespace: str, ref: GatewayPoolRef, body: JsonDic
         selector=_selector(spec),
         port=_target_port(spec),
         kv_events=ref.kv_events,
+        api_key=ref.api_key,
     )
     engines = InferencePoolSpec(
         model=ref.model,

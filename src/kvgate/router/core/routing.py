@@ -86,6 +86,7 @@ class RouterState:
         self.policy = policy
         self.classifier = Classifier(config)
         self.pools = {p.key: p for p in config.pools}
+        self._pod_headers = {p.key: _pod_headers(p) for p in config.pools if p.engine.api_key}
         self._keyers: dict[tuple[Any, ...], Keyer] = {}
         self.keyer_by_pool: dict[str, Keyer] = {}
         for pool in config.pools:
@@ -93,6 +94,20 @@ class RouterState:
             if ident not in self._keyers:
                 self._keyers[ident] = keyer_factory(pool)
             self.keyer_by_pool[pool.key] = self._keyers[ident]
+
+    def pod_headers(self, pool: str) -> list[tuple[bytes, bytes]]:
+        """What every request to a pod of `pool` carries: its engines' API key, if any."""
+        return self._pod_headers.get(pool, [])
+
+
+def _pod_headers(pool: PoolConfig) -> list[tuple[bytes, bytes]]:
+    """The pool's `engine.api_key` as a header. Raises ValueError (a config error) when it is
+    empty or cannot be sent as a header."""
+    assert pool.engine.api_key is not None
+    key = pool.engine.api_key.read().strip()
+    if not key or not key.isascii() or not key.isprintable():
+        raise ValueError(f"pool {pool.key}: engine.api_key is empty or not printable ASCII")
+    return [(b"authorization", b"Bearer " + key.encode())]
 
 
 class Router:

@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from kvgate.api.router_config import LimitsConfig
@@ -172,7 +172,10 @@ class Proxy:
         `max_answer_seconds`), any other answer is read whole first (at most
         `max_response_bytes`). RouterError 502/504 when the pod fails before an answer."""
         limits = self.limits
-        headers = [(b"accept", b"application/json, text/event-stream")]
+        headers = [
+            (b"accept", b"application/json, text/event-stream"),
+            *self.core.state.pod_headers(endpoint.pool),
+        ]
         if body:
             headers.append((b"content-type", b"application/json"))
         try:
@@ -255,6 +258,8 @@ class Proxy:
                 [
                     (b"content-type", b"application/json"),
                     (b"x-request-id", request.request_id.encode()),
+                    *_trace_headers(request.headers),
+                    *self.core.state.pod_headers(plan.pool.key),
                 ],
                 connect_timeout=limits.connect_timeout_seconds,
                 head_timeout=head_timeout,
@@ -396,6 +401,18 @@ def _response_headers(
     headers = _passed_headers(upstream)
     headers.extend(plan_headers(plan, request_id))
     return headers
+
+
+_TRACE_HEADERS = ("traceparent", "tracestate")  # W3C trace context: vLLM's tracing reads it
+
+
+def _trace_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    """The client's trace context, passed on to the pod."""
+    return [
+        (name.encode(), headers[name].encode("latin-1"))
+        for name in _TRACE_HEADERS
+        if name in headers
+    ]
 
 
 def _passed_headers(upstream: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kvgate.api.router_config import LimitsConfig
@@ -37,10 +37,12 @@ async def send_warm(
     payload: bytes,
     limits: LimitsConfig,
     *,
+    headers: Sequence[tuple[bytes, bytes]] = (),
     within_seconds: float | None = None,
 ) -> dict[str, Any]:
     """POST one warm request; answers `{status, prompt_tokens, cached_tokens}` or `{status:
-    None, error}` (never raises for the pod's failures)."""
+    None, error}` (never raises for the pod's failures). `headers`: the pod's own (its API
+    key: `RouterState.pod_headers`)."""
     head_timeout = limits.first_byte_timeout_seconds
     if within_seconds is not None:
         head_timeout = min(head_timeout, within_seconds)
@@ -50,7 +52,7 @@ async def send_warm(
                 "POST",
                 url + path,
                 payload,
-                _JSON,
+                [*_JSON, *headers],
                 connect_timeout=limits.connect_timeout_seconds,
                 head_timeout=head_timeout,
             )
@@ -150,6 +152,7 @@ class Warmer:
                     WARM_PATH,
                     payload,
                     self._limits(),
+                    headers=self.core.state.pod_headers(ep.pool),
                     within_seconds=remaining,
                 )
                 ok = result["status"] == 200

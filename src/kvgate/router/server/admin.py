@@ -88,7 +88,14 @@ async def warm(
     limits = runtime.config.limits
 
     async def one(ep: Endpoint) -> dict[str, Any]:
-        result = await send_warm(runtime.upstream, ep.spec.url, path, payload, limits)
+        result = await send_warm(
+            runtime.upstream,
+            ep.spec.url,
+            path,
+            payload,
+            limits,
+            headers=core.state.pod_headers(ep.pool),
+        )
         return {"endpoint": ep.id, **result}
 
     results = await asyncio.gather(*(one(ep) for ep in endpoints))
@@ -132,7 +139,14 @@ async def _warm_top(
             endpoints = core.endpoints.in_pool(pool.key)
 
             async def one(ep: Endpoint, payload: bytes = payload) -> dict[str, Any]:
-                result = await send_warm(runtime.upstream, ep.spec.url, WARM_PATH, payload, limits)
+                result = await send_warm(
+                    runtime.upstream,
+                    ep.spec.url,
+                    WARM_PATH,
+                    payload,
+                    limits,
+                    headers=core.state.pod_headers(ep.pool),
+                )
                 return {"endpoint": ep.id, **result}
 
             results = await asyncio.gather(*(one(ep) for ep in endpoints))
