@@ -81,6 +81,9 @@ def test_an_empty_pod_key_is_a_config_error(tmp_path: Path) -> None:
     def edit(config: dict[str, Any]) -> None:
         config["pools"][0]["engine"] = {"api_key": {"file": str(key_file)}}
 
-    with pytest.raises(AssertionError, match="router exited: .*engine.api_key is empty"):
-        with router_before_pod(KeyedPod, tmp_path, edit=edit):
-            pass
+    error = r"router exited: .*engine\.api_key is empty"
+    with (
+        pytest.raises(AssertionError, match=error),
+        router_before_pod(KeyedPod, tmp_path, edit=edit),
+    ):
+        pass
