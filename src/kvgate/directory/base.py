@@ -193,6 +193,16 @@ class BlockIndex(Protocol):
         """Every known pod (with a generation or at least one entry)."""
         ...
 
+    async def audit(self, pods: Collection[str]) -> tuple[str, set[str]]:
+        """The store's epoch and which of `pods` it does not know (O(len(pods))).
+
+        The epoch is an opaque token that changes when the store lost its data (a Redis that
+        restarted empty, or failed over to a replica that never had it): a router's writes
+        raise nothing then (the client reconnects), and the first new write re-creates its
+        pod with only that write's entries, so only the epoch tells that the rest is gone.
+        """
+        ...
+
     async def stats(self) -> IndexStats:
         """Counts of pods and entries (O(pods), not O(entries))."""
         ...

@@ -14,10 +14,11 @@ lookups go to the shared index (which also holds what other routers and `kvgate 
   timeout per request. Counted in `kvgate_directory_fallback_errors_total{operation}` and
   `kvgate_directory_fallback_degraded`.
 * **Resync**: at most every `resync_interval` after a failure, a background task (owned here,
-  cancelled by `close`) probes the shared index (pods it lacks that the local view knows were
-  lost with it, e.g. by a Redis restart, and are unsynced too), then rebuilds each unsynced pod
-  there from the local view (the probe also runs every `audit_interval`, since a Redis that
-  restarts between two calls raises nothing: the client reconnects):
+  cancelled by `close`) probes the shared index (`audit`: if its epoch changed, a Redis that
+  restarted empty or was replaced, every pod the local view holds is unsynced; else the pods it
+  lacks), then rebuilds each unsynced pod there from the local view (the probe also runs every
+  `audit_interval`, since a Redis that restarts between two calls raises nothing: the client
+  reconnects, and the next write re-creates its pod with that write's entries only):
   a `forget_pod` that was lost is replayed; then the pod's local generation is set, the pod is
   cleared, and its exact entries (per medium) and unexpired approximate entries (with their
   remaining TTL) are written in batches. The snapshot is taken in one step; writes to the pod
@@ -82,6 +83,7 @@ class FallbackIndex:
         self._audit_interval = audit_interval
         self._next_audit = clock() + audit_interval
         self._unsynced: set[str] = set()  # pods whose shared entries missed writes
+        self._epoch: str | None = None  # the shared index's, at the last probe
         self._forgotten: set[str] = set()  # of those, pods whose lost write was a forget_pod
         # Pods being rebuilt -> shared writes that arrived meanwhile (None: too many, rebuild
         # again). A pod is in at most one of _unsynced and _rebuilding.
@@ -138,9 +140,16 @@ class FallbackIndex:
         there (see the module docstring). False (retried later) if the shared index fails."""
         try:
             # The probe. A Redis that restarted empty (or failed over to a replica that missed
-            # writes) lost pods nobody wrote during the outage: those are unsynced too.
-            shared_pods = await self.shared.pods()
-            self._unsynced |= await self.local.pods() - shared_pods - set(self._rebuilding)
+            # writes) lost what the local view holds: every pod, if its epoch changed (a write
+            # since then re-created its pod with that write's entries only), else the pods it
+            # lacks. Those are unsynced too.
+            local_pods = await self.local.pods()
+            epoch, missing = await self.shared.audit(local_pods)
+            if self._epoch is not None and epoch != self._epoch:
+                log.warning("shared directory lost its data (restarted or replaced): rebuilding")
+                missing = local_pods
+            self._epoch = epoch
+            self._unsynced |= missing - set(self._rebuilding)
             if self.degraded:
                 self.degraded = False
                 self._degraded.set(0)
@@ -246,6 +255,9 @@ class FallbackIndex:
                 local: set[str] = await self.local.pods()
                 return (found - unsynced) | (local & unsynced)  # type: ignore[no-any-return]
         return await self.local.pods()
+
+    async def audit(self, pods: Collection[str]) -> tuple[str, set[str]]:
+        return await self.local.audit(pods)  # what it answers for is rebuilt, never lost
 
     async def stats(self) -> IndexStats:
         self._maybe_resync()

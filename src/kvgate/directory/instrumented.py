@@ -33,6 +33,7 @@ _OPERATIONS = (
     "set_generation",
     "get_generation",
     "pods",
+    "audit",
     "stats",
 )
 
@@ -126,6 +127,9 @@ class InstrumentedBlockIndex:
 
     async def pods(self) -> set[str]:
         return await self._observe("pods", self.inner.pods())
+
+    async def audit(self, pods: Collection[str]) -> tuple[str, set[str]]:
+        return await self._observe("audit", self.inner.audit(pods))
 
     async def stats(self) -> IndexStats:
         stats = await self._observe("stats", self.inner.stats())

@@ -409,6 +409,9 @@ class MemoryBlockIndex:
         copies = {bit: dict(keys) for bit, keys in state.copies.items() if keys}
         return PodSnapshot(state.generation, dict(state.exact), media, dict(state.approx), copies)
 
+    async def audit(self, pods: Collection[str]) -> tuple[str, set[str]]:
+        return "memory", {pod for pod in pods if pod not in self._pods}  # it loses nothing
+
     async def stats(self) -> IndexStats:
         return IndexStats(
             pods=len(self._pods),

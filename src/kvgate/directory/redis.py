@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -108,6 +109,11 @@ class RedisConnection:
         return aioredis.Redis.from_url(self.url, retry=retry, **options)
 
 
+MAX_STATS_PODS = 4096
+"""Pods whose entries `stats` sums: a pool of more is broken or hostile (its count is still
+exact)."""
+
+
 def _counts(flat: list[Any]) -> dict[str, int]:
     """A lookup script's answer, `[pod, count, ...]`, as a dict."""
     return {_text(flat[i]): int(flat[i + 1]) for i in range(0, len(flat), 2)}
@@ -155,6 +161,8 @@ class RedisBlockIndex:
         self._set_generation = client.register_script(redis_scripts.SET_GENERATION)
         self._clear = client.register_script(redis_scripts.CLEAR)
         self._collect = client.register_script(redis_scripts.COLLECT)
+        self._audit = client.register_script(redis_scripts.AUDIT)
+        self._stats = client.register_script(redis_scripts.STATS)
         # redis-py 8.1's cluster client, first used by many tasks at once, loses connections
         # ("Connection closed by server", "'NoneType' object has no attribute 'writelines'")
         # while it reads the slot map: the index initialises it once, under a lock, first.
@@ -342,18 +350,18 @@ class RedisBlockIndex:
     async def pods(self) -> set[str]:
         return {_text(p) for p in await (await self._ready()).hkeys(self._keys.registry)}
 
+    async def audit(self, pods: Collection[str]) -> tuple[str, set[str]]:
+        # Set where missing: the first audit of a new (or emptied) store draws its epoch.
+        token = secrets.token_hex(8)
+        found = await self._run(self._audit, [token, *sorted(pods)])
+        return _text(found[0]), {_text(p) for p in found[1:]}
+
     async def stats(self) -> IndexStats:
-        pods = await self.pods()
-        if not pods:
-            return IndexStats(pods=0, entries=0, approximate_entries=0)
-        async with self._client.pipeline(transaction=False) as pipe:
-            for pod in pods:
-                pipe.hlen(self._keys.exact(pod))
-                pipe.zcard(self._keys.approximate(pod))
-            counts = await pipe.execute()
-        return IndexStats(
-            pods=len(pods), entries=sum(counts[0::2]), approximate_entries=sum(counts[1::2])
-        )
+        """One script, whatever the registry holds: entries are summed over at most
+        `MAX_STATS_PODS` pods (reading every pod's counts took 3.9 s of the event loop, every
+        5 s, for a registry of 100,000 fields that anyone who can write Redis could add)."""
+        pods, exact, approximate = await self._run(self._stats, [MAX_STATS_PODS])
+        return IndexStats(pods=pods, entries=exact, approximate_entries=approximate)
 
     async def close(self) -> None:
         if self._closed:

@@ -59,7 +59,7 @@ end
 local function tidy()
   -- a pool with no pods and no garbage leaves no key behind (e.g. after its deletion)
   if redis.call('EXISTS', registry, base .. 'gcq') == 0 then
-    redis.call('DEL', base .. 'meta', base .. 'free')
+    redis.call('DEL', base .. 'meta', base .. 'free', base .. 'epoch')
   end
 end
 local function collect(budget)
@@ -431,4 +431,31 @@ return 1
 # ARGV: base, budget. Reclaims garbage of cleared pods; returns 1 while some remains.
 COLLECT = _script("""
 return collect(tonumber(ARGV[2]))
+""")
+
+# ARGV: base, token, pods... Returns {epoch, missing pods...}: the pool's epoch (set to `token`
+# if it had none: a new pool, or a store that lost its data), and which of `pods` the registry
+# lacks. O(pods asked), whatever the registry holds.
+AUDIT = _script("""
+local k = base .. 'epoch'
+redis.call('SET', k, ARGV[2], 'NX')
+local out = {redis.call('GET', k)}
+for i = 3, #ARGV do
+  if redis.call('HEXISTS', registry, ARGV[i]) == 0 then out[#out + 1] = ARGV[i] end
+end
+return out
+""")
+
+# ARGV: base, max pods. Returns {pods, exact entries, approximate entries}, the entries summed
+# over at most `max pods` of the registry's pods (a registry that large is broken or
+# hostile: its stats cost no more than that).
+STATS = _script("""
+local pods = redis.call('HLEN', registry)
+local names = redis.call('HSCAN', registry, 0, 'COUNT', tonumber(ARGV[2]))[2]
+local exact, approx = 0, 0
+for i = 1, math.min(#names, 2 * tonumber(ARGV[2])), 2 do
+  exact = exact + redis.call('HLEN', base .. 'x:' .. names[i])
+  approx = approx + redis.call('ZCARD', base .. 'a:' .. names[i])
+end
+return {pods, exact, approx}
 """)

@@ -15,7 +15,7 @@ from tests.unit.directory.conformance import (
 )
 
 from kvgate.directory.base import HISTORY_CHUNK_KEYS, MAX_COPIES, BlockIndex
-from kvgate.directory.redis import RedisBlockIndex
+from kvgate.directory.redis import MAX_STATS_PODS, RedisBlockIndex
 
 
 @pytest.fixture
@@ -214,6 +214,25 @@ async def test_a_long_chain_in_one_medium_is_looked_up_a_chunk_per_script(
         info = await raw.info("commandstats")
         assert info["cmdstat_evalsha"]["calls"] == 3
         assert await index.lookup(keys, ["b", "c"], medium="CPU") == {"c": 7}
+    finally:
+        await index.close()
+
+
+async def test_stats_cost_one_script_whatever_the_registry_holds(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """Every registry field was read and parsed on the event loop (3.9 s every 5 s for 100,000
+    fields anyone who can write Redis could add): stats now sum a bounded sample's entries."""
+    index = RedisBlockIndex.from_url(redis_url, "ns/stats", key_prefix="test")
+    try:
+        await index.add("a", chain(3, "st"))
+        registry = "test:{ns/stats}:pods"
+        await raw.hset(registry, mapping={f"junk{i}": "9|" for i in range(2 * MAX_STATS_PODS)})
+        await raw.config_resetstat()
+        stats = await index.stats()
+        info = await raw.info("commandstats")
+        assert stats.pods == 2 * MAX_STATS_PODS + 1 and stats.entries <= 3
+        assert "cmdstat_hkeys" not in info and info["cmdstat_evalsha"]["calls"] == 1
     finally:
         await index.close()
 

@@ -472,6 +472,16 @@ class BlockIndexConformance:
         assert await index.stats() == IndexStats(pods=4, entries=8, approximate_entries=2)
         assert await index.pods() == {"a", "b", "c", "d"}
 
+    async def test_audit_names_the_pods_it_lacks_under_a_steady_epoch(
+        self, index: BlockIndex
+    ) -> None:
+        epoch, missing = await index.audit(["a", "b"])
+        assert missing == {"a", "b"} and epoch
+        await index.add("a", chain(2))
+        await index.set_generation("c", "g")
+        assert await index.audit(["a", "b", "c"]) == (epoch, {"b"})
+        assert await index.audit([]) == (epoch, set())
+
     async def test_concurrent_writers_stay_consistent(self, index: BlockIndex) -> None:
         keys = chain(40)
 
