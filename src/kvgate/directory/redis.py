@@ -311,9 +311,12 @@ class RedisBlockIndex:
         ]
         if len(keys) > self._max_approx:  # the head: a longer history's rest would evict it
             keys = keys[: self._max_approx]
+        slot: _Arg = ""  # the first chunk registers an unknown pod; the others need its slot
         for start in range(0, len(keys), HISTORY_CHUNK_KEYS):
             chunk = keys[start : start + HISTORY_CHUNK_KEYS]
-            await self._run(self._add_approximate, [*head, *_packed(chunk)])
+            slot = await self._run(self._add_approximate, [*head, slot, *_packed(chunk)])
+            if slot == -1:
+                return  # forgotten meanwhile (it left): re-registering it would leak it
 
     async def clear_pod(self, pod: str) -> None:
         if await self._run(self._clear, [pod, 0]):

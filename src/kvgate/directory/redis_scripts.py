@@ -369,17 +369,25 @@ collect(GC_BUDGET)
 return 1
 """).replace("GC_BUDGET", str(GC_BUDGET))
 
-# ARGV: base, pod, now, expiry, cap, ttl_ms, key size, keys (as in LOOKUP)
+# ARGV: base, pod, now, expiry, cap, ttl_ms, slot ('' = any), key size, keys (as in LOOKUP)
 # Collects expired entries, skips keys held exactly, evicts the soonest-expiring over the cap,
 # and keeps the ZSET's own TTL at least as long as its newest entry so an idle pool's routing
-# history disappears entirely.
+# history disappears entirely. Returns the pod's slot. Without a slot an unknown pod is
+# registered; with one (a long history's later chunks) the pod must still hold it, else nothing
+# is written and -1 returned: a pod forgotten between two chunks stays forgotten.
 ADD_APPROXIMATE = _script("""
 local pod = ARGV[2]
-if not reg_get(pod) then reg_set(pod, new_slot(), '') end
+local slot = reg_get(pod)
+if ARGV[7] ~= '' then
+  if slot ~= tonumber(ARGV[7]) then return -1 end
+elseif not slot then
+  slot = new_slot()
+  reg_set(pod, slot, '')
+end
 local x, z = base .. 'x:' .. pod, base .. 'a:' .. pod
 redis.call('ZREMRANGEBYSCORE', z, '-inf', ARGV[3])
 local args = {}
-for _, k in ipairs(read_keys(7)) do
+for _, k in ipairs(read_keys(8)) do
   if redis.call('HEXISTS', x, k) == 0 then
     args[#args + 1] = ARGV[4]
     args[#args + 1] = k
@@ -395,7 +403,7 @@ if excess > 0 then redis.call('ZPOPMIN', z, excess) end
 local ttl = tonumber(ARGV[6])
 local pttl = redis.call('PTTL', z)
 if pttl ~= -2 and pttl < ttl then redis.call('PEXPIRE', z, ttl) end
-return 1
+return slot
 """)
 
 # ARGV: base, pod, generation. Returns 1 when it changed.

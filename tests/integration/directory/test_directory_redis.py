@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -233,6 +234,36 @@ async def test_stats_cost_one_script_whatever_the_registry_holds(
         info = await raw.info("commandstats")
         assert stats.pods == 2 * MAX_STATS_PODS + 1 and stats.entries <= 3
         assert "cmdstat_hkeys" not in info and info["cmdstat_evalsha"]["calls"] == 1
+    finally:
+        await index.close()
+
+
+async def test_a_pod_forgotten_between_two_chunks_of_its_history_stays_forgotten(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """Discovery forgets a pod that left while a long history for it is written: the later
+    chunks re-registered it, and its registry field and slot were never freed."""
+    index = RedisBlockIndex.from_url(redis_url, "ns/left", key_prefix="test")
+    run = index._run
+    chunks = 0
+
+    async def forget_after_the_first_chunk(script: Any, args: list[Any]) -> Any:
+        nonlocal chunks
+        result = await run(script, args)
+        if script is index._add_approximate:
+            chunks += 1
+            if chunks == 1:
+                await index.forget_pod("a")
+        return result
+
+    index._run = forget_after_the_first_chunk  # type: ignore[method-assign]
+    try:
+        await index.add_approximate("a", chain(3 * HISTORY_CHUNK_KEYS, "left"), ttl_seconds=60)
+        assert chunks == 2  # the second was refused; no third was sent
+        assert await index.pods() == set()
+        assert not await raw.exists("test:{ns/left}:a:a")
+        await index.add_approximate("a", chain(2, "left"), ttl_seconds=60)  # it came back
+        assert await index.pods() == {"a"}
     finally:
         await index.close()
 
