@@ -17,6 +17,10 @@ from __future__ import annotations
 
 from kvgate.directory.redis import Client
 
+MAX_REPLICA_ID_BYTES = 256
+"""A replica's id (its pod name and a random suffix) is short: a longer field name is a bad
+writer's, deleted unread (64 fields of 1 MiB names cost a reader 64 MiB a round)."""
+
 EXCHANGE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -31,7 +35,7 @@ for i = 1, #all, 2 do
   local field, value = all[i], all[i + 1]
   local sep = string.find(value, '|', 1, true)
   local at = sep and tonumber(string.sub(value, 1, sep - 1)) or nil
-  if not at or now - at > ttl then
+  if not at or now - at > ttl or #field > MAX_ID_BYTES then
     redis.call('HDEL', KEYS[1], field)
   elseif field ~= ARGV[1] and #out < 2 * limit and #value - sep <= max_bytes then
     out[#out + 1] = field
@@ -39,7 +43,7 @@ for i = 1, #all, 2 do
   end
 end
 return out
-"""
+""".replace("MAX_ID_BYTES", str(MAX_REPLICA_ID_BYTES))
 
 
 class ReplicaBoard:
@@ -74,8 +78,8 @@ class ReplicaBoard:
         out: dict[str, bytes] = {}
         budget = self.max_round_bytes
         for i in range(0, len(raw) - 1, 2):
-            value = raw[i + 1]
-            if len(value) <= min(longest, budget):
-                budget -= len(value)
-                out[raw[i].decode("utf-8", "replace")] = value
+            name, value = raw[i], raw[i + 1]
+            if len(value) + len(name) <= min(longest, budget):
+                budget -= len(value) + len(name)
+                out[name.decode("utf-8", "replace")] = value
         return out

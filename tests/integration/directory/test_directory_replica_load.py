@@ -7,6 +7,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from kvgate.directory.replica_board import MAX_REPLICA_ID_BYTES
 from kvgate.directory.replica_load import MAX_FIELD_BYTES, MAX_ROUND_BYTES, ReplicaLoadBoard
 
 
@@ -30,6 +31,24 @@ async def test_an_oversized_field_is_not_sent_back(redis_url: str) -> None:
         seen = await board.exchange("a", {"p": (0, 0, 0)}, ttl_seconds=5.0, max_replicas=2)
         assert seen == {"b": {"p": (1, 2, 3, 0)}}  # three counts: a replica of before batch
         assert replies[0][::2] == [b"b"]  # the oversized field never crossed the wire
+    finally:
+        await client.aclose()
+
+
+async def test_a_field_of_a_name_no_replica_has_is_deleted_unread(redis_url: str) -> None:
+    """Values were bounded, names not: 64 fields of 1 MiB names cost every reader 64 MiB a
+    round (and the load exchange its 50 ms budget)."""
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        board = ReplicaLoadBoard(client, "ns/names", key_prefix="test")
+        await board.exchange("b", {"p": (1, 2, 3)}, ttl_seconds=5.0, max_replicas=2)
+        seconds, micros = await client.time()
+        stamp = str(seconds * 1000 + micros // 1000).encode()
+        long_name = "x" * (MAX_REPLICA_ID_BYTES + 1)
+        await client.hset(board.key, long_name, stamp + b'|{"p": [0, 0, 0]}')
+        seen = await board.exchange("a", {"p": (0, 0, 0)}, ttl_seconds=5.0, max_replicas=4)
+        assert set(seen) == {"b"}
+        assert not await client.hexists(board.key, long_name)
     finally:
         await client.aclose()
 
