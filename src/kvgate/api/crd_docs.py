@@ -105,7 +105,7 @@ def crds_markdown() -> str:
         out.append(f"## {names['kind']} (`{spec['group']}/{version['name']}`)\n")
         out.append(f"{root['description']}\n")
         out.append(
-            f"Namespaced; `kubectl get {names['plural']}` or "
+            f"Namespaced; `kubectl get {names['plural']}.{spec['group']}` or "
             + ", ".join(f"`{s}`" for s in names["shortNames"])
             + "."
             + (" Supports `kubectl scale`." if "scale" in version["subresources"] else "")

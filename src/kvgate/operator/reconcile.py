@@ -62,7 +62,7 @@ def utc_now() -> str:
 class OperatorSettings:
     """Knobs of the operator (`kvgate operator` flags)."""
 
-    router_image: str = f"kvgate:{__version__}"
+    router_image: str = f"ghcr.io/kvgate/kvgate:{__version__}"
     resync_seconds: float = 30.0
     cleanup_timeout_seconds: float = 5.0
     namespaces: tuple[str, ...] = ()  # watched namespaces; empty: all
