@@ -399,8 +399,15 @@ class Reconciler:
                 continue
             pools.append(SelectedPool(name=name, namespace=owner.namespace, spec=pool_spec))
             endpoints += int((item.get("status") or {}).get("readyReplicas") or 0)
-        if spec.pool_refs:
-            pools += await self._gateway_pools(owner, spec, problems)
+        taken = {pool.name for pool in pools}
+        for pool in await self._gateway_pools(owner, spec, problems) if spec.pool_refs else []:
+            if pool.name in taken:  # the router names pools by namespace/name
+                problems.append(
+                    f"poolRefs {pool.name}: a kvgate InferencePool this policy serves has the "
+                    "same name; rename one of them"
+                )
+            else:
+                pools.append(pool)
         if not pools:
             problems.append(
                 "no valid InferencePool matches spec.pools, spec.poolRefs or spec.poolSelector"

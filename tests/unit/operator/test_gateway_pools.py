@@ -120,6 +120,28 @@ async def test_gateway_pools_route_alongside_kvgate_pools(kube: FakeKube, events
     assert service is not None and [p["name"] for p in service["spec"]["ports"]] == ["http"]
 
 
+async def test_a_gateway_pool_named_as_a_kvgate_pool_of_the_policy_is_left_out_and_said(
+    kube: FakeKube, events: Events
+) -> None:
+    """Both kinds of InferencePool may share a name; the router names pools by namespace and
+    name, so the rendered config was refused whole ("pairs must be unique")."""
+    from test_reconciler import pool
+
+    kube.put(pool())
+    kube.put(upstream_pool(name="llama"))
+    body = kube.put(policy(poolRefs=[{**REF, "name": "llama"}]))
+    status = await make(kube, events).reconcile_policy(body)
+    assert status is not None and status["pools"] == ["llama"]
+    degraded = condition(status, "Degraded")
+    assert degraded["status"] == "True" and degraded["reason"] == "PoolsMissing"
+    assert "poolRefs llama: a kvgate InferencePool this policy serves" in degraded["message"]
+    config_map = kube.find("ConfigMap", "front-router-config")
+    assert config_map is not None
+    (served,) = parse_router_config(config_map["data"]["router.yaml"]).pools
+    assert served.endpoints.kubernetes is not None
+    assert served.endpoints.kubernetes.service == "llama"
+
+
 async def test_missing_or_unusable_gateway_pools_degrade_the_policy(
     kube: FakeKube, events: Events
 ) -> None:
