@@ -229,6 +229,11 @@ class ServerConfig(ConfigModel):
     # open with an OpenAI error event (and answer 503 where no response has started). The pod's
     # terminationGracePeriodSeconds must be larger (the operator renders grace + 15 s).
     shutdown_grace_seconds: float = Field(default=30.0, ge=0)
+    # Browser origins allowed to call the router (CORS: preflights answered, the response
+    # headers a page may read exposed), e.g. ["https://chat.example"], or ["*"] as vLLM's
+    # default --allowed-origins. Empty: no CORS headers (a browser page of another origin is
+    # refused by the browser; put CORS at the ingress if it answers there).
+    cors_allowed_origins: list[str] = Field(default_factory=list, max_length=64)
 
 
 class RouterConfig(ConfigModel):

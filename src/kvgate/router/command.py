@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kvgate.api.router_config import RouterConfig, ServerConfig, load_router_config
 from kvgate.router.setup import quickstart_config
 
 if TYPE_CHECKING:
     from kvgate.router.metrics import RouterMetrics
+    from kvgate.router.server.app import RouterApp
     from kvgate.serving import EdgeState
 
 log = logging.getLogger(__name__)
@@ -135,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
         flush=True,
     )
     serve(
-        app,
+        with_cors(app, server.cors_allowed_origins),
         sock,
         edge=edge,
         grace_seconds=server.shutdown_grace_seconds,
@@ -147,6 +148,24 @@ def run(args: argparse.Namespace) -> int:
         server_header=False,
     )
     return 0
+
+
+def with_cors(app: RouterApp, origins: list[str]) -> Any:
+    """`app`, answering CORS for `origins` if any (Starlette's middleware: preflights, and the
+    headers on every answer, streams included), as vLLM's server does for its --allowed-origins."""
+    if not origins:
+        return app
+    from starlette.middleware.cors import CORSMiddleware
+
+    from kvgate.router.http.proxy import DECISION_HEADERS
+
+    return CORSMiddleware(
+        app,
+        allow_origins=origins,
+        allow_methods=["*"],
+        allow_headers=["*"],
+        expose_headers=["x-request-id", *DECISION_HEADERS],
+    )
 
 
 def edge_state(server: ServerConfig, metrics: RouterMetrics) -> EdgeState:

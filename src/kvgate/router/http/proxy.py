@@ -424,11 +424,23 @@ def _passed_headers(upstream: list[tuple[bytes, bytes]]) -> list[tuple[bytes, by
     ]
 
 
+#: What every answer from a pod carries about the decision (`plan_headers`).
+DECISION_HEADERS = (
+    "x-kvgate-endpoint",
+    "x-kvgate-pool",
+    "x-kvgate-decision",
+    "x-kvgate-prefix-hit-tokens",
+)
+
+
+_ENDPOINT, _POOL, _DECISION, _HITS = (name.encode() for name in DECISION_HEADERS)
+
+
 def plan_headers(plan: RoutePlan, request_id: str) -> list[tuple[bytes, bytes]]:
     return [
-        (b"x-kvgate-endpoint", plan.endpoint.id.encode()),
-        (b"x-kvgate-pool", plan.pool.key.encode()),
-        (b"x-kvgate-decision", plan.decision.reason.encode()),
-        (b"x-kvgate-prefix-hit-tokens", str(plan.decision.predicted_hit_tokens).encode()),
+        (_ENDPOINT, plan.endpoint.id.encode()),
+        (_POOL, plan.pool.key.encode()),
+        (_DECISION, plan.decision.reason.encode()),
+        (_HITS, str(plan.decision.predicted_hit_tokens).encode()),
         (b"x-request-id", request_id.encode()),
     ]
