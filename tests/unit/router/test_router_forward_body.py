@@ -24,10 +24,10 @@ def _expected(body: dict[str, Any], salt: str | None, add_usage: bool, cache_ops
         out.pop("cache_salt", None)
     if not cache_ops:
         out.pop("cache", None)
-    if add_usage:
-        options = out.get("stream_options")
-        out["stream_options"] = {**(options if isinstance(options, dict) else {}),
-                                 "include_usage": True}  # fmt: skip
+    if add_usage:  # the client asked for no usage: per-chunk usage neither (vLLM's rule)
+        options = dict(out.get("stream_options") or {})
+        options.pop("continuous_usage_stats", None)
+        out["stream_options"] = {**options, "include_usage": True}
     return out
 
 

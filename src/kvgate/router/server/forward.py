@@ -59,6 +59,9 @@ def forward_body(
             options = body["stream_options"]
             merged = dict(options) if isinstance(options, dict) else {}
             merged["include_usage"] = True
+            # vLLM sends usage on every chunk only with include_usage: the client asked for
+            # none, and only the last chunk's usage is stripped
+            merged.pop("continuous_usage_stats", None)
             body = {**body, "stream_options": merged}
             changed = True
         else:
