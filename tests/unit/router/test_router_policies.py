@@ -7,6 +7,7 @@ import yaml
 from tests.unit.router.fakes import FakePods
 
 from kvgate.api.router_config import RouterConfig
+from kvgate.router.core.lifecycle import ClientRequest
 from kvgate.router.runtime import RouterRuntime
 from kvgate.router.server.app import RouterApp
 
@@ -75,6 +76,22 @@ async def test_admin_warm_needs_the_token_and_sends_one_token_requests(router_ap
     assert results[0]["cached_tokens"] == 3
     sent = pods.requests[-1][1]
     assert sent["max_tokens"] == 1 and sent["stream"] is False and "targets" not in sent
+
+
+async def test_admin_warm_records_history_only_where_the_prefix_was_computed(router_app, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    data = _two_pools(admin={"token": {"file": str(token)}}).model_dump(mode="json")
+    data["pools"][0]["endpoints"]["static"].append({"url": "http://on1:1"})
+    config = RouterConfig.model_validate(data)
+    client, runtime = await router_app(config, FakePods(status={"on1:1": 500}))
+    good = {"authorization": "Bearer s3cret"}
+    resp = await client.post("/admin/warm", json={**CHAT, "targets": "all"}, headers=good)
+    statuses = {r["endpoint"]: r["status"] for r in resp.json()["results"]}
+    assert statuses == {"on0:1": 200, "on1:1": 500}
+    plan = await runtime.core.explain(ClientRequest(CHAT, {}, "chat"))
+    held = await runtime.core.learner.indexes["default/on"].lookup(plan.keys.block_keys)
+    assert set(held) == {"on0:1"}  # the pod that failed holds nothing of it
 
 
 async def test_admin_api_is_off_without_a_token(router_app):

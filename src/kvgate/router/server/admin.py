@@ -99,8 +99,12 @@ async def warm(
         return {"endpoint": ep.id, **result}
 
     results = await asyncio.gather(*(one(ep) for ep in endpoints))
-    for ep in endpoints:
-        await core.learner.routed(replace(plan, endpoint=ep, pool=core.state.pools[ep.pool]))
+    for ep, result in zip(endpoints, results, strict=True):
+        # History only where the prefix was computed, on a pod still there: one that left
+        # meanwhile would be listed again, its entries never collected.
+        pool = core.state.pools.get(ep.pool)
+        if result["status"] == 200 and pool is not None and core.endpoints.get(ep.id) is ep:
+            await core.learner.routed(replace(plan, endpoint=ep, pool=pool))
     return {
         "model": cls.model,
         "tenant": cls.tenant,
