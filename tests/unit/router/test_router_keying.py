@@ -45,6 +45,11 @@ def test_prompt_size_walk_is_bounded_and_iterative():
         deep = [deep]
     assert prompt_chars_at_least({"prompt": deep}, 1000)
     assert prompt_chars_at_least({"prompt": list(range(10**6))}, 64 * 1024)  # stops at once
+    # A list of scalars counts 8 each, as one by one; strings in a list by their length.
+    ids = {"prompt": [1, 2.0, True, None] * 25}
+    assert prompt_chars_at_least(ids, 8 * 102) and not prompt_chars_at_least(ids, 8 * 102 + 1)
+    texts = {"prompt": ["a" * 50, 1]}
+    assert prompt_chars_at_least(texts, 8 + 8 + 50 + 8) and not prompt_chars_at_least(texts, 75)
 
 
 class BlockingKeyer:

@@ -56,6 +56,7 @@ from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keys import Keyer, RequestKeys
 
 _NODE_CHARS = 8  # what a non-string JSON value counts for in the size walk
+_SCALARS = frozenset({int, float, bool, type(None)})
 TRIM_DELAY_SECONDS = 2.0
 TRIM_NOW_CHARS = 1 << 20
 
@@ -79,7 +80,10 @@ def prompt_chars_at_least(body: Mapping[str, Any], threshold: int) -> bool:
             total += _NODE_CHARS
             if total + len(value) * _NODE_CHARS >= threshold:
                 return True
-            stack.extend(value.values() if isinstance(value, Mapping) else value)
+            if isinstance(value, list) and set(map(type, value)) <= _SCALARS:
+                total += len(value) * _NODE_CHARS  # token ids: counted in C, not one by one
+            else:
+                stack.extend(value.values() if isinstance(value, Mapping) else value)
         else:
             total += _NODE_CHARS
         if total >= threshold:
