@@ -19,6 +19,11 @@ from kvgate.bench.workloads import (
 SWE_AGENT = Path(__file__).resolve().parents[4] / "shared" / "data" / "swe-agent"
 
 
+def test_each_token_id_is_one_four_character_word():
+    assert token_text([0, 1, 36, 46656 + 1295]) == "000 001 010 0zz "
+    assert token_text([]) == ""
+
+
 def test_published_shared_prefix_profiles():
     assert (SGLANG_GSP.num_groups, SGLANG_GSP.prompts_per_group) == (64, 16)
     assert (SGLANG_GSP.system_prompt_len, SGLANG_GSP.question_len, SGLANG_GSP.output_len) == (
