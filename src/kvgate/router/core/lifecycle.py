@@ -374,6 +374,7 @@ class RoutingCore:
             request.body,
             request.headers,
             request.kind,
+            classification=request.classification,
             keys_by_pool=request.keys_by_pool,
             record=False,
             body_bytes=request.body_bytes,

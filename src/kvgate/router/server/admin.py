@@ -74,7 +74,8 @@ async def warm(
     path = "/v1/chat/completions" if kind == "chat" else "/v1/completions"
     core = runtime.core
     cls = core.state.classifier.classify_as(body, headers, tenant)
-    plan = await core.plan(ClientRequest(body, headers, kind, classification=cls))
+    # Recorded nowhere yet: the pods that computed the prefix are recorded once they have.
+    plan = await core.explain(ClientRequest(body, headers, kind, classification=cls))
     if targets == "chosen":
         endpoints = [plan.endpoint]
     else:
