@@ -7,7 +7,10 @@
   ``add_generation_prompt`` default true, ``continue_final_message``, ``reasoning_effort``)
   rendered with the model's chat template (``kvgate.prefix.chat``), then tokenized with
   ``add_special_tokens`` (default false for chat, so a template's own BOS appears once).
-- ``truncate_prompt_tokens: k`` (k ≥ 0) keeps the last k tokens, as vLLM does.
+- ``truncate_prompt_tokens: k`` cuts the prompt to k tokens as vLLM 0.33 does (`truncation`):
+  -1 is the engines' ``max_model_len`` less one; ``truncation_side`` "left" keeps the last k
+  ids of the whole encoding, "right" the first k; without it the tokenizer truncates on the
+  left and keeps the special tokens it adds (a BOS stays first).
 - ``max_tokens`` (the engines' ``max_model_len``): more prompt tokens than that raise
   ``PromptTooLong``, found before tokenizing what cannot fit (``Tokenizer.encode``); with
   truncation the whole text is tokenized first, as vLLM does, and the kept tokens are checked.
@@ -19,6 +22,7 @@ with ``--trust-request-chat-template`` (``trust_request_chat_template=True``).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from kvgate.prefix.chat import ChatTemplate, ChatTemplateError
@@ -34,18 +38,47 @@ TAIL_MARGIN_TOKENS = 64
 other ids than in the whole text."""
 
 
-def _truncation(body: Mapping[str, Any]) -> int | None:
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """`truncate_prompt_tokens` as vLLM 0.33 applies it (``vllm/renderers/params.py``)."""
+
+    keep: int
+    side: Literal["left", "right"] | None  # `truncation_side`; None: the tokenizer's own
+
+    def ids(self, ids: list[int]) -> list[int]:
+        """Token ids cut to `keep`: the last ones, unless the side is "right" (a generating
+        model's tokenizer truncates on the left)."""
+        if len(ids) <= self.keep:
+            return ids
+        if self.keep == 0:
+            return []
+        return ids[: self.keep] if self.side == "right" else ids[-self.keep :]
+
+
+def truncation(
+    body: Mapping[str, Any], max_model_len: int | None, *, chat: bool
+) -> Truncation | None:
+    """The body's truncation, None for none. -1 keeps `max_model_len` less one (one token held
+    back for the output) or, for a request of no output, all of it; with `max_model_len`
+    unknown it is taken as none (exact for every prompt shorter than that)."""
     keep = body.get("truncate_prompt_tokens")
-    if isinstance(keep, int) and not isinstance(keep, bool) and keep >= 0:
-        return keep
-    return None
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < -1:
+        return None
+    if keep == -1:
+        if max_model_len is None:
+            return None
+        keep = max_model_len if _no_output(body, chat=chat) else max(0, max_model_len - 1)
+    side = body.get("truncation_side")
+    return Truncation(keep, side if side in ("left", "right") else None)
 
 
-def _truncate(ids: list[int], body: Mapping[str, Any]) -> list[int]:
-    keep = _truncation(body)
-    if keep is not None:
-        return ids[-keep:] if keep else []
-    return ids
+def _no_output(body: Mapping[str, Any], *, chat: bool) -> bool:
+    """vLLM's `max_output_tokens == 0`: chat reads max_completion_tokens, else max_tokens
+    (absent: None); completions read `max_tokens or 0` (absent: 16)."""
+    if chat:
+        out = body.get("max_completion_tokens")
+        return (out if out is not None else body.get("max_tokens")) == 0
+    return not body.get("max_tokens", 16)
 
 
 def _check(ids: list[int], max_tokens: int | None) -> list[int]:
@@ -99,25 +132,37 @@ class RequestTokenizer:
         for index, item in enumerate(prompts):
             if max_prompts is not None and index >= max_prompts:
                 continue  # `completion_prompts` checked its shape already
+            cut = truncation(body, max_tokens, chat=False)
             if isinstance(item, str):
-                ids = self._encode(item, add_special, body, max_tokens)
+                ids = self._encode(item, add_special, cut, max_tokens)
             else:
-                ids = _check(_truncate(list(item), body), max_tokens)
+                ids = list(item)
+                ids = _check(cut.ids(ids) if cut is not None else ids, max_tokens)
             out.append(ids)
         return out
 
     def _encode(
-        self, text: str, add_special: bool, body: Mapping[str, Any], max_tokens: int | None
+        self, text: str, add_special: bool, cut: Truncation | None, max_tokens: int | None
     ) -> list[int]:
-        keep = _truncation(body)
-        if keep is None or (max_tokens is not None and keep > max_tokens):
+        """`text`'s ids, cut as vLLM cuts them: with a `truncation_side` the whole encoding is
+        sliced; without one the tokenizer truncates (on the left), keeping the special tokens it
+        adds (a BOS stays first) and cutting the text's own ids to what is left of `keep`."""
+        if cut is None or (max_tokens is not None and cut.keep > max_tokens):
             # kept whole, or longer than the cap whatever is kept: `max_tokens` bounds the work
             return self.tokenizer.encode(
                 text, add_special_tokens=add_special, max_tokens=max_tokens
             )
-        if keep == 0:
+        if cut.keep == 0:
             return []
-        return self._encode_last(text, add_special, keep)
+        if cut.side == "right":
+            return self._encode_first(text, add_special, cut.keep)
+        affixes = self.tokenizer.special_affixes if add_special else None
+        if cut.side == "left" or affixes is None:
+            return self._encode_last(text, add_special, cut.keep)
+        prefix, suffix = affixes
+        content = max(0, cut.keep - len(prefix) - len(suffix))
+        middle = self._encode_last(text, False, content) if content else []
+        return [*prefix, *middle, *suffix]
 
     def _encode_last(self, text: str, add_special: bool, keep: int) -> list[int]:
         """The last `keep` ids of `text`, read from its end: a tail of `TAIL_CHARS_PER_TOKEN`
@@ -131,6 +176,16 @@ class RequestTokenizer:
                 return ids[-keep:]
             window *= 4  # ids longer than the guess: a longer tail
         return self.tokenizer.encode(text, add_special_tokens=add_special)[-keep:]
+
+    def _encode_first(self, text: str, add_special: bool, keep: int) -> list[int]:
+        """The first `keep` ids of `text`, read from its start as `_encode_last` reads a tail."""
+        window = (keep + TAIL_MARGIN_TOKENS) * TAIL_CHARS_PER_TOKEN
+        while window < len(text):
+            ids = self.tokenizer.encode(text[:window], add_special_tokens=add_special)
+            if len(ids) >= keep + TAIL_MARGIN_TOKENS:
+                return ids[:keep]
+            window *= 4
+        return self.tokenizer.encode(text, add_special_tokens=add_special)[:keep]
 
     def chat_text(self, body: Mapping[str, Any]) -> str:
         """The prompt text the model's chat template renders for a chat body."""
@@ -176,7 +231,8 @@ class RequestTokenizer:
         add_special = body.get("add_special_tokens", False)
         if not isinstance(add_special, bool):
             raise PromptError("add_special_tokens must be a boolean")
-        return self._encode(self.chat_text(body), add_special, body, max_tokens)
+        cut = truncation(body, max_tokens, chat=True)
+        return self._encode(self.chat_text(body), add_special, cut, max_tokens)
 
     def message_ends(
         self,

@@ -144,6 +144,7 @@ class Tokenizer:
             else backend
         )
         self._splitter, self._added_ids = self._added_token_splitter(added_tokens)
+        self._affixes_fixed = True  # cleared where the post-processor adds no fixed affixes
         self._specials_prefix, self._specials_suffix = self._post_processor_affixes()
 
     @classmethod
@@ -181,6 +182,14 @@ class Tokenizer:
             default = named.get("default")
             return default if isinstance(default, str) else None
         return None
+
+    @property
+    def special_affixes(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """The ids ``add_special_tokens`` puts before and after any text (e.g. ``(BOS,), ()``);
+        None where the post-processor adds no fixed ones."""
+        if not self._affixes_fixed:
+            return None
+        return self._specials_prefix, self._specials_suffix
 
     @property
     def segmented(self) -> bool:
@@ -445,4 +454,5 @@ class Tokenizer:
                 if list(prefix + suffix) == empty:
                     return self._canonical(list(prefix)), self._canonical(list(suffix))
         self._splitter = None  # not a fixed prefix/suffix: never use the segment cache
+        self._affixes_fixed = False
         return (), ()

@@ -56,9 +56,11 @@ def test_completion_prompts(requests, hf_tokenizer):
     ]
 
 
-def test_truncation_reads_the_prompt_from_its_end(requests, monkeypatch):
-    """`truncate_prompt_tokens` keeps the last ids: they are those of the whole text, read from
-    a tail of it (a 15 MB prompt tokenized whole to keep 16 ids took 16 s and 4 GiB)."""
+def test_truncation_reads_the_prompt_from_its_end(requests, hf_tokenizer, monkeypatch):
+    """`truncate_prompt_tokens` as vLLM 0.33 applies it: without `truncation_side` the
+    tokenizer (loaded with truncation_side="left") truncates, keeping the BOS it adds and the
+    text's last ids; the ids are read from a tail of the text (a 15 MB prompt tokenized whole
+    to keep 16 ids took 16 s and 4 GiB)."""
     import random
 
     rng = random.Random(7)
@@ -66,6 +68,7 @@ def test_truncation_reads_the_prompt_from_its_end(requests, monkeypatch):
     text = " ".join(rng.choice(words) for _ in range(20_000))
     tokenizer = requests.tokenizer
     whole = tokenizer.encode(text)
+    hf_tokenizer.truncation_side = "left"  # what vLLM loads a generating model's with
     seen: list[int] = []
     encode = tokenizer.encode
 
@@ -77,13 +80,41 @@ def test_truncation_reads_the_prompt_from_its_end(requests, monkeypatch):
     for keep in (1, 16, 500, 3000):
         seen.clear()
         body = {"prompt": text, "truncate_prompt_tokens": keep}
-        assert requests.completion_token_ids(body) == [whole[-keep:]]
-        assert seen == [min(len(text), (keep + 64) * 32)]  # one tail was enough
+        vllm = hf_tokenizer(text, truncation=True, max_length=keep)["input_ids"]
+        assert requests.completion_token_ids(body) == [vllm]
+        assert vllm[0] == hf_tokenizer.bos_token_id and len(vllm) == keep
+        if keep > 1:
+            assert seen == [min(len(text), (keep - 1 + 64) * 32)]  # one tail was enough
+        # With a side, the whole encoding is sliced: the BOS goes on the left, stays on the right.
+        left = {**body, "truncation_side": "left"}
+        assert requests.completion_token_ids(left) == [whole[-keep:]]
+        right = {**body, "truncation_side": "right"}
+        assert requests.completion_token_ids(right) == [whole[:keep]]
     at_cap = {"prompt": text, "truncate_prompt_tokens": 1000}  # keeps as many as the cap
-    assert requests.completion_token_ids(at_cap, max_tokens=1000) == [whole[-1000:]]
+    vllm = hf_tokenizer(text, truncation=True, max_length=1000)["input_ids"]
+    assert requests.completion_token_ids(at_cap, max_tokens=1000) == [vllm]
     body = {"prompt": "a " * 200_000, "truncate_prompt_tokens": 10**9}
     with pytest.raises(PromptTooLong):  # kept whole, over the cap: the cap bounds the work
         requests.completion_token_ids(body, max_tokens=1000)
+
+
+def test_truncating_to_minus_one_keeps_the_context_less_one_token(requests, hf_tokenizer):
+    """-1 is `max_model_len` less one (a token held back for the output), or all of it for a
+    request of no output; vLLM serves such a prompt, where the router answered 400."""
+    text = "alpha beta " * 3000
+    hf_tokenizer.truncation_side = "left"
+    body = {"prompt": text, "truncate_prompt_tokens": -1, "max_tokens": 8}
+    expected = hf_tokenizer(text, truncation=True, max_length=999)["input_ids"]
+    assert requests.completion_token_ids(body, max_tokens=1000) == [expected]
+    no_output = {**body, "max_tokens": 0}
+    expected = hf_tokenizer(text, truncation=True, max_length=1000)["input_ids"]
+    assert requests.completion_token_ids(no_output, max_tokens=1000) == [expected]
+    ids = {"prompt": list(range(5000)), "truncate_prompt_tokens": -1}
+    assert requests.completion_token_ids(ids, max_tokens=1000) == [list(range(4001, 5000))]
+    chat = {"messages": [{"role": "user", "content": text}], "truncate_prompt_tokens": -1}
+    assert len(requests.chat_token_ids(chat, max_tokens=1000)) == 999
+    short = {"prompt": "alpha", "truncate_prompt_tokens": -1}  # max_model_len unknown
+    assert requests.completion_token_ids(short) == [hf_tokenizer("alpha")["input_ids"]]
 
 
 @pytest.fixture(scope="module")

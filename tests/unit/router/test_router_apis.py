@@ -338,3 +338,27 @@ def test_a_request_without_a_model_names_the_one_model_served():
     with pytest.raises(RouterError) as err:
         Classifier(two).classify({"input": "hi"}, {}, "responses")
     assert err.value.status == 400 and err.value.param == "model"
+
+
+def test_token_ids_are_truncated_as_the_engines_truncate_them_without_a_tokenizer():
+    """A pool without a tokenizer keys token ids as sent; the engines cut them to
+    `truncate_prompt_tokens` first, so the keys matched no block they published."""
+    from kvgate.api.router_config import EngineConfig
+    from kvgate.router.core.keys import Keyer
+
+    keyer = Keyer(EngineConfig(max_model_len=100))
+    ids = list(range(1000, 1400))
+    cut = keyer.keys(
+        {"model": "m", "prompt": ids, "truncate_prompt_tokens": 64}, "completion", None
+    )
+    assert (
+        cut.block_keys
+        == keyer.keys({"model": "m", "prompt": ids[-64:]}, "completion", None).block_keys
+    )
+    right = {"model": "m", "prompt": ids, "truncate_prompt_tokens": 64, "truncation_side": "right"}
+    assert (
+        keyer.keys(right, "completion", None).block_keys
+        == keyer.keys({"model": "m", "prompt": ids[:64]}, "completion", None).block_keys
+    )
+    whole = {"model": "m", "prompt": ids, "truncate_prompt_tokens": -1}  # 99 of 400: served
+    assert len(keyer.keys(whole, "completion", None).block_keys) == 99 // 16

@@ -57,6 +57,7 @@ from kvgate.prefix.cache_ops import (
 )
 from kvgate.prefix.hashing import INT_KEY_SIZE
 from kvgate.prefix.message_ends import render_budget
+from kvgate.prefix.prompt import truncation
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.reuse import PromptReuse
 
@@ -191,6 +192,8 @@ class Keyer:
                 raise RouterError(400, "`prompt` is an empty batch", param="prompt")
             first = prompts[0]
             if isinstance(first, list) and self.requests is None:
+                cut = truncation(body, self.max_tokens, chat=False)  # the engines cut ids too
+                first = cut.ids(first) if cut is not None else first
                 if limit is not None and len(first) > limit and not with_ops:
                     over = PromptTooLong(limit, len(first), exact=True)
                     raise too_long(over, "prompt", self.max_tokens)
