@@ -102,7 +102,12 @@ class RequestTokenizer:
         self.tokenizer = tokenizer
         self.content_format = content_format
         self.trust_request_chat_template = trust_request_chat_template
-        source = chat_template if chat_template is not None else tokenizer.chat_template
+        # A configured template replaces the tokenizer's; of a named set, "tool_use" renders a
+        # request with `tools` and "default" any other, as transformers' get_chat_template picks.
+        self._named = (
+            {"default": chat_template} if chat_template is not None else tokenizer.chat_templates
+        )
+        source = self._named.get("default")
         self.template = (
             ChatTemplate(source, tokenizer.special_tokens_map, content_format=content_format)
             if source is not None
@@ -257,6 +262,10 @@ class RequestTokenizer:
             )
         if source is not None and not isinstance(source, str):
             raise PromptError("chat_template must be a string")
+        if source is None and body.get("tools") is not None and "tool_use" in self._named:
+            source = self._named["tool_use"]
+        elif source in self._named:  # a template's name, as vLLM resolves it
+            source = self._named[source]
         if isinstance(source, str):
             template = self._request_templates.get(source)
             if template is None:

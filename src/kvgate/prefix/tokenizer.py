@@ -174,14 +174,25 @@ class Tokenizer:
 
     @property
     def chat_template(self) -> str | None:
+        """The default chat template (a named set's "default")."""
+        return self.chat_templates.get("default")
+
+    @property
+    def chat_templates(self) -> dict[str, str]:
+        """The chat templates by name: one template is "default"; a named set
+        (``[{"name": "default", "template": ...}, {"name": "tool_use", ...}]``) as given."""
         template = self.config.get("chat_template")
         if isinstance(template, str):
-            return template
-        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-            default = named.get("default")
-            return default if isinstance(default, str) else None
-        return None
+            return {"default": template}
+        if isinstance(template, list):
+            return {
+                t["name"]: t["template"]
+                for t in template
+                if isinstance(t, dict)
+                and isinstance(t.get("name"), str)
+                and isinstance(t.get("template"), str)
+            }
+        return {}
 
     @property
     def special_affixes(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:

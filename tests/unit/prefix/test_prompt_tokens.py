@@ -171,3 +171,29 @@ def test_bad_completion_bodies(requests, body):
 def test_bad_chat_bodies(trusting, body):
     with pytest.raises(PromptError):
         trusting.chat_token_ids(body)
+
+
+def test_a_named_template_set_renders_tools_with_tool_use(tmp_path):
+    """Tokenizers such as Hermes-2-Pro ship templates by name: transformers (so vLLM) renders a
+    request with `tools` with "tool_use", any other with "default"; every tools request was
+    rendered with "default" (keys no engine computed)."""
+    import json
+    import shutil
+
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(TOKENIZER_DIR / name, tmp_path / name)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    default = config["chat_template"]
+    tool_use = "{{ bos_token }}TOOLS {{ (tools or []) | length }}: {{ messages[0]['content'] }}"
+    config["chat_template"] = [
+        {"name": "default", "template": default},
+        {"name": "tool_use", "template": tool_use},
+    ]
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    named = RequestTokenizer(Tokenizer.from_dir(tmp_path), trust_request_chat_template=True)
+    plain = RequestTokenizer(Tokenizer.from_dir(TOKENIZER_DIR))
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    assert named.chat_text(body) == plain.chat_text(body)
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    assert named.chat_text({**body, "tools": tools}).endswith("TOOLS 1: hi")
+    assert named.chat_text({**body, "chat_template": "tool_use"}).endswith("TOOLS 0: hi")
