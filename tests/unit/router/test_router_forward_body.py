@@ -59,6 +59,14 @@ def test_the_pod_reads_the_clients_body_with_the_routers_changes():
             assert sent.endswith(raw[len(pad) + 1 :])
 
 
+def test_a_kv_cache_report_mode_never_reaches_the_pod():
+    """vLLM 0.33 reads `vllm_xargs.kv_cache_report_mode`; "full" publishes a BlockStored for
+    every hit, which the directory counts as copies: an evicted block stayed listed."""
+    body = {"model": "m", "prompt": "hi", "vllm_xargs": {"kv_cache_report_mode": "full", "a": 1}}
+    sent = json.loads(forward_body(json.dumps(body).encode(), body, None, False, cache_ops=False))
+    assert sent["vllm_xargs"] == {"a": 1} and sent["prompt"] == "hi"
+
+
 def test_an_empty_object_a_nan_and_a_large_body():
     assert json.loads(forward_body(b" { } ", {}, "s", True, cache_ops=True)) == {
         "cache_salt": "s", "stream_options": {"include_usage": True}}  # fmt: skip

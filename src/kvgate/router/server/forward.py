@@ -1,8 +1,9 @@
 """The body the router sends to the pod, from the client's bytes, with as little work as it can.
 
 The router changes a body only to inject the tenant's cache salt, to ask a stream for usage, to
-name the pod in a Responses API request's id, to remove `cache` ops a pod does not take, or to
-add the ones it chose. Writing a large body anew holds the GIL, so the event loop, for all of it
+name the pod in a Responses API request's id, to remove `cache` ops a pod does not take (or a
+`vllm_xargs.kv_cache_report_mode`, which changes the pod's KV events), or to add the ones it
+chose. Writing a large body anew holds the GIL, so the event loop, for all of it
 (`json.dumps`: ~38 ms for 13 MB): fields the client did not send are instead written into the
 client's bytes right after the object's opening brace (one copy: 1 ms for 13 MB), so the common
 cases (a salt, `stream_options`, `request_id` where the client set none) never serialise the
@@ -22,6 +23,7 @@ import msgspec
 from kvgate.router.server.body import STRICT_JSON_ABOVE
 
 _WHITESPACE = b" \t\r\n"
+_REPORT_MODE = "kv_cache_report_mode"  # vLLM 0.33's `vllm_xargs` key for KV event reports
 _CLOSES = re.compile(rb"[ \t\r\n]*\}")  # an object with no member
 
 
@@ -53,6 +55,12 @@ def forward_body(
         changed = True
     if not cache_ops and "cache" in body:
         body = {k: v for k, v in body.items() if k != "cache"}
+        changed = True
+    xargs = body.get("vllm_xargs")
+    if isinstance(xargs, dict) and _REPORT_MODE in xargs:
+        # "full" makes vLLM publish a BlockStored for every cache hit: the directory counts
+        # each as a copy, and one eviction then leaves the block listed for good.
+        body = {**body, "vllm_xargs": {k: v for k, v in xargs.items() if k != _REPORT_MODE}}
         changed = True
     if add_usage:
         if "stream_options" in body:
