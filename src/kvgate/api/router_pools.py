@@ -4,7 +4,7 @@ assembles the whole file from these and the other sections)."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -25,6 +25,10 @@ class TokenizerConfig(ConfigModel):
 
     path: str | None = None
     chat_template: str | None = None  # file; default: the template shipped with the tokenizer
+    # The engines' --default-chat-template-kwargs: under each request's chat_template_kwargs.
+    default_chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # The engines' --reasoning-effort-map: a request's reasoning_effort rewritten before rendering.
+    reasoning_effort_map: dict[str, str] = Field(default_factory=dict)
     approximate_chars_per_block: int = Field(default=64, ge=1)
     # Approximate keys cover at most this many blocks (64 Ki blocks of 64 characters: 4 MiB).
     approximate_max_blocks: int = Field(default=65_536, ge=1)

@@ -97,9 +97,14 @@ class RequestTokenizer:
         *,
         content_format: ContentFormat | Literal["auto"] = "auto",
         trust_request_chat_template: bool = False,
+        default_chat_template_kwargs: Mapping[str, Any] | None = None,
+        reasoning_effort_map: Mapping[str, str] | None = None,
     ) -> None:
-        """``content_format`` and ``trust_request_chat_template``: the vLLM flags of that name."""
+        """``content_format``, ``trust_request_chat_template``, ``default_chat_template_kwargs``
+        and ``reasoning_effort_map``: the vLLM flags of those names."""
         self.tokenizer = tokenizer
+        self.default_chat_template_kwargs = dict(default_chat_template_kwargs or {})
+        self.reasoning_effort_map = dict(reasoning_effort_map or {})
         self.content_format = content_format
         self.trust_request_chat_template = trust_request_chat_template
         # A configured template replaces the tokenizer's; of a named set, "tool_use" renders a
@@ -209,8 +214,14 @@ class RequestTokenizer:
         kwargs = dict(kwargs)
         effort = body.get("reasoning_effort")
         if effort is not None:
+            effort = (
+                self.reasoning_effort_map.get(effort, effort) if isinstance(effort, str) else effort
+            )
             kwargs["reasoning_effort"] = effort
             kwargs.setdefault("enable_thinking", effort != "none")
+        if self.default_chat_template_kwargs:  # vLLM's merge: a request's None or "auto" is unset
+            given = {k: v for k, v in kwargs.items() if v not in (None, "auto")}
+            kwargs = {**self.default_chat_template_kwargs, **given}
         tools = body.get("tools")
         if tools is not None and not isinstance(tools, list):
             raise PromptError("tools must be a list")

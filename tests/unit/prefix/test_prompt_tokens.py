@@ -197,3 +197,25 @@ def test_a_named_template_set_renders_tools_with_tool_use(tmp_path):
     tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
     assert named.chat_text({**body, "tools": tools}).endswith("TOOLS 1: hi")
     assert named.chat_text({**body, "chat_template": "tool_use"}).endswith("TOOLS 0: hi")
+
+
+def test_the_engines_default_template_kwargs_and_effort_map_render_as_vllm_renders():
+    """vLLM merges --default-chat-template-kwargs under a request's own (a None or "auto" of
+    the request's leaves the default) and rewrites reasoning_effort by --reasoning-effort-map."""
+    template = (
+        "{{ bos_token }}Reasoning: {{ reasoning_effort or 'medium' }}; "
+        "thinking {{ enable_thinking }}; {{ messages[0]['content'] }}"
+    )
+    tokenizer = Tokenizer.from_dir(TOKENIZER_DIR)
+    engines = RequestTokenizer(
+        tokenizer,
+        template,
+        default_chat_template_kwargs={"reasoning_effort": "high", "enable_thinking": False},
+        reasoning_effort_map={"medium": "low"},
+    )
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    assert engines.chat_text(body).endswith("Reasoning: high; thinking False; hi")
+    mine = {**body, "chat_template_kwargs": {"enable_thinking": True, "reasoning_effort": None}}
+    assert engines.chat_text(mine).endswith("Reasoning: high; thinking True; hi")
+    mapped = {**body, "reasoning_effort": "medium"}
+    assert engines.chat_text(mapped).endswith("Reasoning: low; thinking True; hi")

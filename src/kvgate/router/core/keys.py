@@ -98,7 +98,7 @@ def keyer_identity(engine: EngineConfig) -> tuple[Any, ...]:
         engine.hash_seed,
         engine.int_block_hashes,
         engine.max_model_len,
-        engine.tokenizer,  # path, template, cache budgets (a frozen model: hashable)
+        engine.tokenizer.model_dump_json(),  # path, template, template defaults, budgets
         engine.cache_ops,
     )
 

@@ -17,6 +17,11 @@ def load_request_tokenizer(config: TokenizerConfig) -> RequestTokenizer | None:
         template = (
             Path(config.chat_template).read_text(encoding="utf-8") if config.chat_template else None
         )
-        return RequestTokenizer(tokenizer, template)
+        return RequestTokenizer(
+            tokenizer,
+            template,
+            default_chat_template_kwargs=config.default_chat_template_kwargs,
+            reasoning_effort_map=config.reasoning_effort_map,
+        )
     except (TokenizerError, OSError) as exc:
         raise ValueError(f"tokenizer {config.path}: {exc}") from exc
