@@ -100,6 +100,10 @@ def test_arrival_order_follows_the_run():
     b = completion_request("b", [2], 1, 1)
     recs = [_record("b", 0.1, 0.2, 0.3), _record("a", 0.5, 0.6, 0.7)]
     assert [r.request_id for r in arrival_order([a, b], recs)] == ["b", "a"]
+    # A prompt no pod serves (400: over max_model_len) is no hit any cache could make.
+    too_long = completion_request("c", [3], 1, 2)
+    refused = RequestRecord("c", "online", None, 0.8, 0.8, end_s=0.8, status=400, error="long")
+    assert [r.request_id for r in arrival_order([a, b, too_long], [*recs, refused])] == ["b", "a"]
 
 
 def test_report_json_and_table(tmp_path):
