@@ -74,7 +74,9 @@ class TraceRow(BaseModel):
         default=None, ge=0, description="since the trace start: ms, or s in Bailian traces"
     )
     input_length: int | None = Field(default=None, ge=1)
-    output_length: int = Field(ge=1)
+    output_length: int | None = Field(
+        default=None, ge=0, description="tokens answered; 0 or none: one (aiperf's may omit it)"
+    )
     hash_ids: list[int] = Field(default_factory=list)
     messages: list[dict[str, Any]] | None = Field(
         default=None, min_length=1, description="aiperf traces: the chat sent, as is"
@@ -90,11 +92,34 @@ class TraceRow(BaseModel):
         default=None, ge=0, description="ms after the session's previous answer (closed loop)"
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _readable(cls, data: Any) -> Any:
+        """Forms of aiperf's that are not one request per row, refused by name (read as rows,
+        they were refused for a missing field, or replayed without their history)."""
+        if isinstance(data, dict):
+            if "turns" in data:
+                raise ValueError(
+                    "a session with `turns` (aiperf's multi_turn file) is not read: write one "
+                    "row per turn with the session's `session_id`"
+                )
+            if data.get("message_mode") not in (None, "full"):
+                raise ValueError(
+                    f"message_mode {data['message_mode']!r} is not read: each row must carry "
+                    "the whole chat it sends (message_mode full)"
+                )
+        return data
+
     @model_validator(mode="after")
     def _has_a_prompt(self) -> TraceRow:
         if self.input_length is None and self.messages is None and self.text_input is None:
             raise ValueError("a row needs input_length (with hash_ids), messages or text_input")
         return self
+
+    @property
+    def answer_tokens(self) -> int:
+        """What the row's answer is sent for: its `output_length`, at least one token."""
+        return max(1, self.output_length or 0)
 
     @property
     def has_text(self) -> bool:
@@ -178,7 +203,7 @@ def read_trace(
 
 
 def read_trace_file(path: Path, max_rows: int | None = None) -> list[TraceRow]:
-    with path.open(encoding="utf-8") as handle:
+    with path.open(encoding="utf-8-sig") as handle:  # a BOM, as Windows editors write one
         return read_trace(handle, source=str(path), max_rows=max_rows)
 
 
@@ -335,7 +360,7 @@ class _Replay:
     """Each row's session id (by its index in the trace)."""
 
     def request(self, index: int, row: TraceRow, arrival: float, think: float) -> BenchRequest:
-        output = row.output_length
+        output = row.answer_tokens
         if self.params.max_output_len is not None:
             output = min(output, self.params.max_output_len)
         if row.has_text:

@@ -40,6 +40,28 @@ def test_bad_lines_name_their_line_number():
         build_trace_workload([], TraceParams())
 
 
+def test_what_publishers_write_is_read_or_refused_by_name(tmp_path: Path):
+    """aiperf's rows may omit output_length, its converter writes 0, Windows editors add a
+    BOM: each refused the whole trace. aiperf's nested multi_turn sessions and delta rows are
+    not one request per row: refused by name (delta rows were replayed without their
+    history)."""
+    rows = _rows(
+        '{"timestamp": 0, "input_length": 10, "hash_ids": [1]}',
+        '{"timestamp": 5, "input_length": 10, "output_length": 0, "hash_ids": [1]}',
+    )
+    assert [r.answer_tokens for r in rows] == [1, 1]
+    workload = build_trace_workload(rows, TraceParams(block_tokens=16))
+    assert [r.max_tokens for r in workload.requests] == [1, 1]
+    path = tmp_path / "bom.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 3, "hash_ids": [1]}\n',
+                    encoding="utf-8-sig")  # fmt: skip
+    assert read_trace_file(path)[0].output_length == 3
+    with pytest.raises(TraceError, match="multi_turn"):
+        _rows('{"session_id": "s", "turns": [{"text": "hi"}]}')
+    with pytest.raises(TraceError, match="message_mode 'delta'"):
+        _rows('{"session_id": "s", "message_mode": "delta", "messages": [{"role": "user"}]}')
+
+
 def test_shared_hash_ids_mean_shared_tokens_and_nothing_else():
     rows = _rows(
         '{"timestamp": 0, "input_length": 1100, "output_length": 4, "hash_ids": [7, 8, 9]}',
