@@ -16,7 +16,7 @@ from kvgate.api.fleet import LoadSharingConfig, WarmupConfig
 from kvgate.bench.des_driver import ProgressFn, RouterDriver
 from kvgate.bench.hit_bounds import fleet_kv_blocks, hit_rate_bounds
 from kvgate.bench.records import GeneratorHealth, LoadSample, RequestRecord
-from kvgate.bench.report import BenchReport, arrival_order, summarize
+from kvgate.bench.report import BenchReport, arrival_order, summarize, unsent_notes
 from kvgate.bench.targets import kvgate_policies
 from kvgate.bench.workload import Workload
 from kvgate.scoring.registry import default_registry
@@ -177,6 +177,6 @@ def des_report(
             "workload_params": workload.params,
             **({"policy_params": policy_params} if policy_params else {}),
         },
-        notes=notes,
+        notes=[*notes, *unsent_notes(workload.size, records)],
     )
     return report, records, samples

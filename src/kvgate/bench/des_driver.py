@@ -159,7 +159,6 @@ class RouterDriver(FleetDriver):
         self._queued: dict[str, tuple[RequestRecord, ClientRequest, RoutingCore]] = {}
         self._decided: list[Waiter] = []
         self._granted: dict[str, Waiter] = {}
-        self._later: list[TraceRequest] = []  # next turns of sessions refused at arrival
         self.records: list[RequestRecord] = []
         self.samples: list[LoadSample] = []
         self.decisions: list[tuple[str, str, str, int]] = []
@@ -285,9 +284,8 @@ class RouterDriver(FleetDriver):
         return bool(self._queued)
 
     def released(self, now: float) -> list[TraceRequest]:
-        """Queued requests the core granted (they arrive again now) or refused (recorded, and a
-        session's next turn follows)."""
-        out, self._later = self._later, []
+        """Queued requests the core granted (they arrive again now) or refused (recorded)."""
+        out: list[TraceRequest] = []
         decided, self._decided = self._decided, []
         for waiter in decided:
             request_id = waiter.request.request_id
@@ -296,22 +294,14 @@ class RouterDriver(FleetDriver):
                 out.append(_pod_request(self._bench[request_id][0], now))
             else:
                 record, _client, _core = self._queued.pop(request_id)
-                self._refused(record, waiter.error, now, follow_ups=out)
+                self._refused(record, waiter.error, now)
         return out
 
-    def _refused(
-        self,
-        record: RequestRecord,
-        exc: RouterError,
-        now: float,
-        follow_ups: list[TraceRequest] | None = None,
-    ) -> None:
+    def _refused(self, record: RequestRecord, exc: RouterError, now: float) -> None:
+        """The router refused the request: recorded, and its session ends there, as a live
+        agent whose call failed stops (`loadgen.py`); the turns not sent are in the report."""
         record.status, record.error, record.end_s = exc.status, exc.message, now
-        nxt = self._finish_one(record.request_id, now)
-        if follow_ups is not None:
-            follow_ups.extend(nxt)
-        else:
-            self._later.extend(nxt)
+        self._finish_one(record.request_id, now)
 
     def _send(
         self,

@@ -45,6 +45,7 @@ from kvgate.bench.report import (
     arrival_order,
     rescaled,
     summarize,
+    unsent_notes,
 )
 from kvgate.bench.targets import kvgate_policies, start_target
 from kvgate.bench.workload import Workload
@@ -235,7 +236,7 @@ def write_outputs(
             "router_args": settings.router_args,
             "workload_params": workload.params,
         },
-        notes=run.notes,
+        notes=[*run.notes, *unsent_notes(workload.size, run.records)],
     )
     report_path = report.write(out_dir)
     for name, recs in run.records.items():

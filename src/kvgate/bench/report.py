@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -184,6 +184,18 @@ def arrival_order(
     by_id = {r.request_id: r for r in requests}
     sent = sorted(records, key=lambda r: r.sent_s)
     return [by_id[r.request_id] for r in sent if r.request_id in by_id and r.status != 400]
+
+
+def unsent_notes(size: int, records: Mapping[str, Sequence[RequestRecord]]) -> list[str]:
+    """A note for each target that sent fewer of the workload's `size` requests: a session
+    ends at its first failed turn, as an agent whose call failed stops (and a live run's
+    `--duration` stops sending)."""
+    return [
+        f"{name}: {size - len(recs)} of {size} requests not sent (a session ends at its first "
+        "failed turn; a live run's --duration stops sending)"
+        for name, recs in records.items()
+        if len(recs) < size
+    ]
 
 
 @dataclass

@@ -88,6 +88,24 @@ def test_a_trace_without_timestamps_replays_each_session_turn_after_turn():
             assert later.sent_s >= earlier.end_s + 0.04 - 1e-9
 
 
+def test_a_session_ends_at_a_refused_turn_and_the_report_counts_what_was_not_sent():
+    """As a live agent whose call failed stops; the turns after it were counted nowhere."""
+    lengths = {"s0": [600, 200_000, 700], "s1": [600, 650, 700]}  # 200k: over max_model_len
+    rows = read_trace(
+        f'{{"session_id": "{s}", "input_length": {n}, "output_length": 4, "hash_ids": [{i}]}}'
+        for i, (s, turns) in enumerate(lengths.items())
+        for n in turns
+    )
+    report, records, _ = des_report(build_trace_workload(rows, TraceParams()), 2, ["kvgate"])
+    assert sorted((r.session_id, r.status) for r in records["kvgate"]) == [
+        ("s0", 200), ("s0", 400), ("s1", 200), ("s1", 200), ("s1", 200)
+    ]  # fmt: skip
+    assert report.notes == [
+        "kvgate: 1 of 6 requests not sent (a session ends at its first failed turn; a live "
+        "run's --duration stops sending)"
+    ]
+
+
 def test_a_trace_of_chats_is_tokenized_and_its_later_turns_hit_the_cache():
     """Rows that carry their prompt (aiperf's `messages`): each turn reaches the pods as the
     simulator tokenizes it, and a later turn of a session reuses its earlier turns' blocks."""
