@@ -29,6 +29,7 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+from rich.text import Text
 
 from kvgate.bench.agent_sessions import ChatTokenizer, Message, render_chat_text
 from kvgate.bench.context_compare import add_arguments as add_context_arguments
@@ -206,9 +207,14 @@ def run(args: argparse.Namespace) -> int:
         return run_context(args, lambda text: console.print(text, markup=False, soft_wrap=True))
     try:
         targets = validate_targets([t.strip() for t in args.targets.split(",") if t.strip()])
+        if args.mode == "des" and args.duration is not None:
+            raise ValueError(
+                "--duration applies to live runs; a discrete-event run is cut with --param "
+                "max_requests=N (or max_duration_s=S for a trace)"
+            )
         workload = load_workload(args)
-    except ValueError as exc:
-        console.print(f"[red]error:[/red] {exc}")
+    except (ValueError, OSError) as exc:  # bad input, or no such file
+        console.print(Text.assemble(("error:", "red"), f" {exc}"))
         return 2
     if args.mode == "des":
         return run_des_mode(workload, targets, args, console)
@@ -232,7 +238,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = run_live_with_progress(workload, settings, args.out, console)
     except StartError as exc:
-        console.print(f"[red]error:[/red] the simulated fleet did not start: {exc}", markup=False)
+        console.print(
+            Text.assemble(("error:", "red"), f" the simulated fleet did not start: {exc}")
+        )
         return 1
     console.print(result_table_text(result.report_path), markup=False)
     console.print(f"report: {result.report_path}")

@@ -35,6 +35,7 @@ from typing import Any
 from kvgate.bench.capacity import fleet_capacity
 from kvgate.bench.mooncake import TraceError
 from kvgate.bench.report import BenchReport
+from kvgate.bench.targets import validate_targets
 from kvgate.bench.workload import Workload
 from kvgate.bench.workloads import (
     WORKLOAD_NAMES,
@@ -228,13 +229,19 @@ def run_sweep(args: argparse.Namespace, say: Callable[[str], None]) -> int:
     if args.workload_seed is not None and args.trace is not None:
         say("error: --workload-seed needs --workload (a trace's requests are fixed)")
         return 2
+    if "max_duration_s" in params:
+        # cut after each level's speed-up, it would replay another slice of the trace at each
+        say("error: a sweep cannot cut by max_duration_s (each level would replay other "
+            "rows); use max_requests")  # fmt: skip
+        return 2
     try:
+        targets = validate_targets(targets)
         results = sweep(
             args.workload, args.trace, params, levels, args.pods, targets, seeds=args.seed,
             workload_seeds=args.workload_seed, policy_params=policy_params or None,
             on_level=on_level,
         )  # fmt: skip
-    except (NotSweepableError, TraceError) as exc:
+    except (NotSweepableError, TraceError, ValueError, OSError) as exc:  # bad input, no file
         say(f"error: {exc}")
         return 2
     draws = args.workload_seed or [None]

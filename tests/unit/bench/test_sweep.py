@@ -158,3 +158,33 @@ def test_an_unknown_policy_param_is_an_error() -> None:
 
     with pytest.raises(ValidationError, match="no_such_knob"):
         sweep("shared-prefix", None, SMALL, [1], 2, ["kvgate"], policy_params={"no_such_knob": 1})
+
+
+def test_bad_input_is_a_clear_error_not_a_traceback_or_a_silent_drop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A target's typo was dropped silently (exit 0, a table of the others); a missing file
+    and a bad --param were tracebacks; --duration in des mode was ignored; a sweep cut by
+    max_duration_s replayed other rows at each level."""
+    from kvgate.cli import main
+
+    out = ["--out", str(tmp_path)]
+    trace = ["--trace", str(TRACE), "--levels", "1", "--pods", "2"]
+    cases = [
+        (["bench", "sweep", *trace, "--targets", "kvgate,roundrobin", *out], "unknown target"),
+        (["bench", "sweep", "--trace", str(tmp_path / "none.jsonl"), *out], "No such file"),
+        (["bench", "sweep", *trace, "--param", "max_request=5", *out], "max_request"),
+        (["bench", "sweep", *trace, "--param", "max_duration_s=5", *out], "max_requests"),
+        (
+            ["bench", "run", "--trace", str(tmp_path / "none.jsonl"), "--mode", "des", *out],
+            "No such file",
+        ),
+        (
+            ["bench", "run", "--trace", str(TRACE), "--mode", "des", "--duration", "5", *out],
+            "--duration applies to live runs",
+        ),
+    ]
+    for args, said in cases:
+        assert main(args) == 2, args
+        printed = capsys.readouterr().out
+        assert said in printed and "Traceback" not in printed, (args, printed)
