@@ -180,6 +180,7 @@ class RouterDriver(FleetDriver):
                 self.index,
                 self._zmq,
                 offload_tier=self._cpu_offload,
+                block_size=self.config.pools[0].engine.block_size,
             )
             self._complete(subscriber.open())
             self._subscribers.append(subscriber)

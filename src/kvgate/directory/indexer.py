@@ -38,6 +38,7 @@ class SubscriptionManager:
         limits: KvEventsConfig | None = None,
         kv_cache_group: int | None = 0,
         offload_tier: bool = False,
+        block_size: int | None = None,
         restart_backoff_seconds: float = 1.0,
     ) -> None:
         self._index = index
@@ -46,6 +47,7 @@ class SubscriptionManager:
         self._limits = limits
         self._group = kv_cache_group
         self._offload_tier = offload_tier
+        self._block_size = block_size
         self._backoff = restart_backoff_seconds
         self._context = zmq.asyncio.Context()
         self._subscribers: dict[str, PodSubscriber] = {}
@@ -96,6 +98,7 @@ class SubscriptionManager:
             limits=self._limits,
             kv_cache_group=self._group,
             offload_tier=self._offload_tier,
+            block_size=self._block_size,
         )
         self._subscribers[endpoint.pod] = sub
         self._tasks[endpoint.pod] = asyncio.create_task(

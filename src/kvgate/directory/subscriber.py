@@ -139,6 +139,7 @@ class PodSubscriber:
         limits: KvEventsConfig | None = None,
         kv_cache_group: int | None = 0,
         offload_tier: bool = False,
+        block_size: int | None = None,
         retry_seconds: float = 0.5,
         drain_messages: int = 256,
     ) -> None:
@@ -150,6 +151,7 @@ class PodSubscriber:
         self._limits = limits or KvEventsConfig()
         self._groups = CacheGroupFilter(kv_cache_group)
         self._media = {DEFAULT_MEDIUM, MEDIUM_CPU} if offload_tier else {DEFAULT_MEDIUM}
+        self._block_size = block_size  # the pool's engine.block_size: the router's keys
         self._retry = retry_seconds
         self._token = secrets.token_hex(4)
         self._restarts = 0
@@ -341,6 +343,18 @@ class PodSubscriber:
             if not self._groups.accepts(event):
                 if not self._groups.is_partial_attention(event):
                     self._bad("other_kv_cache_group", f"group {event.group_idx}")
+                continue
+            if (
+                isinstance(event, BlockStored)
+                and self._block_size is not None
+                and event.block_size != self._block_size
+            ):
+                # its hashes chain other blocks than the router's keys: none would ever match
+                self._bad(
+                    "block_size_mismatch",
+                    f"{event.block_size}-token blocks; the pool's engine.block_size is "
+                    f"{self._block_size}",
+                )
                 continue
             op = "add" if isinstance(event, BlockStored) else "remove"
             medium = event.medium or DEFAULT_MEDIUM

@@ -53,13 +53,13 @@ class IndexerService:
             p.key: create_pool_index(config.directory, p.key, self.directory_metrics)
             for p in config.pools
         }
-        offloading = {p.key for p in config.pools if p.engine.cpu_offload}
+        engines = {p.key: p.engine for p in config.pools}
         self.indexer = EventIndexer(
             self.endpoints,
             self.indexes,
             self.directory_metrics,
             config.directory.kv_events,
-            offload_tier=offloading.__contains__,
+            engine_of=engines.get,
         )
         self.endpoints.add_listener(self.indexer.endpoints_changed)
         self._discoveries: list[Any] = []

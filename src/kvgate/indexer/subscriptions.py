@@ -13,7 +13,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
-from kvgate.api.router_config import KvEventsConfig
+from kvgate.api.router_config import EngineConfig, KvEventsConfig
 from kvgate.directory.base import BlockIndex
 from kvgate.directory.indexer import SubscriptionManager
 from kvgate.directory.metrics import DirectoryMetrics
@@ -42,15 +42,16 @@ class EventIndexer:
         indexes: Mapping[str, BlockIndex],
         metrics: DirectoryMetrics | None = None,
         limits: KvEventsConfig | None = None,
-        offload_tier: Callable[[str], bool] = lambda pool: False,
+        engine_of: Callable[[str], EngineConfig | None] = lambda pool: None,
     ) -> None:
-        """`offload_tier(pool)`: whether the pool's engines have a CPU offloading tier whose
-        events are indexed (its `engine.cpu_offload`; read when the pool's first pod appears)."""
+        """`engine_of(pool)`: the pool's engine settings (read when its first pod appears):
+        whether a CPU offloading tier's events are indexed (`cpu_offload`), and the block size
+        its events must have (`block_size`)."""
         self._endpoints = endpoints
         self._indexes = indexes
         self._metrics = metrics
         self._limits = limits
-        self._offload_tier = offload_tier
+        self._engine_of = engine_of
         self._managers: dict[str, SubscriptionManager] = {}
 
     def subscribed(self, pool: str) -> set[str]:
@@ -72,12 +73,14 @@ class EventIndexer:
                 del self._managers[pool]
             return
         if manager is None:
+            engine = self._engine_of(pool)
             manager = SubscriptionManager(
                 index,
                 pool=pool,
                 metrics=self._metrics,
                 limits=self._limits,
-                offload_tier=self._offload_tier(pool),
+                offload_tier=engine is not None and engine.cpu_offload,
+                block_size=None if engine is None else engine.block_size,
             )
             self._managers[pool] = manager
         await manager.reconcile(

@@ -29,7 +29,7 @@ from typing import Any
 
 import httpx
 
-from kvgate.api.router_config import PoolConfig, RouterConfig, load_router_config
+from kvgate.api.router_config import EngineConfig, PoolConfig, RouterConfig, load_router_config
 from kvgate.directory.base import BlockIndex
 from kvgate.directory.factory import create_pool_index
 from kvgate.directory.metrics import DirectoryMetrics
@@ -159,7 +159,7 @@ class RouterRuntime:
                 self.indexes,
                 self.directory_metrics,
                 config.directory.kv_events,
-                offload_tier=self._offload_tier,
+                engine_of=self._engine_of,
             )
             if config.directory.embedded_indexer
             else None
@@ -172,9 +172,9 @@ class RouterRuntime:
     def config(self) -> RouterConfig:
         return self.core.state.config
 
-    def _offload_tier(self, pool: str) -> bool:
+    def _engine_of(self, pool: str) -> EngineConfig | None:
         config = self.core.state.pools.get(pool)
-        return config is not None and config.engine.cpu_offload
+        return None if config is None else config.engine
 
     async def start(self) -> None:
         await self._sync_pools(self.config)

@@ -265,6 +265,28 @@ async def test_a_removal_that_is_rejected_clears_the_pod(
     assert bad(registry, "too_many_blocks") == 1
 
 
+async def test_events_of_blocks_of_another_size_than_the_pools_are_counted_and_skipped(
+    registry: CollectorRegistry,
+) -> None:
+    """Their hashes chain other blocks than the router's keys (a pool configured with another
+    block size than its engines'): indexed, they filled the directory with entries no lookup
+    could match, and nothing said so."""
+    ctx = zmq.asyncio.Context()
+    index = MemoryBlockIndex()
+    sub = PodSubscriber(PodEndpoint("p", "tcp://127.0.0.1:1", topic="t"), index, ctx,
+                        pool="pool", metrics=DirectoryMetrics(registry), block_size=32)  # fmt: skip
+    await index.set_generation("p", sub.generation)
+    try:
+        await sub.handle(msg(0, stored(h(0), h(1))))  # 16-token blocks
+        assert await index.lookup([h(0)]) == {}
+        assert bad(registry, "block_size_mismatch") == 1
+        matching = BlockStored([h(2)], None, [0] * 32, 32)
+        await sub.handle(msg(1, matching))
+        assert await index.lookup([h(2)]) == {"p": 1}
+    finally:
+        ctx.destroy(linger=0)
+
+
 async def test_a_newer_writer_wins(sub: PodSubscriber, registry: CollectorRegistry) -> None:
     index = index_of(sub)
     await index.set_generation("p", "someone-else")
