@@ -1,7 +1,9 @@
 """Decode vLLM KV event payloads into `kvgate.kvevents` types.
 
 A payload is msgpack of `KVEventBatch`, encoded as an array `[ts, events, data_parallel_rank]`
-(the rank may be absent). Each event is a tagged union member, in one of two encodings:
+(the rank may be absent; vLLM 0.33), or as a map of those fields by name (vLLM's main branch
+since dropping `array_like` from `EventBatch`). Each event is a tagged union member, in one of
+two encodings:
 
 * map (vLLM 0.33): `{"type": "BlockStored", "block_hashes": [...], ...}`;
 * array (older vLLM): `["BlockStored", block_hashes, parent_block_hash, ...]`, fields in
@@ -100,7 +102,9 @@ class BatchDecoder:
         self._fed = 0
         self._unpacker_start = 0  # where in the payload the unpacker's stream starts
         self._skipping = False  # the unpacker is one that skips the unread events
-        self._items: int | None = None  # of the batch array, once its header is read
+        self._items: int | None = None  # of the batch array (or map), once its header is read
+        self._as_map = False  # the batch is a map {ts, events, data_parallel_rank}
+        self._key: str | None = None  # a map batch's key whose value is being read
         self._ts: float | None = None
         self._events_left: int | None = None  # events not read yet, once their header is read
         self._events: list[KVEvent] = []
@@ -138,12 +142,17 @@ class BatchDecoder:
         part is kept once read, so the next call goes on after it."""
         unpacker = self._unpacker
         if self._items is None:
-            try:
-                self._items = unpacker.read_array_header()
-            except ValueError:  # not an array
-                self._items = 0
-            if self._items < 2:
-                raise EventDecodeError("malformed", "a batch is an array [ts, events, dp_rank]")
+            if self._payload[:1] and self._payload[0] in _MAP_HEADS:
+                self._items, self._as_map = unpacker.read_map_header(), True
+            else:
+                try:
+                    self._items = unpacker.read_array_header()
+                except ValueError:  # not an array
+                    self._items = 0
+                if self._items < 2:
+                    raise EventDecodeError("malformed", _BATCH_TYPES)
+        if self._as_map:
+            return self._read_map()
         if self._ts is None:
             ts = unpacker.unpack()
             if not _is_number(ts):
@@ -165,6 +174,41 @@ class BatchDecoder:
             unpacker.skip()
             self._items -= 1
         if self._unpacker_start + unpacker.tell() != len(self._payload):
+            raise EventDecodeError("malformed", "extra bytes after the batch")
+        return EventBatch(self._ts, self._events, self._rank, self._rejected, self._unread)
+
+    def _read_map(self) -> EventBatch:
+        """A batch encoded as a map (vLLM's struct without `array_like`, as on its main branch
+        in 2026): the same fields by name, in any order, unknown ones skipped."""
+        while self._items:
+            if self._key is None:
+                key = self._unpacker.unpack()
+                self._key = key if isinstance(key, str) else ""
+            if self._key == "ts":
+                ts = self._unpacker.unpack()
+                if not _is_number(ts):
+                    raise EventDecodeError("malformed", _BATCH_TYPES)
+                self._ts = float(ts)
+            elif self._key == "events" and self._events_left is None:
+                try:
+                    self._events_left = self._unpacker.read_array_header()
+                except ValueError:  # not an array
+                    raise EventDecodeError("malformed", _BATCH_TYPES) from None
+                self._read_events()
+            elif self._key == "events":  # the rest of a read interrupted by the bytes fed
+                self._read_events()
+            elif self._key == "data_parallel_rank":
+                rank = self._unpacker.unpack()
+                if not _is_opt_int(rank):
+                    raise EventDecodeError("malformed", _BATCH_TYPES)
+                self._rank = rank
+            else:  # a field of a later vLLM: read, ignored
+                self._unpacker.skip()
+            self._key = None
+            self._items -= 1
+        if self._ts is None or self._events_left is None:
+            raise EventDecodeError("malformed", _BATCH_TYPES)
+        if self._unpacker_start + self._unpacker.tell() != len(self._payload):
             raise EventDecodeError("malformed", "extra bytes after the batch")
         return EventBatch(self._ts, self._events, self._rank, self._rejected, self._unread)
 
@@ -204,7 +248,9 @@ def _unpacker(size: int) -> msgpack.Unpacker:
     return msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(1, size))
 
 
-_BATCH_TYPES = "a batch is [ts: float, events: list, dp_rank: int]"
+_BATCH_TYPES = "a batch is [ts: float, events: list, dp_rank: int], or a map of those"
+#: First bytes of a msgpack map: fixmap, map 16, map 32.
+_MAP_HEADS = frozenset([*range(0x80, 0x90), 0xDE, 0xDF])
 
 
 def _shown(value: Any) -> str:

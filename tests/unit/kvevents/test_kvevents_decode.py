@@ -240,3 +240,22 @@ def test_token_ids_check_can_be_skipped_by_the_indexer() -> None:
     assert batch.rejected == [] and len(batch.events) == 1
     not_a_list = _payload([["BlockStored", [b"\x01" * 32], None, 5, 16]])
     assert decode_batch(not_a_list, check_token_ids=False).rejected[0].reason == "bad_field"
+
+
+@pytest.mark.parametrize("slice_bytes", [1, 7, 64, 1 << 20])
+def test_a_batch_encoded_as_a_map_is_the_same_batch(slice_bytes: int) -> None:
+    """vLLM's main branch encodes `EventBatch` without `array_like`: a map of its fields. Read
+    as an array only, every batch of such an engine was malformed, and nothing was indexed."""
+    stored = {"type": "BlockStored", "block_hashes": [b"\x05" * 16], "parent_block_hash": None,
+              "token_ids": list(range(300)), "block_size": 300, "lora_name": None}  # fmt: skip
+    events = [GOOD, stored, {"type": "AllBlocksCleared"}, *[17] * 70, GOOD]
+    as_array = _payload(events)
+    as_map = msgpack.packb(
+        {"ts": 1.0, "events": events, "data_parallel_rank": 0, "later": [1]}, use_bin_type=True
+    )
+    assert _in_slices(as_map, slice_bytes) == decode_batch(as_array)
+    reordered = msgpack.packb({"data_parallel_rank": None, "events": [GOOD], "ts": 2})
+    assert decode_batch(reordered) == EventBatch(2.0, [BlockRemoved([b"\x03" * 32], "GPU")])
+    for bad in ({"ts": 1.0}, {"events": []}, {"ts": "x", "events": []}, {"ts": 1.0, "events": 3}):
+        with pytest.raises(EventDecodeError):
+            decode_batch(msgpack.packb(bad))
