@@ -20,6 +20,11 @@ SERIES_GRACE_SECONDS = 600.0
 """How long a pod's series outlive it: its answers in flight when it left are still counted,
 and a pod that comes back meanwhile keeps its series (an in-flight gauge stays right)."""
 
+#: The label naming the pod a series is about. Not "endpoint": the Prometheus Operator sets a
+#: target label of that name (the scrape port's), which renamed the router's to
+#: `exported_endpoint` and folded every pod's series into one.
+POD_LABEL = "upstream"
+
 _LATENCY_BUCKETS = (
     0.00005,
     0.0001,
@@ -53,7 +58,7 @@ class RouterMetrics:
         self.requests = Counter(
             "kvgate_router_requests_total",
             "Requests answered, by pool, endpoint, class, decision and HTTP status",
-            ["pool", "endpoint", "request_class", "decision", "code"],
+            ["pool", POD_LABEL, "request_class", "decision", "code"],
             registry=r,
         )
         self.decision_latency = Histogram(
@@ -66,19 +71,19 @@ class RouterMetrics:
         self.predicted_hit_tokens = Counter(
             "kvgate_router_predicted_prefix_hit_tokens_total",
             "Prompt tokens the router predicted the chosen pod holds",
-            ["pool", "endpoint"],
+            ["pool", POD_LABEL],
             registry=r,
         )
         self.cached_tokens = Counter(
             "kvgate_router_cached_tokens_total",
             "Prompt tokens served from the prefix cache, as the engine reported in usage",
-            ["pool", "endpoint"],
+            ["pool", POD_LABEL],
             registry=r,
         )
         self.prompt_tokens = Counter(
             "kvgate_router_prompt_tokens_total",
             "Prompt tokens, as the engine reported in usage",
-            ["pool", "endpoint"],
+            ["pool", POD_LABEL],
             registry=r,
         )
         self.saved_prefill_seconds = Counter(
@@ -110,13 +115,13 @@ class RouterMetrics:
         self.upstream_errors = Counter(
             "kvgate_router_upstream_errors_total",
             "Failures talking to a pod, by kind (connect, timeout, status, stream)",
-            ["pool", "endpoint", "kind"],
+            ["pool", POD_LABEL, "kind"],
             registry=r,
         )
         self.inflight = Gauge(
             "kvgate_router_inflight_requests",
             "Requests this router has in flight to each pod",
-            ["pool", "endpoint"],
+            ["pool", POD_LABEL],
             registry=r,
         )
         self.endpoints = Gauge(
@@ -155,7 +160,7 @@ class RouterMetrics:
         self.scrape_errors = Counter(
             "kvgate_router_scrape_errors_total",
             "Failed scrapes of a pod's /metrics",
-            ["pool", "endpoint"],
+            ["pool", POD_LABEL],
             registry=r,
         )
         self.config_reloads = Counter(
@@ -250,7 +255,7 @@ class RouterMetrics:
             "kvgate_router_endpoint_warm_phase",
             "1 while a pod that joined is in this warm-up phase (warming: no client requests; "
             "ramping: a growing share of them)",
-            ["pool", "endpoint", "phase"],
+            ["pool", POD_LABEL, "phase"],
             registry=r,
         )
 
@@ -288,8 +293,8 @@ class RouterMetrics:
         found = self._children.get(key)
         if found is None:
             names = metric._labelnames
-            if "endpoint" in names:
-                endpoint = labels[names.index("endpoint")]
+            if POD_LABEL in names:
+                endpoint = labels[names.index(POD_LABEL)]
                 if endpoint in self._left:
                     return _DISCARDED
                 self._series.setdefault(endpoint, []).append((metric, labels))

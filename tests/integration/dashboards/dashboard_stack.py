@@ -4,7 +4,8 @@ Every process is a real subprocess on free loopback ports with its log in the te
 directory; `Stack.stop()` ends all of them (SIGTERM, then SIGKILL after a timeout). Prometheus
 scrapes every second and attaches the target labels the chart's ServiceMonitors attach in a
 cluster (`namespace`, `policy` on routers, `pool` = "<namespace>/<pool>" and `pod` on engines),
-so the dashboards' queries run here exactly as they run in Grafana.
+and the labels the Prometheus Operator puts on every target (`endpoint`, `service`,
+`container`), so the dashboards' queries run here exactly as they run in Grafana.
 """
 
 from __future__ import annotations
@@ -183,8 +184,20 @@ class Stack:
         def job(name: str, targets: list[tuple[int, dict[str, str]]]) -> dict[str, Any]:
             return {
                 "job_name": name,
+                # The Prometheus Operator's own target labels too (`endpoint`: the port's name,
+                # `service`, `container`): a metric label of one of those names is renamed
+                # `exported_<name>` on ingest, so a query by it would return one series.
                 "static_configs": [
-                    {"targets": [f"{HOST}:{port}"], "labels": {"namespace": NAMESPACE, **labels}}
+                    {
+                        "targets": [f"{HOST}:{port}"],
+                        "labels": {
+                            "namespace": NAMESPACE,
+                            "endpoint": "http",
+                            "service": name,
+                            "container": name,
+                            **labels,
+                        },
+                    }
                     for port, labels in targets
                 ],
             }

@@ -65,7 +65,7 @@ async def run_session(client: httpx.AsyncClient, url: str, session: int) -> list
 
 def victim_inflight(metrics: str, victim: str) -> float:
     for line in metrics.splitlines():
-        if line.startswith("kvgate_router_inflight_requests{") and f'endpoint="{victim}"' in line:
+        if line.startswith("kvgate_router_inflight_requests{") and f'upstream="{victim}"' in line:
             return float(line.rsplit(" ", 1)[1])
     return 0.0
 

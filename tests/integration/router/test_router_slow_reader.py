@@ -40,7 +40,7 @@ def test_a_client_that_reads_nothing_of_its_stream_is_cut_off_and_frees_the_pod(
         reader.connect(("127.0.0.1", proc.port))
         body = json.dumps({"model": "m", "prompt": "hello", "stream": True}).encode()
         reader.sendall(request_bytes("POST", "/v1/completions", body))
-        inflight = f'endpoint="{pod}",pool="default/p"'
+        inflight = f'pool="default/p",upstream="{pod}"'
         deadline = time.monotonic() + 30
         while proc.metric("kvgate_router_inflight_requests", inflight) < 1:
             assert time.monotonic() < deadline, proc.log_text()[-3000:]

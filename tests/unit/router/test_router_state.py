@@ -108,14 +108,14 @@ async def test_a_pod_that_left_leaves_no_series_behind(router_app):
     pool = "default/p"
     specs = [ep.spec for ep in runtime.endpoints.in_pool(pool)]
     await runtime.endpoints.replace_pool(pool, [s for s in specs if s.id != "pod0:8000"])
-    assert 'endpoint="pod0:8000"' in (await client.get("/metrics")).text  # the grace
+    assert 'upstream="pod0:8000"' in (await client.get("/metrics")).text  # the grace
     metrics = runtime.metrics
     metrics.sweep(runtime.core.clock() + SERIES_GRACE_SECONDS)
     metrics.child(metrics.requests, pool, "pod0:8000", "online", "prefix-hit", "200").inc()
     text = (await client.get("/metrics")).text
-    assert 'endpoint="pod0:8000"' not in text and 'endpoint="pod1:8000"' in text
+    assert 'upstream="pod0:8000"' not in text and 'upstream="pod1:8000"' in text
     await runtime.endpoints.replace_pool(pool, specs)
-    assert 'endpoint="pod0:8000"' in (await client.get("/metrics")).text
+    assert 'upstream="pod0:8000"' in (await client.get("/metrics")).text
 
 
 async def test_reload_adds_endpoints_and_keeps_state(router_app):
