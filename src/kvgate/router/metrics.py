@@ -37,7 +37,13 @@ _LATENCY_BUCKETS = (
     0.025,
     0.05,
     0.1,
-)
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+)  # a large prompt keyed in a worker decides in seconds: past the last bucket, a p99 reads it
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 _QUEUE_BUCKETS = (0.005, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
