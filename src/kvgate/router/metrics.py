@@ -195,6 +195,14 @@ class RouterMetrics:
             "Client connections open now",
             registry=r,
         )
+        self.responses = Counter(
+            "kvgate_router_responses_total",
+            "Every response the router sent its clients, by status code (a pod's answer, or the "
+            "router's own: 400, 404, 429, 502, 503, 504, ...): when every pod fails, "
+            "requests_total (answers from pods) stops while this goes on",
+            ["code"],
+            registry=r,
+        )
         self.shutdown_cut_requests = Counter(
             "kvgate_router_shutdown_cut_requests_total",
             "Requests still running when the shutdown grace ran out, by how they were ended "

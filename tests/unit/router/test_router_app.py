@@ -295,3 +295,16 @@ async def test_a_disconnect_takes_back_its_own_cancellation_and_no_one_elses():
     both.cancel()  # and someone else cancels it too
     with pytest.raises(asyncio.CancelledError):
         await both
+
+
+async def test_every_response_is_counted_the_routers_own_errors_too(router_app):
+    """requests_total counts pods' answers: with every pod failing it stopped, and an outage
+    read as no traffic at all."""
+    pods = FakePods(fail={"pod0:8000", "pod1:8000"})
+    client, runtime = await router_app(make_config(2), pods)
+    assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 502
+    bad = {**CHAT, "model": "nope"}
+    assert (await client.post("/v1/chat/completions", json=bad)).status_code == 404
+    registry = runtime.metrics.registry
+    for code in ("502", "404"):
+        assert registry.get_sample_value("kvgate_router_responses_total", {"code": code}) == 1

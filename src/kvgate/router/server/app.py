@@ -42,6 +42,7 @@ from kvgate.router.core.errors import (
     error_bytes,
     not_found_response,
 )
+from kvgate.router.core.learn import status_label
 from kvgate.router.core.lifecycle import ClientRequest
 from kvgate.router.core.response_ids import mint, parse, tagged
 from kvgate.router.core.routing import RoutePlan
@@ -88,8 +89,11 @@ class RouterApp:
 
     def __init__(self, runtime: RouterRuntime) -> None:
         self.runtime = runtime
-        cut = runtime.metrics.shutdown_cut_requests
-        self.drain = Drain(on_cut=lambda kind: cut.labels(kind).inc())
+        metrics = runtime.metrics
+        self.drain = Drain(
+            on_cut=lambda kind: metrics.shutdown_cut_requests.labels(kind).inc(),
+            on_start=lambda status: metrics.child(metrics.responses, status_label(status)).inc(),
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
