@@ -240,6 +240,17 @@ def test_service_monitors_need_both_the_value_and_the_crd() -> None:
     engines = one(docs, "ServiceMonitor", "kvgate-engines")
     relabel = engines["spec"]["endpoints"][0]["relabelings"][0]
     assert relabel["targetLabel"] == "pool" and relabel["separator"] == "/"
+    # The engines of a Gateway API InferencePool too, behind the Service the operator renders
+    # for them (their vLLM metrics were never scraped), with the same `pool` label.
+    from kvgate.operator.render.gateway import GATEWAY_COMPONENT, GATEWAY_POOL_LABEL
+
+    components = engines["spec"]["selector"]["matchExpressions"][0]["values"]
+    assert components == ["engine", GATEWAY_COMPONENT]
+    gateway_label = "__meta_kubernetes_service_label_" + GATEWAY_POOL_LABEL.replace(
+        ".", "_"
+    ).replace("/", "_").replace("-", "_")
+    sources = [r["sourceLabels"][-1] for r in engines["spec"]["endpoints"][0]["relabelings"]]
+    assert gateway_label in sources
     only_routers = render(
         {"serviceMonitor": {"enabled": True, "engines": False}}, [SERVICE_MONITOR_API]
     )

@@ -144,3 +144,17 @@ def test_router_replicas_on_the_redis_directory_share_warm_ups_with_no_setting()
     assert not parse_router_config(_router_yaml()).warmup_sharing_enabled  # memory directory
     off = _router_yaml(directory={"backend": "redis"}, warmup={"shared": False})
     assert not parse_router_config(off).warmup_sharing_enabled  # an explicit false is kept
+
+
+def test_the_indexer_is_a_service_the_charts_service_monitor_scrapes() -> None:
+    """The chart's ServiceMonitor scrapes Services of component router or indexer on a port
+    named http; the indexer had no Service, so its KV-event metrics were never scraped."""
+    objects = render(1, directory={"backend": "redis", "embeddedIndexer": False})
+    service = objects["Service/front-indexer"]
+    pods = objects["Deployment/front-indexer"]["spec"]["template"]["metadata"]["labels"]
+    assert service["metadata"]["labels"]["app.kubernetes.io/component"] == "indexer"
+    assert service["metadata"]["labels"]["kvgate.io/policy"] == "front"
+    assert service["spec"]["selector"].items() <= pods.items()
+    (port,) = service["spec"]["ports"]
+    container = objects["Deployment/front-indexer"]["spec"]["template"]["spec"]["containers"][0]
+    assert port["name"] == "http" and port["targetPort"] in {p["name"] for p in container["ports"]}

@@ -211,10 +211,25 @@ def indexer_deployment(
         default_image,
         component=INDEXER_COMPONENT,
         command=["indexer", "--port", str(INDEXER_PORT)],
-        port=("metrics", INDEXER_PORT),
+        port=("http", INDEXER_PORT),
         replicas=replicas,
         resources={},
     )
+
+
+def indexer_service(owner: Owner) -> JsonDict:
+    """The indexer's /metrics as a Service (port `http`, as the chart's ServiceMonitor scrapes
+    routers and indexers): without it nothing scraped the KV-event metrics of such a policy."""
+    labels = {**recommended_labels(INDEXER_COMPONENT, owner.name), POLICY_LABEL: owner.name}
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(indexer_name(owner.name), owner, labels),
+        "spec": {
+            "selector": component_selector(owner.name, INDEXER_COMPONENT),
+            "ports": [service_port("http", INDEXER_PORT)],
+        },
+    }
 
 
 def needs_indexer(spec: RoutingPolicySpec) -> bool:
@@ -285,4 +300,5 @@ def policy_children(
     ]
     if indexer_replicas is not None:
         children.append(indexer_deployment(owner, spec, pools, default_image, indexer_replicas))
+        children.append(indexer_service(owner))
     return children, content_hash(config_yaml)
