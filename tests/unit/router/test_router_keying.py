@@ -53,11 +53,13 @@ def test_prompt_size_walk_is_bounded_and_iterative():
 
 
 class BlockingKeyer:
-    """Stands in for a keyer whose prompts take as long as the test wants."""
+    """Stands in for a keyer whose prompts take as long as the test wants (a tokenizing one,
+    unless `approximate`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, approximate: bool = False) -> None:
         self.release = threading.Event()
         self.threads: list[str] = []
+        self.requests = None if approximate else object()  # its tokenizer
 
     def keys(
         self, body: Any, kind: str, salt: Any, lora: Any, session: Any, **_: Any
@@ -141,6 +143,22 @@ async def test_by_default_a_prompt_of_ten_thousand_characters_leaves_the_loop():
     await pool.keys(keyer, {"prompt": "w " * 1_000}, "completion", None, None, None)  # type: ignore[arg-type]
     assert keyer.threads[0].startswith("kvgate-keying")
     assert keyer.threads[1] == threading.current_thread().name
+    pool.close()
+
+
+async def test_a_pool_without_a_tokenizer_keys_eight_times_larger_prompts_inline():
+    """Approximate keys of a 10-32 KiB body cost 0.12 ms; the hop to a worker cost more."""
+    pool = KeyingPool()
+    exact, approximate = BlockingKeyer(), BlockingKeyer(approximate=True)
+    exact.release.set()
+    chat = {"messages": [{"role": "user", "content": "w " * 10_000}]}  # 20 KiB
+    for keyer in (exact, approximate):
+        await pool.keys(keyer, chat, "chat", None, None, None)  # type: ignore[arg-type]
+    huge = {"messages": [{"role": "user", "content": "w " * 40_000}]}  # 80 KiB
+    await pool.keys(approximate, huge, "chat", None, None, None)  # type: ignore[arg-type]
+    assert exact.threads[0].startswith("kvgate-keying")
+    assert approximate.threads[0] == threading.current_thread().name
+    assert approximate.threads[1].startswith("kvgate-keying")
     pool.close()
 
 
