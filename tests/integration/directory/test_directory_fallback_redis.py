@@ -67,6 +67,17 @@ async def wait_synced(index: FallbackIndex, seconds: float = 10.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def until_rebuilt(
+    index: FallbackIndex, reader: RedisBlockIndex, keys: list[bytes], expected: dict[str, int]
+) -> None:
+    """Send lookups (traffic lets the audit run) until Redis itself says `expected`."""
+    deadline = time.monotonic() + 10
+    while await reader.lookup(keys) != expected:
+        assert time.monotonic() < deadline, "not rebuilt"
+        await index.lookup(keys)
+        await asyncio.sleep(0.1)
+
+
 async def test_a_stall_loses_writes_and_the_rebuild_restores_them(
     redis_server_factory: Callable[[], RedisServer],
 ) -> None:
@@ -115,11 +126,7 @@ async def test_a_redis_restart_that_lost_everything_is_rebuilt(
         server.stop()
         server.start()  # same port, empty: no persistence
         assert await reader.lookup(keys) == {}
-        deadline = time.monotonic() + 10
-        while await reader.lookup(keys) != {"a": 20, "b": 4}:
-            assert time.monotonic() < deadline, "not rebuilt"
-            await index.lookup(keys)  # traffic lets the audit run
-            await asyncio.sleep(0.1)
+        await until_rebuilt(index, reader, keys, {"a": 20, "b": 4})
         assert await reader.get_generation("a") == "g"
     finally:
         await index.close()
@@ -146,11 +153,7 @@ async def test_a_restart_seen_only_through_a_later_write_is_rebuilt_all_the_same
         server.start()  # same port, empty: no persistence
         await index.add("a", keys[10:], generation="g")  # raises nothing: the client reconnects
         assert await reader.lookup(keys[10:]) == {"a": 10}
-        deadline = time.monotonic() + 10
-        while await reader.lookup(keys) != {"a": 20}:
-            assert time.monotonic() < deadline, "not rebuilt"
-            await index.lookup(keys)  # traffic lets the audit run
-            await asyncio.sleep(0.1)
+        await until_rebuilt(index, reader, keys, {"a": 20})
     finally:
         await index.close()
         await reader.close()

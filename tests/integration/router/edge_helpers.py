@@ -125,6 +125,19 @@ def router_config(pod_urls: list[str], **overrides: Any) -> dict[str, Any]:
     return data
 
 
+def completion_answer(model: str = "m", text: str = "hi", completion_tokens: int = 1) -> bytes:
+    """A pod's whole `/v1/completions` answer."""
+    return json.dumps(
+        {
+            "id": "cmpl-1",
+            "object": "text_completion",
+            "model": model,
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": completion_tokens},
+        }
+    ).encode()
+
+
 PodAnswer = Callable[[dict[str, Any]], tuple[bytes, str]]
 """What a canned pod answers a POST with: (body, content type) for the request's JSON body."""
 

@@ -3,20 +3,17 @@ only where `server.cors_allowed_origins` allows them."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from tests.integration.router.edge_helpers import canned_pod, router_before_pod
+from tests.integration.router.edge_helpers import canned_pod, completion_answer, router_before_pod
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 ORIGIN = "https://chat.example"
-ANSWER = json.dumps(
-    {"id": "c", "object": "text_completion", "choices": [], "usage": {"prompt_tokens": 1}}
-).encode()
+ANSWER = completion_answer()
 
 
 def _answer(body: dict[str, Any]) -> tuple[bytes, str]:

@@ -17,20 +17,17 @@ from pathlib import Path
 
 import httpx
 import pytest
-from tests.integration.router.edge_helpers import RouterProcess, router_config, running_router
+from tests.integration.router.edge_helpers import (
+    RouterProcess,
+    completion_answer,
+    router_config,
+    running_router,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 MIB = 1 << 20
-ANSWER = json.dumps(
-    {
-        "id": "cmpl-1",
-        "object": "text_completion",
-        "model": "good",
-        "choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
-    }
-).encode()
+ANSWER = completion_answer("good")
 
 
 CHUNKED_JSON = (

@@ -3,26 +3,17 @@ the router sends the pool's key on every request it makes there, never the clien
 
 from __future__ import annotations
 
-import json
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from tests.integration.router.edge_helpers import router_before_pod
+from tests.integration.router.edge_helpers import completion_answer, router_before_pod
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-ANSWER = json.dumps(
-    {
-        "id": "cmpl-1",
-        "object": "text_completion",
-        "model": "m",
-        "choices": [{"index": 0, "text": "hi", "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1},
-    }
-).encode()
+ANSWER = completion_answer()
 
 
 class KeyedPod(BaseHTTPRequestHandler):

@@ -3,7 +3,6 @@ answer's head only once the answer is generated: a long answer is no pod failure
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from pathlib import Path
@@ -11,19 +10,11 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.integration.router.edge_helpers import canned_pod, router_before_pod
+from tests.integration.router.edge_helpers import canned_pod, completion_answer, router_before_pod
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-ANSWER = json.dumps(
-    {
-        "id": "cmpl-1",
-        "object": "text_completion",
-        "model": "m",
-        "choices": [{"index": 0, "text": "a long answer", "finish_reason": "length"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 600},
-    }
-).encode()
+ANSWER = completion_answer(text="a long answer", completion_tokens=600)
 
 
 async def test_a_whole_answer_longer_than_the_first_byte_timeout_is_waited_for_once(
