@@ -112,48 +112,51 @@ async def test_a_stall_loses_writes_and_the_rebuild_restores_them(
         await reader.close()
 
 
-async def test_a_redis_restart_that_lost_everything_is_rebuilt(
+Restartable = tuple[RedisServer, FallbackIndex, RedisBlockIndex]
+
+
+@pytest.fixture
+async def restartable(
     redis_server_factory: Callable[[], RedisServer],
-) -> None:
+) -> AsyncIterator[Restartable]:
+    """A redis-server of its own, a fallback index over it auditing every 0.5 s, and a reader
+    of what Redis itself says."""
     server = redis_server_factory()
     index = fallback_over(server.url, time.time, resync_interval=0.2, audit_interval=0.5)
     reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+    yield server, index, reader
+    await index.close()
+    await reader.close()
+
+
+async def test_a_redis_restart_that_lost_everything_is_rebuilt(restartable: Restartable) -> None:
+    server, index, reader = restartable
     keys = chain(20)
-    try:
-        await index.set_generation("a", "g")
-        await index.add("a", keys, generation="g")
-        await index.add_approximate("b", keys[:4], 60)
-        server.stop()
-        server.start()  # same port, empty: no persistence
-        assert await reader.lookup(keys) == {}
-        await until_rebuilt(index, reader, keys, {"a": 20, "b": 4})
-        assert await reader.get_generation("a") == "g"
-    finally:
-        await index.close()
-        await reader.close()
+    await index.set_generation("a", "g")
+    await index.add("a", keys, generation="g")
+    await index.add_approximate("b", keys[:4], 60)
+    server.stop()
+    server.start()  # same port, empty: no persistence
+    assert await reader.lookup(keys) == {}
+    await until_rebuilt(index, reader, keys, {"a": 20, "b": 4})
+    assert await reader.get_generation("a") == "g"
 
 
 async def test_a_restart_seen_only_through_a_later_write_is_rebuilt_all_the_same(
-    redis_server_factory: Callable[[], RedisServer],
+    restartable: Restartable,
 ) -> None:
     """Redis restarts between two calls: nothing fails, and the next write re-creates the pod
     with that write's entries only. Judged by which pods Redis lacked, the audit found none
     missing and the pod's earlier blocks were lost for good; the epoch tells."""
-    server = redis_server_factory()
-    index = fallback_over(server.url, time.time, resync_interval=0.2, audit_interval=0.5)
-    reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+    server, index, reader = restartable
     keys = chain(20)
-    try:
-        await index.set_generation("a", "g")
-        await index.add("a", keys[:10], generation="g")
-        await asyncio.sleep(0.6)
-        await index.lookup(keys)  # the first audit (after audit_interval) reads the epoch
-        await wait_synced(index)
-        server.stop()
-        server.start()  # same port, empty: no persistence
-        await index.add("a", keys[10:], generation="g")  # raises nothing: the client reconnects
-        assert await reader.lookup(keys[10:]) == {"a": 10}
-        await until_rebuilt(index, reader, keys, {"a": 20})
-    finally:
-        await index.close()
-        await reader.close()
+    await index.set_generation("a", "g")
+    await index.add("a", keys[:10], generation="g")
+    await asyncio.sleep(0.6)
+    await index.lookup(keys)  # the first audit (after audit_interval) reads the epoch
+    await wait_synced(index)
+    server.stop()
+    server.start()  # same port, empty: no persistence
+    await index.add("a", keys[10:], generation="g")  # raises nothing: the client reconnects
+    assert await reader.lookup(keys[10:]) == {"a": 10}
+    await until_rebuilt(index, reader, keys, {"a": 20})

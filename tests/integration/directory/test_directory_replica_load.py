@@ -11,14 +11,20 @@ from kvgate.directory.replica_board import MAX_REPLICA_ID_BYTES
 from kvgate.directory.replica_load import MAX_FIELD_BYTES, MAX_ROUND_BYTES, ReplicaLoadBoard
 
 
+async def stamp(client: aioredis.Redis) -> bytes:
+    """Now on Redis' clock, as a field's value starts: what a replica writes there."""
+    seconds, micros = await client.time()
+    return str(seconds * 1000 + micros // 1000).encode()
+
+
 async def test_an_oversized_field_is_not_sent_back(redis_url: str) -> None:
     client = aioredis.Redis.from_url(redis_url)
     try:
         board = ReplicaLoadBoard(client, "ns/pool", key_prefix="test")
         await board.exchange("b", {"p": (1, 2, 3)}, ttl_seconds=5.0, max_replicas=2)
-        seconds, micros = await client.time()
-        stamp = str(seconds * 1000 + micros // 1000).encode()
-        await client.hset(board.key, "bad", stamp + b"|{" + b" " * MAX_FIELD_BYTES + b"}")
+        await client.hset(
+            board.key, "bad", await stamp(client) + b"|{" + b" " * MAX_FIELD_BYTES + b"}"
+        )
         assert await client.hstrlen(board.key, "bad") > MAX_FIELD_BYTES
         replies: list[Any] = []
         script = board._script
@@ -42,10 +48,8 @@ async def test_a_field_of_a_name_no_replica_has_is_deleted_unread(redis_url: str
     try:
         board = ReplicaLoadBoard(client, "ns/names", key_prefix="test")
         await board.exchange("b", {"p": (1, 2, 3)}, ttl_seconds=5.0, max_replicas=2)
-        seconds, micros = await client.time()
-        stamp = str(seconds * 1000 + micros // 1000).encode()
         long_name = "x" * (MAX_REPLICA_ID_BYTES + 1)
-        await client.hset(board.key, long_name, stamp + b'|{"p": [0, 0, 0]}')
+        await client.hset(board.key, long_name, await stamp(client) + b'|{"p": [0, 0, 0]}')
         seen = await board.exchange("a", {"p": (0, 0, 0)}, ttl_seconds=5.0, max_replicas=4)
         assert set(seen) == {"b"}
         assert not await client.hexists(board.key, long_name)
