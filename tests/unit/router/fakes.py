@@ -34,6 +34,7 @@ class FakePods:
     status: dict[str, int] = field(default_factory=dict)  # host -> forced HTTP status
     waiting: dict[str, int] = field(default_factory=dict)
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # of the POSTs, in order
     cached_tokens: int = 3
     error_body_bytes: int = 0  # a forced status's body is this long (0: a short JSON error)
     error_bytes_read: int = 0  # how much of such bodies the router read
@@ -69,6 +70,7 @@ class FakePods:
             return _resp(200, text.encode(), "text/plain")
         body = json.loads(request.content)
         self.requests.append((host, body))
+        self.paths.append(request.url.path)
         if host in self.status:
             if self.error_body_bytes:
                 return httpx.Response(self.status[host], stream=self._error_body())

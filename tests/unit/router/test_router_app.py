@@ -158,10 +158,15 @@ async def test_router_errors_carry_the_request_id_and_a_trailing_slash_is_the_ro
         "/v1/chat/completions", json={**CHAT, "model": "nope"}, headers={"x-request-id": "r-1"}
     )
     assert got.status_code == 404 and got.headers["x-request-id"] == "r-1"
+    pods = FakePods()
+    client, _ = await router_app(make_config(), pods)
     got = await client.post("/v1/chat/completions/", json=CHAT)
-    assert got.status_code == 200
+    assert got.status_code == 200 and pods.paths == ["/v1/chat/completions"]
     # A pod that echoes the id (vLLM --enable-request-id-headers) does not make it twice.
     assert got.headers.get_list("x-request-id") == [got.headers["x-request-id"]]
+    # A relayed request (a token count) carries it to the pod and back too.
+    counted = await client.post("/tokenize", json=CHAT, headers={"x-request-id": "r-2"})
+    assert counted.status_code == 200 and counted.headers.get_list("x-request-id") == ["r-2"]
 
 
 async def test_models_health_ready_debug(router_app):
@@ -305,6 +310,10 @@ async def test_every_response_is_counted_the_routers_own_errors_too(router_app):
     assert (await client.post("/v1/chat/completions", json=CHAT)).status_code == 502
     bad = {**CHAT, "model": "nope"}
     assert (await client.post("/v1/chat/completions", json=bad)).status_code == 404
+    for path in ("/health", "/ready", "/metrics"):  # probes and scrapes are no client traffic
+        await client.get(path)
     registry = runtime.metrics.registry
     for code in ("502", "404"):
         assert registry.get_sample_value("kvgate_router_responses_total", {"code": code}) == 1
+    assert registry.get_sample_value("kvgate_router_responses_total", {"code": "200"}) is None
+    assert registry.get_sample_value("kvgate_router_responses_total", {"code": "503"}) is None

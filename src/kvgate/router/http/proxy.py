@@ -164,7 +164,14 @@ class Proxy:
             )
 
     async def relay(
-        self, endpoint: Endpoint, method: str, target: str, send: Send, body: bytes = b""
+        self,
+        endpoint: Endpoint,
+        method: str,
+        target: str,
+        send: Send,
+        body: bytes = b"",
+        *,
+        request_id: str,
     ) -> None:
         """A request only one pod answers and nothing is learned from (a stored response's
         retrieval or cancel, a token count), sent to `endpoint` (no retry) and answered as it
@@ -174,6 +181,7 @@ class Proxy:
         limits = self.limits
         headers = [
             (b"accept", b"application/json, text/event-stream"),
+            (b"x-request-id", request_id.encode()),
             *self.core.state.pod_headers(endpoint.pool),
         ]
         if body:
@@ -194,6 +202,7 @@ class Proxy:
             chunks = paced(response.chunks(), limits.read_timeout_seconds, until=until)
             headers = _passed_headers(response.headers)
             headers.append((b"x-kvgate-endpoint", endpoint.id.encode()))
+            headers.append((b"x-request-id", request_id.encode()))
             if not _header(response.headers, b"content-type").startswith(b"text/event-stream"):
                 try:
                     payload = await join_chunks(chunks, limits.max_response_bytes)

@@ -372,7 +372,9 @@ class HttpxUpstream:
         try:
             response = await self.client.send(request, stream=True)
         except httpx.TimeoutException as exc:
-            kind = "connect" if isinstance(exc, httpx.ConnectTimeout) else "timeout"
+            # Only a read timeout waited for a head: the others never reached the pod (or never
+            # finished sending), as a connect failure (a whole answer's head timeout is final).
+            kind = "timeout" if isinstance(exc, httpx.ReadTimeout) else "connect"
             raise UpstreamError(kind, repr(exc)) from exc
         except (httpx.TransportError, OSError) as exc:
             raise UpstreamError("connect", repr(exc)) from exc

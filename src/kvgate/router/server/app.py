@@ -69,6 +69,8 @@ _POOLING = (
     "/v1/embeddings", "/v2/embed", "/pooling", "/classify",
     "/score", "/v1/score", "/rerank", "/v1/rerank", "/v2/rerank",
 )  # fmt: skip
+# Not client traffic: the kubelet's probes and Prometheus' scrapes (kvgate_router_responses_total).
+_PROBES = frozenset({"/health", "/ready", "/metrics"})
 _KINDS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
@@ -90,9 +92,14 @@ class RouterApp:
     def __init__(self, runtime: RouterRuntime) -> None:
         self.runtime = runtime
         metrics = runtime.metrics
+
+        def responded(path: str, status: int) -> None:
+            if path not in _PROBES:
+                metrics.child(metrics.responses, status_label(status)).inc()
+
         self.drain = Drain(
             on_cut=lambda kind: metrics.shutdown_cut_requests.labels(kind).inc(),
-            on_start=lambda status: metrics.child(metrics.responses, status_label(status)).inc(),
+            on_start=responded,
         )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -121,7 +128,10 @@ class RouterApp:
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
         if len(path) > 1 and path.endswith("/"):
-            path = path[:-1]  # vLLM (FastAPI) redirects there, and the SDKs follow
+            # vLLM (FastAPI) redirects there, and the SDKs follow; the pod gets it so too (its
+            # redirect would send the client to the pod itself)
+            path = path[:-1]
+            scope = {**scope, "path": path}
         method: str = scope["method"]
         request_id = _header(scope, b"x-request-id")
         try:
@@ -133,9 +143,12 @@ class RouterApp:
             elif path in _RELAYED:
                 if method != "POST":
                     raise RouterError(405, f"use POST for {path}", code="method_not_allowed")
-                await self._relayed(scope, receive, send)
+                request_id = request_id or uuid.uuid4().hex
+                await self._relayed(scope, receive, send, request_id)
             elif path.startswith(_STORED_RESPONSE):
-                await self._stored_response(scope, receive, send, path[len(_STORED_RESPONSE) :])
+                request_id = request_id or uuid.uuid4().hex
+                rest = path[len(_STORED_RESPONSE) :]
+                await self._stored_response(scope, receive, send, rest, request_id)
             elif path == "/v1/models" and method == "GET":
                 await _json(send, 200, self._models())
             elif path == "/health":
@@ -273,7 +286,9 @@ class RouterApp:
         if await _until_disconnect(receive, route_and_forward()):
             log.info("request %s: client disconnected; upstream cancelled", request.request_id)
 
-    async def _stored_response(self, scope: Scope, receive: Receive, send: Send, rest: str) -> None:
+    async def _stored_response(
+        self, scope: Scope, receive: Receive, send: Send, rest: str, request_id: str
+    ) -> None:
         """`GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`, relayed to the pod
         whose tag the id carries (`response_ids.py`); 404 for an id no router minted, minted
         for another tenant, or whose pod has left."""
@@ -294,16 +309,19 @@ class RouterApp:
         target = f"{_STORED_RESPONSE}{response_id}" + ("/cancel" if action else "")
         if action == "":
             target += _retrieve_query(scope.get("query_string", b""))
-        await _until_disconnect(receive, self.runtime.proxy.relay(pod, method, target, send))
+        relayed = self.runtime.proxy.relay(pod, method, target, send, request_id=request_id)
+        await _until_disconnect(receive, relayed)
 
-    async def _relayed(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _relayed(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
         """A token count (Anthropic's `count_tokens`, vLLM's `/tokenize`, `/detokenize`): to
         the pod the router would choose for it (nothing recorded: no prompt is computed)."""
         raw, body = await self._read_body(scope, receive)
         path = scope["path"]
         kind = "messages" if path.startswith("/v1/messages") else "pooling"
         plan = await self.runtime.core.explain(ClientRequest(body, _headers(scope), kind, len(raw)))
-        relayed = self.runtime.proxy.relay(plan.endpoint, "POST", path, send, raw)
+        relayed = self.runtime.proxy.relay(
+            plan.endpoint, "POST", path, send, raw, request_id=request_id
+        )
         await _until_disconnect(receive, relayed)
 
     async def _debug_route(self, scope: Scope, receive: Receive, send: Send) -> None:

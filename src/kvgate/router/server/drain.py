@@ -72,16 +72,16 @@ class _Response:
 
 class Drain:
     """In-flight HTTP requests of one app. `on_cut(kind)` counts each request ended by
-    `expire()`: `stream` (error event), `unavailable` (503) or `closed`; `on_start(status)`
-    sees every response the app starts (the one place each passes through)."""
+    `expire()`: `stream` (error event), `unavailable` (503) or `closed`; `on_start(path,
+    status)` sees every response the app starts (the one place each passes through)."""
 
     def __init__(
         self,
         on_cut: Callable[[str], None] | None = None,
-        on_start: Callable[[int], None] | None = None,
+        on_start: Callable[[str, int], None] | None = None,
     ) -> None:
         self._on_cut = on_cut or (lambda kind: None)
-        self._on_start = on_start or (lambda status: None)
+        self._on_start = on_start or (lambda path, status: None)
         self._requests: dict[asyncio.Task[Any], _Response] = {}
         self.expired = False
 
@@ -96,7 +96,7 @@ class Drain:
         async def tracked_send(message: Message) -> None:
             response.observe(message)
             if message["type"] == "http.response.start":
-                self._on_start(message["status"])
+                self._on_start(scope["path"], message["status"])
             await send(message)
 
         self._requests[task] = response
