@@ -20,7 +20,8 @@ lookups go to the shared index (which also holds what other routers and `kvgate 
   `audit_interval`, since a Redis that restarts between two calls raises nothing: the client
   reconnects, and the next write re-creates its pod with that write's entries only):
   a `forget_pod` that was lost is replayed; then the pod's local generation is set, the pod is
-  cleared, and its exact entries (per medium) and unexpired approximate entries (with their
+  cleared (only by a writer of its exact entries: a router that wrote only routing history
+  beside an indexer re-adds that, and leaves the indexer's entries alone), and its exact entries (per medium) and unexpired approximate entries (with their
   remaining TTL) are written in batches. The snapshot is taken in one step; writes to the pod
   that arrive while it is copied are queued and replayed after it, in order (a bounded queue;
   overflowing it means another rebuild). A degraded index first probes the shared one and, once
@@ -188,7 +189,11 @@ class FallbackIndex:
                 generation = snapshot.generation
                 if generation is not None:
                     await shared.set_generation(pod, generation)
-                await shared.clear_pod(pod)
+                if generation is not None or snapshot.exact:
+                    # The pod's exact entries are this writer's: rewrite them whole. A writer
+                    # of routing history alone (a router beside an indexer) only adds it
+                    # again: its clear wiped the indexer's exact entries for good.
+                    await shared.clear_pod(pod)
                 for medium, keys in snapshot.exact_batches(self._batch):
                     if not await shared.add(pod, keys, medium=medium, generation=generation):
                         break  # another writer set a newer generation: the pod is its now

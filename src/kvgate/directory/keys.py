@@ -12,7 +12,8 @@ Cluster they live in one slot and the multi-key Lua scripts of `redis_scripts.py
     <base>gc:<slot>   HASH  a cleared pod's former `x:` hash, erased from `m:` in bounded steps
     <base>gcq         LIST  slots waiting for that; <base>free LIST reusable slots
     <base>meta        HASH  next_slot
-    <base>epoch       STRING a random token, set by the first audit that finds none (`fallback.py`)
+    <base>epoch       STRING a random token, set by the first audit that finds none (`fallback.py`;
+                            TTL a day, renewed by each audit)
     <base>load        HASH  router replica -> "<redis ms>|<json loads>" (`replica_load.py`)
     <base>hot         HASH  router replica -> "<redis ms>|<json {block key hex: requests}>"
     <base>w:<pod>     STRING "<generation>|<w(arming)|d(one)>|<replica>": who warms the pod that

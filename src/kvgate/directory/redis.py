@@ -109,6 +109,10 @@ class RedisConnection:
         return aioredis.Redis.from_url(self.url, retry=retry, **options)
 
 
+EPOCH_TTL_SECONDS = 86_400
+"""A pool's epoch key lives this long after its last audit (every router audits every 30 s):
+a pool that is gone leaves nothing behind."""
+
 MAX_STATS_PODS = 4096
 """Pods whose entries `stats` sums: a pool of more is broken or hostile (its count is still
 exact)."""
@@ -356,7 +360,7 @@ class RedisBlockIndex:
     async def audit(self, pods: Collection[str]) -> tuple[str, set[str]]:
         # Set where missing: the first audit of a new (or emptied) store draws its epoch.
         token = secrets.token_hex(8)
-        found = await self._run(self._audit, [token, *sorted(pods)])
+        found = await self._run(self._audit, [token, EPOCH_TTL_SECONDS, *sorted(pods)])
         return _text(found[0]), {_text(p) for p in found[1:]}
 
     async def stats(self) -> IndexStats:

@@ -59,7 +59,7 @@ end
 local function tidy()
   -- a pool with no pods and no garbage leaves no key behind (e.g. after its deletion)
   if redis.call('EXISTS', registry, base .. 'gcq') == 0 then
-    redis.call('DEL', base .. 'meta', base .. 'free', base .. 'epoch')
+    redis.call('DEL', base .. 'meta', base .. 'free')
   end
 end
 local function collect(budget)
@@ -441,14 +441,16 @@ COLLECT = _script("""
 return collect(tonumber(ARGV[2]))
 """)
 
-# ARGV: base, token, pods... Returns {epoch, missing pods...}: the pool's epoch (set to `token`
-# if it had none: a new pool, or a store that lost its data), and which of `pods` the registry
-# lacks. O(pods asked), whatever the registry holds.
+# ARGV: base, token, ttl (s), pods... Returns {epoch, missing pods...}: the pool's epoch (set to
+# `token` if it had none: a new pool, or a store that lost its data), and which of `pods` the
+# registry lacks. O(pods asked), whatever the registry holds. The epoch outlives a pool with
+# no pod (a pod replaced: not data lost) and expires `ttl` after the last audit of a pool gone.
 AUDIT = _script("""
 local k = base .. 'epoch'
 redis.call('SET', k, ARGV[2], 'NX')
+redis.call('EXPIRE', k, tonumber(ARGV[3]))
 local out = {redis.call('GET', k)}
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   if redis.call('HEXISTS', registry, ARGV[i]) == 0 then out[#out + 1] = ARGV[i] end
 end
 return out

@@ -160,3 +160,29 @@ async def test_a_restart_seen_only_through_a_later_write_is_rebuilt_all_the_same
     await index.add("a", keys[10:], generation="g")  # raises nothing: the client reconnects
     assert await reader.lookup(keys[10:]) == {"a": 10}
     await until_rebuilt(index, reader, keys, {"a": 20})
+
+
+async def test_a_router_rebuilding_its_history_leaves_the_indexers_exact_entries(
+    restartable: Restartable,
+) -> None:
+    """A router beside a `kvgate indexer` writes only routing history of the pods; when Redis
+    lost everything, its rebuild began with a clear of the pod, which wiped the entries the
+    indexer had just rebuilt (and no event ever announces them again)."""
+    server, indexer, reader = restartable
+    router = fallback_over(server.url, time.time, resync_interval=0.2, audit_interval=0.5)
+    exact, history = chain(20), chain(3, "history")
+    try:
+        await indexer.set_generation("p", "g1")
+        await indexer.add("p", exact, generation="g1")
+        await router.add_approximate("p", history, 60)
+        for index in (indexer, router):
+            assert await index.resync()  # each reads the epoch
+        server.stop()
+        server.start()  # same port, empty: no persistence
+        for index in (indexer, router):  # the indexer first: the order that lost its entries
+            await index.resync()
+        assert await reader.lookup(exact) == {"p": 20}
+        assert await reader.lookup(history) == {"p": 3}
+        assert await reader.get_generation("p") == "g1"
+    finally:
+        await router.close()

@@ -16,7 +16,7 @@ from tests.unit.directory.conformance import (
 )
 
 from kvgate.directory.base import HISTORY_CHUNK_KEYS, MAX_COPIES, BlockIndex
-from kvgate.directory.redis import MAX_STATS_PODS, RedisBlockIndex
+from kvgate.directory.redis import EPOCH_TTL_SECONDS, MAX_STATS_PODS, RedisBlockIndex
 
 
 @pytest.fixture
@@ -264,6 +264,25 @@ async def test_a_pod_forgotten_between_two_chunks_of_its_history_stays_forgotten
         assert not await raw.exists("test:{ns/left}:a:a")
         await index.add_approximate("a", chain(2, "left"), ttl_seconds=60)  # it came back
         assert await index.pods() == {"a"}
+    finally:
+        await index.close()
+
+
+async def test_the_epoch_outlives_a_pool_left_without_pods(
+    redis_url: str, raw: aioredis.Redis
+) -> None:
+    """The registry empties when a one-pod pool's pod is replaced: no data was lost, so the
+    epoch stays (dropped with the pool's other keys, it read as a Redis that lost everything,
+    and every writer rebuilt every pod)."""
+    index = RedisBlockIndex.from_url(redis_url, "ns/epoch", key_prefix="test")
+    try:
+        epoch, _ = await index.audit([])
+        await index.add("a", chain(3, "epoch"))
+        await index.forget_pod("a")
+        await index.collect_garbage()
+        assert await index.pods() == set()
+        assert await index.audit(["a"]) == (epoch, {"a"})
+        assert 0 < await raw.ttl("test:{ns/epoch}:epoch") <= EPOCH_TTL_SECONDS
     finally:
         await index.close()
 
