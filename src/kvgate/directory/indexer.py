@@ -55,6 +55,13 @@ class SubscriptionManager:
         self._lock = asyncio.Lock()
         self._closed = False
 
+    def configure(self, *, offload_tier: bool, block_size: int | None) -> None:
+        """The pool's engine settings changed (a reload): every subscription applies them to
+        the events it reads from now on."""
+        self._offload_tier, self._block_size = offload_tier, block_size
+        for sub in self._subscribers.values():
+            sub.configure(offload_tier=offload_tier, block_size=block_size)
+
     @property
     def endpoints(self) -> dict[str, PodEndpoint]:
         return {pod: sub.endpoint for pod, sub in self._subscribers.items()}

@@ -79,7 +79,7 @@ class ReplicaBoard:
         budget = self.max_round_bytes
         for i in range(0, len(raw) - 1, 2):
             name, value = raw[i], raw[i + 1]
-            if len(value) + len(name) <= min(longest, budget):
+            if len(value) <= longest and len(value) + len(name) <= budget:
                 budget -= len(value) + len(name)
                 out[name.decode("utf-8", "replace")] = value
         return out

@@ -150,8 +150,7 @@ class PodSubscriber:
         self._metrics = metrics
         self._limits = limits or KvEventsConfig()
         self._groups = CacheGroupFilter(kv_cache_group)
-        self._media = {DEFAULT_MEDIUM, MEDIUM_CPU} if offload_tier else {DEFAULT_MEDIUM}
-        self._block_size = block_size  # the pool's engine.block_size: the router's keys
+        self.configure(offload_tier=offload_tier, block_size=block_size)
         self._children: dict[str, Any] = {}  # metric series of this pool (`_series`)
         self._retry = retry_seconds
         self._token = secrets.token_hex(4)
@@ -166,6 +165,12 @@ class PodSubscriber:
         self._rewound = False  # a write failed: `expected` went back, later messages wait
         self.expected: int | None = None
         self.generation = self._next_generation()
+
+    def configure(self, *, offload_tier: bool, block_size: int | None) -> None:
+        """The pool's engine settings: which media are indexed, and the block size (the
+        router's keys') a `BlockStored` must have."""
+        self._media = {DEFAULT_MEDIUM, MEDIUM_CPU} if offload_tier else {DEFAULT_MEDIUM}
+        self._block_size = block_size
 
     def _next_generation(self) -> str:
         base = self.endpoint.generation or self.endpoint.pod
@@ -340,6 +345,7 @@ class PodSubscriber:
             for kind, count in counts.items():
                 self._series(kind, self._metrics.events, kind).inc(count)
         ops = self._ops
+        mismatched, other_size = 0, 0
         for event in events:
             if isinstance(event, AllBlocksCleared):
                 self._queue_clear("all_blocks_cleared")
@@ -355,11 +361,8 @@ class PodSubscriber:
                 and event.block_size != self._block_size
             ):
                 # its hashes chain other blocks than the router's keys: none would ever match
-                self._bad(
-                    "block_size_mismatch",
-                    f"{event.block_size}-token blocks; the pool's engine.block_size is "
-                    f"{self._block_size}",
-                )
+                mismatched += 1
+                other_size = event.block_size
                 continue
             op = "add" if isinstance(event, BlockStored) else "remove"
             medium = event.medium or DEFAULT_MEDIUM
@@ -371,6 +374,11 @@ class PodSubscriber:
                 ops[-1].hashes.extend(event.block_hashes)
             else:
                 ops.append(_Op(op, medium, list(event.block_hashes)))
+        if mismatched:  # one count and log check per batch: a misconfigured pool stays so
+            detail = (
+                f"{other_size}-token blocks; the pool's engine.block_size is {self._block_size}"
+            )
+            self._bad("block_size_mismatch", detail, mismatched)
 
     def _series(self, name: str, metric: Any, *labels: str) -> Any:
         """`metric.labels(pool, *labels)`, kept: `labels()` cost more than the update, a few
@@ -480,6 +488,6 @@ class PodSubscriber:
 
     def _bad(self, reason: str, detail: str, count: int = 1) -> None:
         if self._metrics:
-            self._metrics.bad_events.labels(self._pool, reason).inc(count)
+            self._series(f"bad:{reason}", self._metrics.bad_events, reason).inc(count)
         self._log.warning((reason, self.endpoint.pod), "pod %s: skipped (%s): %s",
                           self.endpoint.pod, reason, detail)  # fmt: skip

@@ -44,9 +44,9 @@ class EventIndexer:
         limits: KvEventsConfig | None = None,
         engine_of: Callable[[str], EngineConfig | None] = lambda pool: None,
     ) -> None:
-        """`engine_of(pool)`: the pool's engine settings (read when its first pod appears):
-        whether a CPU offloading tier's events are indexed (`cpu_offload`), and the block size
-        its events must have (`block_size`)."""
+        """`engine_of(pool)`: the pool's engine settings (read at each `sync_pool`): whether a
+        CPU offloading tier's events are indexed (`cpu_offload`), and the block size its events
+        must have (`block_size`)."""
         self._endpoints = endpoints
         self._indexes = indexes
         self._metrics = metrics
@@ -72,17 +72,21 @@ class EventIndexer:
                 await manager.close()
                 del self._managers[pool]
             return
+        engine = self._engine_of(pool)
+        offload_tier = engine is not None and engine.cpu_offload
+        block_size = None if engine is None else engine.block_size
         if manager is None:
-            engine = self._engine_of(pool)
             manager = SubscriptionManager(
                 index,
                 pool=pool,
                 metrics=self._metrics,
                 limits=self._limits,
-                offload_tier=engine is not None and engine.cpu_offload,
-                block_size=None if engine is None else engine.block_size,
+                offload_tier=offload_tier,
+                block_size=block_size,
             )
             self._managers[pool] = manager
+        else:  # a reload may have changed them: the pool's pods restart with the new settings
+            manager.configure(offload_tier=offload_tier, block_size=block_size)
         await manager.reconcile(
             PodEndpoint(
                 pod=ep.id,

@@ -244,6 +244,8 @@ class RouterRuntime:
                 discovery = build_discovery(pool, self.endpoints)
                 self.discoveries[key] = discovery
                 await discovery.start()
+            if self.indexer is not None:  # its engine settings, as a reload may change them
+                await self.indexer.sync_pool(key)
 
     async def _endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         self.core.endpoints_changed(added, removed)

@@ -513,3 +513,32 @@ async def test_a_batch_timestamp_that_is_no_time_is_not_observed_as_lag(
     assert registry.get_sample_value("kvgate_directory_event_lag_seconds_count", labels) == 1
     lag_sum = registry.get_sample_value("kvgate_directory_event_lag_seconds_sum", labels)
     assert lag_sum is not None and math.isfinite(lag_sum)
+
+
+async def test_a_reload_of_the_pools_block_size_reaches_its_subscriptions(
+    registry: CollectorRegistry,
+) -> None:
+    """The block size was read when the pool's first pod appeared: after a reload to other
+    engines, every BlockStored of the new pods was skipped as a mismatch."""
+    from kvgate.api.router_config import EngineConfig
+    from kvgate.discovery.endpoints import EndpointSet, EndpointSpec
+    from kvgate.indexer.subscriptions import EventIndexer
+
+    endpoints = EndpointSet()
+    index = MemoryBlockIndex()
+    engine = {"pool": EngineConfig(block_size=16)}
+    indexer = EventIndexer(endpoints, {"pool": index}, engine_of=engine.get)
+    spec = EndpointSpec("p", "pool", "http://127.0.0.1:1", kv_events="tcp://127.0.0.1:1")
+    await endpoints.replace_pool("pool", [spec])
+    await indexer.sync_pool("pool")
+    try:
+        engine["pool"] = EngineConfig(block_size=32)
+        await indexer.sync_pool("pool")  # what a reload does
+        sub = indexer._managers["pool"].subscriber("p")
+        assert sub is not None
+        await index.set_generation("p", sub.generation)
+        await sub.handle([b"", (0).to_bytes(8, "big"),
+                          encode_batch(EventBatch(0.0, [BlockStored([h(0)], None, [0] * 32, 32)]))])  # fmt: skip
+        assert await index.lookup([h(0)]) == {"p": 1}
+    finally:
+        await indexer.close()
