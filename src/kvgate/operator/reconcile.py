@@ -143,8 +143,9 @@ class Reconciler:
 
     async def _apply_all(
         self, children: list[JsonDict]
-    ) -> tuple[dict[str, JsonDict], Problem | None]:
-        applied: dict[str, JsonDict] = {}
+    ) -> tuple[dict[tuple[str, str], JsonDict], Problem | None]:
+        """Apply `children` in order; what was applied, by kind and name."""
+        applied: dict[tuple[str, str], JsonDict] = {}
         for child in children:
             kind, name = child["kind"], child["metadata"]["name"]
             holder = await self._other_owner(child)
@@ -152,7 +153,7 @@ class Reconciler:
                 message = f"{kind} {name} belongs to {holder}: rename one of the two"
                 return applied, Problem("NameTaken", message)
             try:
-                applied[kind] = await self.kube.apply(child)
+                applied[kind, name] = await self.kube.apply(child)
             except KubeError as exc:
                 return applied, Problem("ApplyFailed", f"cannot apply {kind} {name}: {exc.message}")
         return applied, None
@@ -222,7 +223,7 @@ class Reconciler:
             problem = Problem("InvalidSpec", describe(exc))
         if spec is not None:
             applied, problem = await self._apply_all(pool_children(owner, spec))
-            deployment = applied.get("Deployment")
+            deployment = applied.get(("Deployment", owner.name))
         if deployment is None:
             deployment = await self._own_deployment(owner, owner.name)
         await self._report(body, owner, problem)
@@ -489,7 +490,8 @@ class Reconciler:
             else:
                 applied, apply_problem = await self._apply_all(children)
                 problem = apply_problem or problem
-                deployment = applied.get("Deployment")
+                # the router's (the indexer's Deployment is applied after it)
+                deployment = applied.get(("Deployment", router_name(owner.name)))
         if deployment is None:
             deployment = await self._own_deployment(owner, router_name(owner.name))
         await self._report(body, owner, problem)

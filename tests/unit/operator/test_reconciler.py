@@ -486,3 +486,22 @@ async def test_replicas_that_would_not_share_load_get_one_warning(
     # One replica has no one to share with.
     await rec.reconcile_policy(kube.put(policy(name="solo")))
     assert events.reasons() == ["LoadNotShared", "LoadNotShared"]
+
+
+async def test_a_policys_status_is_its_routers_not_its_indexers(
+    kube: FakeKube, events: Events
+) -> None:
+    """The indexer's Deployment is applied after the router's: keyed by kind, it was the one
+    the status read (a router at 3 of 3 ready showed as 1 of 1)."""
+    rec = make(kube, events)
+    kube.put(pool())
+    spec = {"directory": {"backend": "redis", "embeddedIndexer": False}, "router": {"replicas": 3}}
+    await rec.reconcile_policy(kube.put(policy(**spec)))
+    for name, ready in (("front-router", 3), ("front-indexer", 1)):
+        deployment = kube.find("Deployment", name)
+        assert deployment is not None
+        deployment["status"] = {"observedGeneration": deployment["metadata"]["generation"],
+                                "replicas": ready, "readyReplicas": ready,
+                                "updatedReplicas": ready}  # fmt: skip
+    status = await rec.reconcile_policy(kube.find("RoutingPolicy", "front"))  # type: ignore[arg-type]
+    assert status is not None and (status["replicas"], status["readyReplicas"]) == (3, 3)
