@@ -139,10 +139,10 @@ class RequestTokenizer:
         if not prompts:
             raise PromptError("prompt is an empty batch")
         out: list[list[int]] = []
+        cut = truncation(body, max_tokens, chat=False)
         for index, item in enumerate(prompts):
             if max_prompts is not None and index >= max_prompts:
                 continue  # `completion_prompts` checked its shape already
-            cut = truncation(body, max_tokens, chat=False)
             if isinstance(item, str):
                 ids = self._encode(item, add_special, cut, max_tokens)
             else:
@@ -175,27 +175,27 @@ class RequestTokenizer:
         return [*prefix, *middle, *suffix]
 
     def _encode_last(self, text: str, add_special: bool, keep: int) -> list[int]:
-        """The last `keep` ids of `text`, read from its end: a tail of `TAIL_CHARS_PER_TOKEN`
-        characters per id, grown until it gives `TAIL_MARGIN_TOKENS` more than `keep` (the ids
-        next to the cut depend on where the text was cut, so they are dropped). Tokenizing all
-        of a 15 MB prompt to keep 16 ids took 16 s and 4 GiB."""
-        window = (keep + TAIL_MARGIN_TOKENS) * TAIL_CHARS_PER_TOKEN
-        while window < len(text):
-            ids = self.tokenizer.encode(text[-window:], add_special_tokens=add_special)
-            if len(ids) >= keep + TAIL_MARGIN_TOKENS:
-                return ids[-keep:]
-            window *= 4  # ids longer than the guess: a longer tail
-        return self.tokenizer.encode(text, add_special_tokens=add_special)[-keep:]
+        """The last `keep` ids of `text`, read from its end (`_encode_end`)."""
+        return self._encode_end(text, add_special, keep, last=True)
 
     def _encode_first(self, text: str, add_special: bool, keep: int) -> list[int]:
-        """The first `keep` ids of `text`, read from its start as `_encode_last` reads a tail."""
+        """The first `keep` ids of `text`, read from its start (`_encode_end`)."""
+        return self._encode_end(text, add_special, keep, last=False)
+
+    def _encode_end(self, text: str, add_special: bool, keep: int, *, last: bool) -> list[int]:
+        """`keep` ids from one end of `text`, read from that end: a piece of
+        `TAIL_CHARS_PER_TOKEN` characters per id, grown until it gives `TAIL_MARGIN_TOKENS`
+        more than `keep` (the ids next to the cut depend on where the text was cut, so they are
+        dropped). Tokenizing all of a 15 MB prompt to keep 16 ids took 16 s and 4 GiB."""
         window = (keep + TAIL_MARGIN_TOKENS) * TAIL_CHARS_PER_TOKEN
         while window < len(text):
-            ids = self.tokenizer.encode(text[:window], add_special_tokens=add_special)
+            piece = text[-window:] if last else text[:window]
+            ids = self.tokenizer.encode(piece, add_special_tokens=add_special)
             if len(ids) >= keep + TAIL_MARGIN_TOKENS:
-                return ids[:keep]
-            window *= 4
-        return self.tokenizer.encode(text, add_special_tokens=add_special)[:keep]
+                return ids[-keep:] if last else ids[:keep]
+            window *= 4  # ids longer than the guess: a longer piece
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special)
+        return ids[-keep:] if last else ids[:keep]
 
     def chat_text(self, body: Mapping[str, Any]) -> str:
         """The prompt text the model's chat template renders for a chat body."""

@@ -222,7 +222,7 @@ async def test_the_scraped_engine_queue_saturates_a_pod_too():
     core.load_scraped(ep, LoadSample(waiting=3, running=10, kv_cache_usage=0.1, scraped_at=now[0]))
     assert isinstance(await core.admit(_request(), Grants()), Waiter)
     core.load_scraped(ep, LoadSample(waiting=0, running=10, kv_cache_usage=0.96, scraped_at=now[0]))
-    assert core.flow.slots(ep, now[0]) == 0  # KV cache 96% full (limit 95%)
+    assert core.flow.slots(ep, now[0], fail_open=False) == 0  # KV cache 96% full (limit 95%)
     grants = Grants()
     second = await core.admit(_request(), grants)
     core.load_scraped(ep, LoadSample(waiting=0, running=10, kv_cache_usage=0.5, scraped_at=now[0]))
@@ -251,7 +251,7 @@ async def test_with_every_pod_ejected_flow_control_fails_open_as_routing_does():
     assert (await core.dispatch(waiter)).endpoint.id == plan.endpoint.id
     # One pod back: the other is out of rotation again.
     core.load_scraped(pods[0], LoadSample(scraped_at=now[0]))
-    assert core.flow.slots(pods[1], now[0]) == 0
+    assert core.flow.slots(pods[1], now[0], fail_open=False) == 0
 
 
 async def test_online_leaves_before_batch_and_priority_tenants_first():

@@ -196,7 +196,7 @@ class FlowControl:
             if request_class == "batch" and not home and pool in borrow
         )
 
-    def slots(self, ep: Endpoint, now: float, *, fail_open: bool = False) -> int:
+    def slots(self, ep: Endpoint, now: float, *, fail_open: bool) -> int:
         return self.saturation.slots(ep, now, fail_open=fail_open)
 
     def any_room(self, endpoints: Iterable[Endpoint], now: float, *, fail_open: bool) -> bool:

@@ -33,7 +33,7 @@ class Saturation:
         self.limits = limits
         self.stale_after_seconds = stale_after_seconds
 
-    def slots(self, ep: Endpoint, now: float, *, fail_open: bool = False) -> int:
+    def slots(self, ep: Endpoint, now: float, *, fail_open: bool) -> int:
         """How many more requests `ep` takes before it is saturated (reservations deducted).
         `fail_open`: every candidate is ejected (`every_one_ejected`), so no ejection counts."""
         if ep.draining or not (fail_open or ep.healthy(now)):
