@@ -158,3 +158,24 @@ def test_the_indexer_is_a_service_the_charts_service_monitor_scrapes() -> None:
     (port,) = service["spec"]["ports"]
     container = objects["Deployment/front-indexer"]["spec"]["template"]["spec"]["containers"][0]
     assert port["name"] == "http" and port["targetPort"] in {p["name"] for p in container["ports"]}
+
+
+def test_the_indexer_rolls_when_its_pools_engines_change_and_not_otherwise() -> None:
+    """It reads the config at start: a new block size never reached it (every store of the new
+    engines was skipped as mismatched); a roll on every policy edit would drop the directory's
+    entries, which only new events restore."""
+
+    def annotations(pool: SelectedPool, **spec: Any) -> dict[str, str]:
+        policy = RoutingPolicySpec.model_validate(
+            {"pools": ["llama"], "directory": {"backend": "redis", "embeddedIndexer": False},
+             **spec}
+        )  # fmt: skip
+        children, _ = policy_children(OWNER, policy, [pool], "img", 1)
+        (indexer,) = (c for c in children if c["metadata"]["name"] == "front-indexer"
+                      and c["kind"] == "Deployment")  # fmt: skip
+        return dict(indexer["spec"]["template"]["metadata"]["annotations"])
+
+    base = annotations(POOL)
+    assert annotations(POOL, flowControl={"maxWaitingRequests": 3}) == base
+    wider = InferencePoolSpec.model_validate({"model": "m", "engine": {"blockSize": 32}})
+    assert annotations(SelectedPool("llama", "ai", wider)) != base

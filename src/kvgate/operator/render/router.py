@@ -14,6 +14,7 @@ directory from the engines' KV events instead of the routers.
 
 from __future__ import annotations
 
+import json
 import math
 
 from kvgate.api.base import JsonDict
@@ -52,6 +53,7 @@ CONFIG_DIR = "/etc/kvgate"
 CONFIG_FILE = "router.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 CONFIG_HASH_ANNOTATION = "kvgate.io/config-hash"
+ENGINES_HASH_ANNOTATION = "kvgate.io/engines-hash"  # on the indexer's pods
 ROUTER_PORT = 8000
 # The router drains for `server.shutdown_grace_seconds` after SIGTERM, then ends what is still
 # open; the kubelet must not SIGKILL it before that is done (plus time to exit).
@@ -127,8 +129,11 @@ def _kvgate_deployment(
     replicas: int,
     resources: JsonDict,
     termination_grace_seconds: int | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> JsonDict:
-    """A Deployment of `kvgate <command>` reading the policy's config (router or indexer)."""
+    """A Deployment of `kvgate <command>` reading the policy's config (router or indexer);
+    `annotations` go on its pods, with the policy's `router.pod.annotations`."""
+    annotations = annotations or {}
     router = spec.router
     volumes, mounts = _volumes(owner, spec, pools)
     port_name, port_number = port
@@ -161,8 +166,8 @@ def _kvgate_deployment(
         pod_spec["terminationGracePeriodSeconds"] = termination_grace_seconds
     labels = {**recommended_labels(component, owner.name), POLICY_LABEL: owner.name}
     template_meta: JsonDict = {"labels": {**pod.labels, **labels}}
-    if pod.annotations:
-        template_meta["annotations"] = dict(pod.annotations)
+    if pod.annotations or annotations:
+        template_meta["annotations"] = {**pod.annotations, **annotations}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -203,7 +208,11 @@ def indexer_deployment(
     default_image: str,
     replicas: int,
 ) -> JsonDict:
-    """`kvgate indexer`: feeds the Redis directory from KV events when routers do not."""
+    """`kvgate indexer`: feeds the Redis directory from KV events when routers do not. It reads
+    the config at start, so its pods carry a hash of the pools' engine settings (block size,
+    hashing, CPU tier): a change of those rolls it (another edit of the policy would only drop
+    the directory's entries, which new events alone restore)."""
+    engines = [p.engine.model_dump(mode="json") for p in router_config(spec, pools).pools]
     return _kvgate_deployment(
         owner,
         spec,
@@ -214,6 +223,7 @@ def indexer_deployment(
         port=("http", INDEXER_PORT),
         replicas=replicas,
         resources={},
+        annotations={ENGINES_HASH_ANNOTATION: content_hash(json.dumps(engines, sort_keys=True))},
     )
 
 
