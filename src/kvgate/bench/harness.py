@@ -236,7 +236,11 @@ def write_outputs(
             "router_args": settings.router_args,
             "workload_params": workload.params,
         },
-        notes=[*run.notes, *unsent_notes(workload.size, run.records)],
+        # with a duration, requests left unsent are the cut's (failed turns are errors anyway)
+        notes=[
+            *run.notes,
+            *(unsent_notes(workload.size, run.records) if settings.duration_s is None else ()),
+        ],
     )
     report_path = report.write(out_dir)
     for name, recs in run.records.items():

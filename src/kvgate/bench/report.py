@@ -188,11 +188,11 @@ def arrival_order(
 
 def unsent_notes(size: int, records: Mapping[str, Sequence[RequestRecord]]) -> list[str]:
     """A note for each target that sent fewer of the workload's `size` requests: a session
-    ends at its first failed turn, as an agent whose call failed stops (and a live run's
-    `--duration` stops sending)."""
+    ends at its first failed turn, as an agent whose call failed stops (a run cut by a
+    duration leaves requests unsent anyway: its caller notes nothing then)."""
     return [
         f"{name}: {size - len(recs)} of {size} requests not sent (a session ends at its first "
-        "failed turn; a live run's --duration stops sending)"
+        "failed turn)"
         for name, recs in records.items()
         if len(recs) < size
     ]

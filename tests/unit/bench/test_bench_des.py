@@ -101,8 +101,7 @@ def test_a_session_ends_at_a_refused_turn_and_the_report_counts_what_was_not_sen
         ("s0", 200), ("s0", 400), ("s1", 200), ("s1", 200), ("s1", 200)
     ]  # fmt: skip
     assert report.notes == [
-        "kvgate: 1 of 6 requests not sent (a session ends at its first failed turn; a live "
-        "run's --duration stops sending)"
+        "kvgate: 1 of 6 requests not sent (a session ends at its first failed turn)"
     ]
 
 
