@@ -704,6 +704,40 @@ async def test_a_full_queue_makes_the_tenant_holding_most_of_it_give_way():
     assert len(grants.done) == 3 and len(core.flow) == 4
 
 
+async def test_a_newcomer_the_queue_cannot_take_pushes_no_one_out():
+    core, now = await _core()
+    grants = Grants()
+    current = await _send(core, _request(), grants)
+    for i in range(14):
+        request = _request(tenant="flood", first=1000 * (i + 1))
+        assert isinstance(await core.admit(request, grants), Waiter)
+    for _ in range(10):  # served one a second
+        now[0] += 1.0
+        core.first_byte(*current, streamed=True)
+        waiter = grants.done.pop(0)
+        plan = await core.dispatch(waiter)
+        current = (plan, core.sent(waiter.request, plan, streaming=True))
+    _set_limits(core, max_queued_requests=4)
+    # Full: a newcomer whose deadline the queue cannot meet is refused alone.
+    hurried = _request(tenant="other", first=999_000, **{"x-kvgate-deadline-ms": "500"})
+    with pytest.raises(RouterError) as late:
+        await core.admit(hurried, grants)
+    assert late.value.code == "deadline_exceeded"
+    assert grants.done == [] and len(core.flow) == 4
+    # Too big to fit even once the flood gave way as far as it must: refused alone too.
+    _set_limits(core, max_queued_requests=4, max_queued_bytes=500)
+    big = _request(tenant="other", first=99_999)
+    big.body_bytes = 950
+    with pytest.raises(RouterError) as full:
+        await core.admit(big, grants)
+    assert full.value.code == "queue_full"
+    assert grants.done == [] and len(core.flow) == 4 and core.flow._bytes == 400
+    # One that fits and can wait gets in: the flood's newest gives way.
+    assert isinstance(await core.admit(_request(tenant="other", first=500_000), grants), Waiter)
+    assert [w.error.code for w in grants.done if w.error] == ["queue_full"]
+    assert len(core.flow) == 4
+
+
 async def test_a_flooding_tenant_keeps_to_its_share_of_the_pods_while_another_is_active():
     core, now = await _core(4, flow={"max_waiting_requests": 5})
     grants = Grants()

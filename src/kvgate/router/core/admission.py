@@ -246,20 +246,8 @@ class FlowControl:
         pool = (cls.home_pools or cls.borrow_pools)[0].key
         priority, weight = self._tenants.get(cls.tenant or "", (0, 1.0))
         flow = cls.tenant or ""
-        while self._full(queue, request.body_bytes):
-            # Full: the newest request of the tenant holding the most of this queue makes room
-            # for a tenant holding less, so that one tenant cannot fill the queue for all.
-            victim = queue.fair.newest_of_largest_flow() if queue is not None else None
-            if victim is None or not _may_push_out(queue, victim, priority, flow):
-                self._refused(pool, cls.request_class, "queue_full")
-                wait = self._expected_wait(queue, len(queue.fair) if queue else 0)
-                raise overloaded(
-                    "the router's queue for these pods is full; retry later",
-                    code="queue_full",
-                    retry_after_seconds=wait if wait is not None else 1.0,
-                )
-            self._push_out(victim.item)
-            queue = self._queues.get(key)  # a pinned queue emptied by it is gone (`_leave`)
+        new_backlog = queue is None or not queue.fair  # the last one's rate spans an idle gap
+        victims = self._make_room(queue, request.body_bytes, priority, flow, pool, cls)
         if queue is None:
             queue = self._queues[key] = _Queue(key, cls, pool)
         queue.classification = cls  # the latest pools' configuration
@@ -283,7 +271,7 @@ class FlowControl:
             holder_since=now,
             prompt_tokens=prompt_tokens,
         )
-        if not queue.fair:  # a new backlog: the last one's rate spans an idle gap
+        if new_backlog:
             queue.grants.clear()
         waiter.node = waiter.place = queue.fair.push(
             waiter,
@@ -294,6 +282,8 @@ class FlowControl:
             urgency=now + self._passed_for(prefill_seconds, deadline),
         )
         expected = self._expected_wait(queue, queue.fair.position(waiter.node))
+        for victim in victims:  # back in, to leave counted (`_push_out`) or to stay
+            queue.fair.restore(victim)
         if expected is not None and expected > deadline:
             queue.fair.remove(waiter.node)
             self._refused(pool, cls.request_class, "deadline_exceeded")
@@ -303,8 +293,44 @@ class FlowControl:
                 code="deadline_exceeded",
                 retry_after_seconds=expected,
             )
+        for victim in victims:
+            self._push_out(victim.item)
         self._joined(waiter)
         return waiter
+
+    def _make_room(
+        self,
+        queue: _Queue | None,
+        body_bytes: int,
+        band: int,
+        flow: str,
+        pool: str,
+        cls: Classification,
+    ) -> list[Queued[Waiter]]:
+        """The waiters a newcomer of (`band`, `flow`) pushes out of a full `queue`: the newest
+        of the tenant holding the most of it, one by one, while the newcomer's tenant would
+        still hold less. They are taken out of the fair queue only, for the caller to restore
+        and then push out once the newcomer is in; where they could not make room, none is
+        taken out and the newcomer is refused (429 queue_full)."""
+        victims: list[Queued[Waiter]] = []
+        freed = 0
+        while self._full(queue, body_bytes - freed):
+            victim = queue.fair.newest_of_largest_flow() if queue is not None else None
+            if queue is None or victim is None or not _may_push_out(queue, victim, band, flow):
+                if queue is not None:
+                    for taken in victims:
+                        queue.fair.restore(taken)
+                self._refused(pool, cls.request_class, "queue_full")
+                wait = self._expected_wait(queue, len(queue.fair) if queue else 0)
+                raise overloaded(
+                    "the router's queue for these pods is full; retry later",
+                    code="queue_full",
+                    retry_after_seconds=wait if wait is not None else 1.0,
+                )
+            queue.fair.remove(victim)
+            victims.append(victim)
+            freed += victim.item.body_bytes
+        return victims
 
     def _full(self, queue: _Queue | None, body_bytes: int) -> bool:
         limits = self.config
