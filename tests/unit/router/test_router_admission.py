@@ -229,6 +229,13 @@ async def test_the_scraped_engine_queue_saturates_a_pod_too():
     assert len(core.flow) == 0 and second in grants.done
 
 
+async def test_a_kv_cache_limit_of_1_counts_no_pod_full():
+    core, now = await _core(flow={"max_waiting_requests": 3, "max_kv_cache_usage": 1.0})
+    ep = core.endpoints.all()[0]
+    core.load_scraped(ep, LoadSample(waiting=0, running=10, kv_cache_usage=1.0, scraped_at=now[0]))
+    assert core.flow.slots(ep, now[0], fail_open=False) == 3  # every block in use: not full
+
+
 async def test_with_every_pod_ejected_flow_control_fails_open_as_routing_does():
     """Pods whose /metrics all fail (or answer slower than the scrape timeout) are all ejected,
     yet they may serve: routing fails open, and flow control gave such pods no room, so every

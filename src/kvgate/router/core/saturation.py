@@ -47,7 +47,8 @@ class Saturation:
             return 0
         backlog = own.pending_prefill_requests
         if ep.load_fresh(now, self.stale_after_seconds):
-            if ep.load.kv_cache_usage >= limits.max_kv_cache_usage:
+            full = limits.max_kv_cache_usage
+            if full < 1 and ep.load.kv_cache_usage >= full:  # 1 disables (vLLM reports 1.0)
                 return 0
             backlog = max(backlog, int(ep.load.waiting))
         return max(0, limits.max_waiting_requests - backlog - reserved)
