@@ -5,13 +5,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from prometheus_client import CollectorRegistry
 from tests.unit.router.fakes import make_config, routing_core
 
-from kvgate.discovery.endpoints import EndpointSpec, LoadSample
+from kvgate.directory.memory import MemoryBlockIndex
+from kvgate.directory.metrics import DirectoryMetrics
+from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, LoadSample
 from kvgate.router.core.accounting import MAX_INFLIGHT_BLOCKS, Accounting
 from kvgate.router.core.learn import Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
+from kvgate.router.metrics import RouterMetrics
+from kvgate.router.runtime import build_state
 
 BODY = {"model": "m", "prompt": list(range(64)), "max_tokens": 4}
 
@@ -526,3 +531,46 @@ async def test_whole_answers_teach_the_pools_output_length_and_price_its_decode(
     plain.load_scraped(plain.endpoints.all()[0], sample)
     explained = await plain.explain(ClientRequest(BODY, {}, "completion"))
     assert all(c.to_dict()["decode_seconds"] == 0.0 for c in explained.decision.candidates)
+
+
+async def test_pools_keyed_apart_share_the_traffic_while_equally_idle():
+    """Two pools of one model whose engines differ only in max_model_len key apart (a group
+    each); with every pod idle the groups tie, and the first group took every request."""
+    now = [100.0]
+    pools = [
+        {
+            "name": name,
+            "model": "m",
+            "engine": {"max_model_len": length},
+            "endpoints": {"static": [{"url": f"http://{name}{i}:8000"} for i in range(2)]},
+        }
+        for name, length in (("a", 8192), ("b", 16384))
+    ]
+    config = make_config(
+        pools=pools, policy={"name": "round-robin"}, flow_control={"enabled": False}
+    )
+    endpoints = EndpointSet(lambda: now[0])
+    core = RoutingCore(
+        build_state(config),
+        endpoints,
+        {pool.key: MemoryBlockIndex() for pool in config.pools},
+        RouterMetrics(),
+        DirectoryMetrics(CollectorRegistry()).fallback_errors,
+        clock=lambda: now[0],
+    )
+    for pool in config.pools:
+        urls = [e.url for e in pool.endpoints.static]
+        specs = [EndpointSpec(url.removeprefix("http://"), pool.key, url) for url in urls]
+        await endpoints.replace_pool(pool.key, specs)
+    core.endpoints_changed(endpoints.all(), [])
+    chosen = []
+    for i in range(8):  # one at a time
+        body = {"model": "m", "prompt": list(range(i * 1000, i * 1000 + 64)), "max_tokens": 4}
+        request = ClientRequest(body, {}, "completion", body_bytes=100)
+        plan = await core.route(request)
+        attempt = core.sent(request, plan, streaming=True)
+        core.first_byte(plan, attempt, streamed=True)
+        core.finished(request, plan, attempt, status=200, usage=None, completed=True, streamed=True)
+        chosen.append(plan.endpoint.id)
+        now[0] += 1.0
+    assert sorted(chosen) == sorted(["a0:8000", "a1:8000", "b0:8000", "b1:8000"] * 2)

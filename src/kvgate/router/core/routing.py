@@ -213,7 +213,7 @@ class Router:
                 )
             except NoEligibleEndpointError:
                 continue
-            if best is None or decision.predicted_ttft_seconds < best[0].predicted_ttft_seconds:
+            if best is None or self._before(decision, best[0]):
                 best = (decision, request, keys, added)
         if best is None:
             raise unavailable(f"no eligible endpoint for model `{cls.model}`")
@@ -245,6 +245,15 @@ class Router:
         if record:
             self.history.record(decision.endpoint_id, plan.uncached_tokens, now)
         return plan
+
+    def _before(self, decision: Decision, other: Decision) -> bool:
+        """Between groups of pools (engines keying apart): the lower predicted TTFT, on a tie
+        the pod chosen less recently, so that equal groups share the traffic."""
+        last = self.history.last_chosen
+        return (decision.predicted_ttft_seconds, last(decision.endpoint_id)) < (
+            other.predicted_ttft_seconds,
+            last(other.endpoint_id),
+        )
 
     async def _pool_keys(
         self,
