@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import json
 import random
 import threading
 import time
+import tracemalloc
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 from tests.unit.router.fakes import FakePods, make_config
 
 from kvgate.api.router_config import EngineConfig, KeyingConfig, RouterConfig, TokenizerConfig
@@ -17,7 +22,9 @@ from kvgate.router.core.classify import Classifier
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.keying import KeyingPool, prompt_chars_at_least
 from kvgate.router.core.keys import Keyer, RequestKeys
+from kvgate.router.core.sessions import SessionTracker
 from kvgate.router.core.tokenize import load_request_tokenizer
+from kvgate.router.metrics import RouterMetrics
 
 TOKENIZER = str(Path(__file__).parents[2] / "data" / "prefix" / "tokenizer")
 WORDS = ["cache", "router", "prefix", "token", "block", "queue", "agent", "pod"]
@@ -292,6 +299,35 @@ async def test_session_state_is_bounded_in_bytes(router_app):
     assert 0 < tracker.bytes <= budget
     assert 0 < len(tracker) < 300
     assert all(len(key) <= 34 for key in tracker._turns)
+
+
+async def test_session_state_counts_at_least_the_memory_its_turns_hold():
+    """Turns of many short messages: each message's digest is a dict of its own (~180 bytes
+    beside its values), which the count left out (it held 1.34x the budget)."""
+    tracker = SessionTracker(
+        RouterMetrics(CollectorRegistry()), max_sessions=1_000, max_bytes=1 << 30
+    )
+    bodies = []
+    for s in range(50):
+        messages = [{"role": "user", "content": f"msg {s} {i}"} for i in range(200)]
+        keys = [bytes([s, i % 256]) * 16 for i in range(100)]
+        plan = SimpleNamespace(
+            classification=SimpleNamespace(session_id=f"session-{s:06d}"),
+            keys=SimpleNamespace(block_keys=keys, block_tokens=16),
+            pool=SimpleNamespace(key="ns/p"),
+        )
+        bodies.append((plan, json.loads(json.dumps({"model": "m", "messages": messages}))))
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for plan, body in bodies:
+            await tracker.observe(plan, body)  # type: ignore[arg-type]
+        gc.collect()
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held <= tracker.bytes
 
 
 def test_router_config_carries_the_limits():

@@ -55,6 +55,7 @@ class PrefixBreak:
 KEY_PREFIX_BYTES = 8
 MAX_PATH_CHARS = 200  # of a break's path, kept and logged: a message key may be megabytes long
 _DIGEST_FIELD_BYTES = 120  # a dict slot, a short key and a 16-character hex digest
+_DIGEST_CONTAINER_BYTES = 120  # an empty dict or list (tracemalloc: a message's dict ~180)
 _TURN_OVERHEAD = 400
 
 
@@ -71,19 +72,22 @@ class _Turn:
         return len(self.keys) // KEY_PREFIX_BYTES
 
 
-def _digest_fields(digest: Any) -> int:
-    """How many digested values a `digest_body` result holds (iteratively: no recursion)."""
-    count = 0
+def _digest_bytes(digest: Any) -> int:
+    """What a `digest_body` result holds in memory: its digested values and the dicts and
+    lists around them (iteratively: no recursion)."""
+    total = 0
     stack = [digest]
     while stack:
         value = stack.pop()
         if isinstance(value, dict):
             stack.extend(value.values())
+            total += _DIGEST_CONTAINER_BYTES
         elif isinstance(value, list):
             stack.extend(value)
+            total += _DIGEST_CONTAINER_BYTES
         else:
-            count += 1
-    return count
+            total += _DIGEST_FIELD_BYTES
+    return total
 
 
 def _common_blocks(a: bytes, b: bytes) -> int:
@@ -249,12 +253,7 @@ class SessionTracker:
             digest=digest,
             seen_at=now,
         )
-        turn.bytes = (
-            len(turn.keys)
-            + len(session)
-            + _DIGEST_FIELD_BYTES * _digest_fields(turn.digest)
-            + _TURN_OVERHEAD
-        )
+        turn.bytes = len(turn.keys) + len(session) + _digest_bytes(turn.digest) + _TURN_OVERHEAD
         prev = self._turns.pop(session, None)
         if prev is not None:
             self.bytes -= prev.bytes
