@@ -76,7 +76,8 @@ class RouterMetrics:
         )
         self.predicted_hit_tokens = Counter(
             "kvgate_router_predicted_prefix_hit_tokens_total",
-            "Prompt tokens the router predicted the chosen pod holds",
+            "Prompt tokens the router predicted the chosen pod holds, of the answers that report "
+            "their cached tokens (usage.prompt_tokens_details)",
             ["pool", POD_LABEL],
             registry=r,
         )
@@ -88,7 +89,8 @@ class RouterMetrics:
         )
         self.prompt_tokens = Counter(
             "kvgate_router_prompt_tokens_total",
-            "Prompt tokens, as the engine reported in usage",
+            "Prompt tokens, as the engine reported in usage, of the answers that report their "
+            "cached tokens (the hit rate's denominator)",
             ["pool", POD_LABEL],
             registry=r,
         )

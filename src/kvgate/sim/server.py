@@ -558,7 +558,12 @@ class SimApp:
                 finish = self._finish_reason(req, stream) if stream.done else None
                 if not new:
                     finish = "abort"
-                chunk_usage = self._usage(req, stream) if req.continuous_usage else None
+                # vLLM's continuous usage carries no prompt_tokens_details (the last chunk's does)
+                chunk_usage = (
+                    usage(stream.request.num_prompt_tokens, len(stream.tokens), None)
+                    if req.continuous_usage
+                    else None
+                )
                 chunk = stream_chunk(
                     req.chat,
                     request_id,

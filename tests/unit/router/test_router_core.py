@@ -574,3 +574,40 @@ async def test_pools_keyed_apart_share_the_traffic_while_equally_idle():
         chosen.append(plan.endpoint.id)
         now[0] += 1.0
     assert sorted(chosen) == sorted(["a0:8000", "a1:8000", "b0:8000", "b1:8000"] * 2)
+
+
+async def test_the_hit_rate_series_count_only_answers_that_report_their_cached_tokens():
+    """An embedding's usage has no cached tokens, an error or a broken continuous-usage stream
+    none or no usage: counted, they showed hits as misses (0.66 on the engines, 0.17 on the
+    router's panel) and the predicted rate above 100%."""
+    core, _now = await _core()
+    registry = core.metrics.registry
+
+    def series() -> tuple[float, float, float]:
+        names = ("prompt_tokens", "cached_tokens", "predicted_prefix_hit_tokens")
+        values = [
+            sum(
+                s.value
+                for metric in registry.collect()
+                if metric.name == f"kvgate_router_{name}"
+                for s in metric.samples
+                if s.name.endswith("_total")
+            )
+            for name in names
+        ]
+        return values[0], values[1], values[2]
+
+    def answer(usage: Usage | None, status: int = 200) -> None:
+        request = ClientRequest(BODY, {}, "completion")
+        attempt = core.sent(request, plan, streaming=False)
+        core.finished(
+            request, plan, attempt, status=status, usage=usage, completed=True, streamed=False
+        )
+
+    plan = await core.plan(ClientRequest(BODY, {}, "completion"))
+    plan = replace(plan, decision=replace(plan.decision, predicted_hit_tokens=32))
+    answer(Usage(prompt_tokens=64, cached_tokens=None, completion_tokens=0))  # an embedding
+    answer(None, status=400)  # the pod refused it
+    assert series() == (0, 0, 0)
+    answer(Usage(prompt_tokens=64, cached_tokens=48, completion_tokens=4))
+    assert series() == (64, 48, 32)

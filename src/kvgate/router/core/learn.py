@@ -155,18 +155,22 @@ class Learner:
         code = status_label(outcome.status)
         m.child(m.requests, pool, ep, cls, plan.decision.reason, code).inc()
         m.child(m.decision_latency, pool).observe(plan.decision_seconds)
-        m.child(m.predicted_hit_tokens, pool, ep).inc(plan.decision.predicted_hit_tokens)
         m.child(m.duration, pool, cls).observe(outcome.duration_seconds)
         if outcome.ttft_seconds is not None:
             m.child(m.ttft, pool, cls).observe(outcome.ttft_seconds)
         usage = outcome.usage
         if usage is None:
             return
-        m.child(m.prompt_tokens, pool, ep).inc(usage.prompt_tokens)
         cached = usage.cached_tokens or 0
-        if plan.classification.session_id is not None:
-            m.child(m.session_prompt_tokens, pool).inc(usage.prompt_tokens)
-            m.child(m.session_cached_tokens, pool).observe(cached)
+        if usage.cached_tokens is not None:
+            # The hit-rate series all count the answers that report their cached tokens, and
+            # only those: an embedding's usage has none, an error or a broken stream (a
+            # continuous-usage chunk) none or no usage at all, and none of them is a miss.
+            m.child(m.predicted_hit_tokens, pool, ep).inc(plan.decision.predicted_hit_tokens)
+            m.child(m.prompt_tokens, pool, ep).inc(usage.prompt_tokens)
+            if plan.classification.session_id is not None:
+                m.child(m.session_prompt_tokens, pool).inc(usage.prompt_tokens)
+                m.child(m.session_cached_tokens, pool).observe(cached)
         if cached:
             m.child(m.cached_tokens, pool, ep).inc(cached)
             rate = self.estimator.rate(ep) or self.prior
