@@ -875,12 +875,16 @@ async def test_queued_follow_ups_go_once_their_pod_begins_to_drain():
     headers = {"authorization": "Bearer k-short"}
     scope = core.state.classifier.caller_scope(headers)
     body = {"model": "m", "input": "next", "previous_response_id": mint("pod0:8000", scope)}
-    waiter = await core.admit(ClientRequest(body, headers, "responses", body_bytes=50), grants)
-    assert isinstance(waiter, Waiter) and grants.done == []
+    waiters = [
+        await core.admit(ClientRequest(body, headers, "responses", body_bytes=50), grants)
+        for _ in range(3)
+    ]
+    assert all(isinstance(w, Waiter) for w in waiters) and grants.done == []
     core.endpoints.get("pod0:8000").draining = True  # type: ignore[union-attr]
-    core.flow.pump()
-    assert grants.done == [waiter] and waiter.error is None
-    assert (await core.dispatch(waiter)).endpoint.id == "pod0:8000"
+    core.flow.pump()  # all of them at once (the draining pod counted no slot after the first)
+    assert grants.done == waiters and all(w.error is None for w in waiters)
+    for waiter in waiters:
+        assert (await core.dispatch(waiter)).endpoint.id == "pod0:8000"
 
 
 def test_a_tenants_share_ends_attempts_of_no_uncached_token_after_its_sum_reached_zero():

@@ -434,7 +434,8 @@ class FlowControl:
         candidates = self._candidates(queue.classification, now)
         fail_open = every_one_ejected(candidates, now)
         free = self.saturation.room(candidates, now, fail_open=fail_open)
-        if pinned_to_leaving_pod(queue.classification, candidates):
+        leaving = pinned_to_leaving_pod(queue.classification, candidates)
+        if leaving:
             free = {ep.id: len(queue.fair) for ep in candidates}  # they go now
         if not free:
             return
@@ -476,7 +477,10 @@ class FlowControl:
                 waiter.granted_to = target
                 waiter.granted_tokens = max(0, waiter.prompt_tokens - waiter.hits.get(target, 0))
                 self.saturation.reserve(target, waiter.granted_tokens)
-                left = self.saturation.slots(by_id[target], now, fail_open=fail_open)
+                if leaving:  # a draining pod counts no slot: every follow-up goes anyway
+                    left = free[target] - 1
+                else:
+                    left = self.saturation.slots(by_id[target], now, fail_open=fail_open)
                 if left:
                     free[target] = left
                 else:
