@@ -13,7 +13,7 @@ from kvgate.directory.metrics import DirectoryMetrics
 from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, LoadSample
 from kvgate.router.core.accounting import MAX_INFLIGHT_BLOCKS, Accounting
 from kvgate.router.core.learn import Usage
-from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
+from kvgate.router.core.lifecycle import ClientRequest, RoutingCore, overdue_seconds
 from kvgate.router.core.routing import RoutePlan
 from kvgate.router.metrics import RouterMetrics
 from kvgate.router.runtime import build_state
@@ -330,6 +330,33 @@ async def test_streams_that_break_after_their_first_byte_eject_the_pod():
     assert not pod.healthy(now[0])
     now[0] += limits.eject_seconds
     assert pod.healthy(now[0])
+    assert all(n == 0 for n in core.endpoint_load().values())
+
+
+async def test_clients_that_give_up_on_a_hung_pods_first_byte_eject_it():
+    """A hung engine answers headers and /metrics but no token: clients that time out before
+    the router's first_byte_timeout left no trace, and the pod, idle again, got the next
+    request. A stream given up long past its predicted TTFT counts as a failure; one given up
+    early, or after its first byte, does not."""
+    core, now = await _core()
+    limits = core.state.config.limits
+    plan = await core.plan(ClientRequest(BODY, {}, "completion"))
+    pod = plan.endpoint
+
+    def given_up_after(seconds: float) -> None:
+        attempt = core.sent(ClientRequest(BODY, {}, "completion"), plan, streaming=True)
+        now[0] += seconds
+        core.cancelled(plan, attempt)
+
+    for _ in range(limits.eject_after_failures):
+        given_up_after(overdue_seconds(plan.decision) / 2)  # the user stopped it: no failure
+        _complete_stream(core, plan, cancelled=True)
+    assert pod.healthy(now[0])
+    for _ in range(limits.eject_after_failures - 1):
+        given_up_after(overdue_seconds(plan.decision))
+    assert pod.healthy(now[0])
+    given_up_after(overdue_seconds(plan.decision))
+    assert not pod.healthy(now[0])
     assert all(n == 0 for n in core.endpoint_load().values())
 
 

@@ -71,11 +71,21 @@ from kvgate.router.core.routing import RoutePlan, Router, RouterState
 from kvgate.router.core.sessions import SessionTracker
 from kvgate.router.core.warmup import Warmup
 from kvgate.router.metrics import RouterMetrics
-from kvgate.scoring.base import PrefixCopy
+from kvgate.scoring.base import Decision, PrefixCopy
 from kvgate.scoring.output_length import OutputLengthEstimator
 from kvgate.scoring.prefill_rate import PrefillRateEstimator
 
 log = logging.getLogger(__name__)
+
+OVERDUE_FACTOR = 4.0  # a stream with no first byte after this x its predicted TTFT...
+OVERDUE_MIN_SECONDS = 2.0  # ...and at least this long is overdue (`RoutingCore.cancelled`)
+
+
+def overdue_seconds(decision: Decision) -> float:
+    """How long a stream may wait for its first byte before a client giving up on it counts
+    against the pod: a healthy pod breaks its streak with every answer it completes between
+    such cancellations, a hung one with none."""
+    return max(OVERDUE_MIN_SECONDS, OVERDUE_FACTOR * decision.predicted_ttft_seconds)
 
 
 @dataclass(slots=True)
@@ -462,8 +472,20 @@ class RoutingCore:
             log.warning("endpoint %s ejected after repeated failures", ep.id)
 
     def cancelled(self, plan: RoutePlan, attempt: Attempt) -> None:
-        """The client went away (or the request was abandoned): nothing to learn."""
+        """The client went away (or the request was abandoned): nothing to learn, but for a
+        stream it gave up on with no first byte long past its predicted TTFT (`overdue`):
+        that counts as a failure of the pod. A hung engine answers its headers and /metrics
+        but no token; clients that time out before `first_byte_timeout_seconds` left no trace,
+        and each freed its slot for the next request to hang there."""
+        overdue = (
+            attempt.open
+            and attempt.streaming
+            and attempt.first_byte_at is None
+            and self.clock() - attempt.sent_at >= overdue_seconds(plan.decision)
+        )
         self._close(plan, attempt)
+        if overdue:
+            self._answer_failed(plan, "overdue")
 
     def _close(self, plan: RoutePlan, attempt: Attempt) -> None:
         if attempt.open:
