@@ -7,6 +7,8 @@ account. Without `--namespace`, the operator watches every namespace.
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 
 from kvgate.operator.reconcile import OperatorSettings
 from kvgate.operator.startup import settings_from_env
@@ -67,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
         namespaces=tuple(namespaces),
     )
     kopf.run(
+        identity=operator_identity(),  # type: ignore[arg-type]
         standalone=args.standalone,
         clusterwide=not namespaces,
         namespaces=namespaces,
@@ -74,3 +77,11 @@ def run(args: argparse.Namespace) -> int:
         memo=kopf.Memo(operator_settings=settings),
     )
     return 0
+
+
+def operator_identity() -> str:
+    """Who this operator is to kopf: `POD_ID` (kopf's variable), else the host name (the pod's
+    name in a cluster). kopf's own fallback asks `getpass.getuser()`, which raises KeyError
+    for a UID the image has no passwd entry for (the chart's `runAsUser: 65532` in an image
+    without that user): the operator crashed at start."""
+    return os.environ.get("POD_ID") or socket.gethostname()

@@ -65,3 +65,18 @@ def test_environment_provides_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVGATE_OPERATOR_RESYNC_SECONDS", "7")
     args = parse()
     assert (args.router_image, args.resync_seconds) == ("registry/kvgate:1", 7.0)
+
+
+def test_the_identity_needs_no_passwd_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf's own identity asks getpass.getuser(): a KeyError for a UID without a passwd
+    entry (the chart's runAsUser 65532 in an image without that user) crashed the operator."""
+    import getpass
+
+    def no_user() -> str:
+        raise KeyError("getpwuid(): uid not found: 65532")
+
+    monkeypatch.setattr(getpass, "getuser", no_user)
+    monkeypatch.delenv("POD_ID", raising=False)
+    assert run(monkeypatch)["identity"]
+    monkeypatch.setenv("POD_ID", "kvgate-operator-7d9f")
+    assert run(monkeypatch)["identity"] == "kvgate-operator-7d9f"
