@@ -117,6 +117,26 @@ def _volumes(
     return volumes, mounts
 
 
+def _pod_security() -> JsonDict:
+    """Pod Security "restricted", as the chart runs the operator and the indexer: the router
+    and the indexer write no file (no temp files; tokenizers are read from their mounts)."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "fsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _container_security() -> JsonDict:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
 def _kvgate_deployment(
     owner: Owner,
     spec: RoutingPolicySpec,
@@ -152,12 +172,14 @@ def _kvgate_deployment(
         "livenessProbe": probe("/health", port_name, period=10, failures=3),
         "resources": resources,
         "volumeMounts": mounts,
+        "securityContext": _container_security(),
     }
     if router.image_pull_policy is not None:
         container["imagePullPolicy"] = str(router.image_pull_policy)
     pod = router.pod
     pod_spec: JsonDict = {
         "serviceAccountName": router_name(owner.name),
+        "securityContext": _pod_security(),
         "containers": [container],
         "volumes": volumes,
         **pod_scheduling(pod),
