@@ -38,7 +38,7 @@ from pydantic import Field
 from kvgate.scoring.base import CostEstimate, CycleState, EndpointSnapshot
 from kvgate.scoring.params import StrictParams
 
-TieBreak = Literal["random", "least-recent", "least-load", "least-turnover", "turnover-first"]
+TieBreak = Literal["random", "least-recent", "least-load", "least-turnover"]
 T = TypeVar("T")
 
 
@@ -72,10 +72,6 @@ class NearEqualPicker:
             last = state.history.last_chosen
             oldest = min(last(e.id) for e in near)
             near = [e for e in near if last(e.id) == oldest]
-        elif mode == "turnover-first":
-            near = _slowest_turnover(state, near)
-            lowest = min(est[e.id].load for e in near)
-            near = [e for e in near if est[e.id].load == lowest]
         elif mode in ("least-load", "least-turnover"):
             lowest = min(est[e.id].load for e in near)
             near = [e for e in near if est[e.id].load == lowest]
