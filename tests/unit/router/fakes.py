@@ -38,6 +38,7 @@ class FakePods:
     cached_tokens: int = 3
     error_body_bytes: int = 0  # a forced status's body is this long (0: a short JSON error)
     error_bytes_read: int = 0  # how much of such bodies the router read
+    retry_after: str | None = None  # a forced status's `retry-after` header
 
     def _error_body(self) -> httpx.AsyncByteStream:
         pods = self
@@ -74,7 +75,10 @@ class FakePods:
         if host in self.status:
             if self.error_body_bytes:
                 return httpx.Response(self.status[host], stream=self._error_body())
-            return _resp(self.status[host], b'{"error": {"message": "boom"}}')
+            error = _resp(self.status[host], b'{"error": {"message": "boom"}}')
+            if self.retry_after is not None:
+                error.headers["retry-after"] = self.retry_after
+            return error
         usage = {
             "prompt_tokens": 10,
             "completion_tokens": 2,

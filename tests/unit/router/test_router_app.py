@@ -77,12 +77,22 @@ async def test_connect_failure_is_retried_on_another_pod(router_app):
 
 
 async def test_5xx_is_retried_and_exhaustion_is_502(router_app):
-    pods = FakePods(status={"pod0:8000": 500, "pod1:8000": 503})
+    pods = FakePods(status={"pod0:8000": 500, "pod1:8000": 500})
     client, _ = await router_app(make_config(2), pods)
     resp = await client.post("/v1/chat/completions", json=CHAT)
     assert resp.status_code == 502
     assert resp.json()["error"]["type"] == "upstream_error"
     assert len(pods.requests) == 2
+
+
+async def test_an_overloaded_pods_503_reaches_the_client_with_its_retry_after(router_app):
+    """The SDKs back off by `retry-after`: a 502 without it dropped the pod's hint."""
+    for retry_after, expected in (("7", "7"), ("Wed, 21 Oct 2026 07:28:00 GMT", None)):
+        pods = FakePods(status={"pod0:8000": 503}, retry_after=retry_after)
+        client, _ = await router_app(make_config(1), pods)
+        resp = await client.post("/v1/chat/completions", json=CHAT)
+        assert resp.status_code == 503 and resp.headers.get("retry-after") == expected
+        assert resp.json()["error"]["type"] == "upstream_error"
 
 
 async def test_a_long_error_body_is_not_read_to_its_end(router_app):

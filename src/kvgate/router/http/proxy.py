@@ -73,11 +73,31 @@ class _Retryable(Exception):
     """The attempt failed before the client got a byte: another pod may be tried (unless
     `retry` is False: the request itself is the cause)."""
 
-    def __init__(self, kind: str, detail: str, status: int = 502, *, retry: bool = True) -> None:
+    def __init__(
+        self,
+        kind: str,
+        detail: str,
+        status: int = 502,
+        *,
+        retry: bool = True,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(detail)
         self.kind = kind
         self.status = status
         self.retry = retry
+        self.retry_after = retry_after  # a 503's `retry-after`, seconds
+
+
+#: A pod's `retry-after` is passed on up to this many seconds (delta-seconds only).
+MAX_RETRY_AFTER_SECONDS = 3600
+
+
+def _retry_after(headers: list[tuple[bytes, bytes]]) -> float | None:
+    value = _header(headers, b"retry-after").strip()
+    if not value.isdigit() or len(value) > 6:
+        return None  # absent, an HTTP date or garbage
+    return float(min(int(value), MAX_RETRY_AFTER_SECONDS))
 
 
 #: An error body is read this far, to reuse its connection; past it the connection is closed.
@@ -237,8 +257,17 @@ class Proxy:
 
     @staticmethod
     def _final_error(failure: _Retryable) -> RouterError:
+        """What the client gets when no attempt succeeded: the last failure's 504 (timeout), 503
+        (the pod was overloaded, with its `retry-after` for the SDKs' backoff) or 502."""
         if failure.kind == "timeout":
             return RouterError(504, f"upstream timed out: {failure}", type="upstream_error")
+        if failure.status == 503:
+            return RouterError(
+                503,
+                f"upstream unavailable: {failure}",
+                type="upstream_error",
+                retry_after_seconds=failure.retry_after,
+            )
         return RouterError(502, f"upstream failed: {failure}", type="upstream_error")
 
     async def _attempt(
@@ -279,7 +308,12 @@ class Proxy:
         try:
             if response.status >= 500:
                 await _discard_error_body(response, limits.read_timeout_seconds)
-                raise _Retryable("status", f"HTTP {response.status}", response.status)
+                raise _Retryable(
+                    "status",
+                    f"HTTP {response.status}",
+                    response.status,
+                    retry_after=_retry_after(response.headers) if response.status == 503 else None,
+                )
             chunks = response.chunks()
             try:
                 async with asyncio.timeout(limits.first_byte_timeout_seconds):
