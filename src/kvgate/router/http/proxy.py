@@ -288,6 +288,10 @@ class Proxy:
         head_timeout = limits.first_byte_timeout_seconds
         if not stream:
             head_timeout += limits.max_answer_seconds
+        loop = asyncio.get_running_loop()
+        # One deadline for the head, the first chunk and a Responses stream's opening events
+        # (each had the whole wait: a slow pod's first byte took up to twice the limit).
+        first_byte_by = loop.time() + head_timeout
         try:
             response = await self.upstream.request(
                 "POST",
@@ -316,10 +320,10 @@ class Proxy:
                 )
             chunks = response.chunks()
             try:
-                async with asyncio.timeout(limits.first_byte_timeout_seconds):
+                async with asyncio.timeout_at(first_byte_by):
                     first = await anext(chunks, b"")
             except TimeoutError as exc:
-                raise _Retryable("timeout", "no first byte in time") from exc
+                raise _Retryable("timeout", "no first byte in time", retry=stream) from exc
             except UpstreamError as exc:
                 raise _Retryable(exc.kind, str(exc)) from exc
             content_type = _header(response.headers, b"content-type")
@@ -328,10 +332,12 @@ class Proxy:
             # stream is not held (a retry would start a second one).
             background = request.body.get("background") is True
             if streamed and request.kind == "responses" and not background:
-                first = await self._opening(first, chunks)
+                first = await self._opening(first, chunks, first_byte_by)
             self.core.first_byte(plan, attempt, streamed=streamed)
             gap = limits.read_timeout_seconds
-            until = asyncio.get_running_loop().time() + limits.max_answer_seconds
+            # A stream has `max_answer_seconds` from its first byte; a whole answer's head
+            # already waited for its generation, and all of it is due by the same deadline.
+            until = loop.time() + limits.max_answer_seconds if streamed else first_byte_by
             headers = _response_headers(response.headers, plan, request.request_id)
             if streamed:
                 tap = SseUsageTap(strip_usage_chunk=strip_usage)
@@ -359,13 +365,16 @@ class Proxy:
         finally:
             await response.aclose()
 
-    async def _opening(self, first: bytes, chunks: AsyncIterator[bytes]) -> bytes:
+    async def _opening(
+        self, first: bytes, chunks: AsyncIterator[bytes], first_byte_by: float
+    ) -> bytes:
         """A Responses API stream's opening events, held until its first output event arrives
         (`responses_stream.py`): that is its first byte. Returns what was held; a failure, the
-        stream's end or `first_byte_timeout` meanwhile is retryable (the client saw nothing)."""
+        stream's end or `first_byte_by` (the loop's time) meanwhile is retryable (the client
+        saw nothing)."""
         opening = OpeningEvents(self.limits.max_response_bytes)
         try:
-            async with asyncio.timeout(self.limits.first_byte_timeout_seconds):
+            async with asyncio.timeout_at(first_byte_by):
                 done = opening.feed(first)
                 while not done:
                     chunk = await anext(chunks, None)
