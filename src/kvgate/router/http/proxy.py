@@ -335,9 +335,11 @@ class Proxy:
                 first = await self._opening(first, chunks, first_byte_by)
             self.core.first_byte(plan, attempt, streamed=streamed)
             gap = limits.read_timeout_seconds
-            # A stream has `max_answer_seconds` from its first byte; a whole answer's head
-            # already waited for its generation, and all of it is due by the same deadline.
-            until = loop.time() + limits.max_answer_seconds if streamed else first_byte_by
+            # `max_answer_seconds` from the first byte; a whole answer's head already waited for
+            # its generation, so all of it is also due by the head's deadline.
+            until = loop.time() + limits.max_answer_seconds
+            if not streamed:
+                until = min(until, first_byte_by)
             headers = _response_headers(response.headers, plan, request.request_id)
             if streamed:
                 tap = SseUsageTap(strip_usage_chunk=strip_usage)
