@@ -138,3 +138,22 @@ async def routing_core(
     specs = [EndpointSpec(f"pod{i}:8000", pool.key, f"http://pod{i}:8000") for i in range(pods)]
     await endpoints.replace_pool(pool.key, specs)
     return core, endpoints
+
+
+async def static_core(config: RouterConfig, now: list[float]) -> RoutingCore:
+    """A core on the clock `now[0]` over the static endpoints of every pool of `config`."""
+    endpoints = EndpointSet(lambda: now[0])
+    core = RoutingCore(
+        build_state(config),
+        endpoints,
+        {pool.key: MemoryBlockIndex() for pool in config.pools},
+        RouterMetrics(),
+        DirectoryMetrics(CollectorRegistry()).fallback_errors,
+        clock=lambda: now[0],
+    )
+    for pool in config.pools:
+        urls = [e.url for e in pool.endpoints.static]
+        specs = [EndpointSpec(url.removeprefix("http://"), pool.key, url) for url in urls]
+        await endpoints.replace_pool(pool.key, specs)
+    core.endpoints_changed(endpoints.all(), [])
+    return core

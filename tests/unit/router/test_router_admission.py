@@ -10,19 +10,14 @@ import random
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
-from tests.unit.router.fakes import make_config
+from tests.unit.router.fakes import make_config, static_core
 
-from kvgate.directory.memory import MemoryBlockIndex
-from kvgate.directory.metrics import DirectoryMetrics
-from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, LoadSample
+from kvgate.discovery.endpoints import LoadSample
 from kvgate.router.core.admission import Waiter, _shared_blocks
 from kvgate.router.core.errors import RouterError
 from kvgate.router.core.fair_queue import FairQueue, Queued
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore
 from kvgate.router.core.routing import RoutePlan
-from kvgate.router.metrics import RouterMetrics
-from kvgate.router.runtime import build_state
 
 TENANTS = {
     "tenants": [
@@ -149,20 +144,7 @@ async def _core(
         flow_control={"max_waiting_requests": 1, **(flow or {})},
         **({"pools": pools} if pools else {}),
     )
-    endpoints = EndpointSet(lambda: now[0])
-    core = RoutingCore(
-        build_state(config),
-        endpoints,
-        {pool.key: MemoryBlockIndex() for pool in config.pools},
-        RouterMetrics(),
-        DirectoryMetrics(CollectorRegistry()).fallback_errors,
-        clock=lambda: now[0],
-    )
-    for pool in config.pools:
-        urls = [e.url for e in pool.endpoints.static]
-        specs = [EndpointSpec(url.removeprefix("http://"), pool.key, url) for url in urls]
-        await endpoints.replace_pool(pool.key, specs)
-    core.endpoints_changed(endpoints.all(), [])
+    core = await static_core(config, now)
     return core, now
 
 

@@ -5,18 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from prometheus_client import CollectorRegistry
-from tests.unit.router.fakes import make_config, routing_core
+from tests.unit.router.fakes import make_config, routing_core, static_core
 
-from kvgate.directory.memory import MemoryBlockIndex
-from kvgate.directory.metrics import DirectoryMetrics
-from kvgate.discovery.endpoints import EndpointSet, EndpointSpec, LoadSample
+from kvgate.discovery.endpoints import EndpointSpec, LoadSample
 from kvgate.router.core.accounting import MAX_INFLIGHT_BLOCKS, Accounting
 from kvgate.router.core.learn import Usage
 from kvgate.router.core.lifecycle import ClientRequest, RoutingCore, overdue_seconds
 from kvgate.router.core.routing import RoutePlan
-from kvgate.router.metrics import RouterMetrics
-from kvgate.router.runtime import build_state
 
 BODY = {"model": "m", "prompt": list(range(64)), "max_tokens": 4}
 
@@ -576,20 +571,7 @@ async def test_pools_keyed_apart_share_the_traffic_while_equally_idle():
     config = make_config(
         pools=pools, policy={"name": "round-robin"}, flow_control={"enabled": False}
     )
-    endpoints = EndpointSet(lambda: now[0])
-    core = RoutingCore(
-        build_state(config),
-        endpoints,
-        {pool.key: MemoryBlockIndex() for pool in config.pools},
-        RouterMetrics(),
-        DirectoryMetrics(CollectorRegistry()).fallback_errors,
-        clock=lambda: now[0],
-    )
-    for pool in config.pools:
-        urls = [e.url for e in pool.endpoints.static]
-        specs = [EndpointSpec(url.removeprefix("http://"), pool.key, url) for url in urls]
-        await endpoints.replace_pool(pool.key, specs)
-    core.endpoints_changed(endpoints.all(), [])
+    core = await static_core(config, now)
     chosen = []
     for i in range(8):  # one at a time
         body = {"model": "m", "prompt": list(range(i * 1000, i * 1000 + 64)), "max_tokens": 4}
