@@ -16,7 +16,8 @@ lookups go to the shared index (which also holds what other routers and `kvgate 
 * **Resync**: at most every `resync_interval` after a failure, a background task (owned here,
   cancelled by `close`) probes the shared index (`audit`: if its epoch changed, a Redis that
   restarted empty or was replaced, every pod the local view holds is unsynced; else the pods it
-  lacks), then rebuilds each unsynced pod there from the local view (the probe also runs every
+  lacks; the epoch is first read before the first shared write), then rebuilds each unsynced
+  pod there from the local view (the probe also runs every
   `audit_interval`, since a Redis that restarts between two calls raises nothing: the client
   reconnects, and the next write re-creates its pod with that write's entries only):
   a `forget_pod` that was lost is replayed; then the pod's local generation is set, the pod is
@@ -289,6 +290,8 @@ class FallbackIndex:
             return result
         self._inflight[pod] = self._inflight.get(pod, 0) + 1
         try:
+            if self._epoch is None:  # what our writes go to: a loss after this one shows
+                self._epoch, _missing = await self.shared.audit(())
             await call(self.shared)
         except Exception as exc:
             self._failed(operation, exc)

@@ -162,6 +162,29 @@ async def test_a_restart_seen_only_through_a_later_write_is_rebuilt_all_the_same
     await until_rebuilt(index, reader, keys, {"a": 20})
 
 
+async def test_a_restart_before_the_first_audit_interval_is_rebuilt_all_the_same(
+    redis_server_factory: Callable[[], RedisServer],
+) -> None:
+    """The epoch was first read one audit interval (30 s) after start: a Redis that restarted
+    empty before then was taken for the original, and the pod's earlier blocks were lost for
+    good. It is read before the first write."""
+    server = redis_server_factory()
+    index = fallback_over(server.url, time.time, resync_interval=0.2, audit_interval=2.0)
+    reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+    try:
+        keys = chain(20)
+        await index.set_generation("a", "g")
+        await index.add("a", keys[:10], generation="g")
+        await wait_synced(index)  # the audit the first call started is done
+        server.stop()
+        server.start()  # same port, empty: no persistence
+        await index.add("a", keys[10:], generation="g")
+        await until_rebuilt(index, reader, keys, {"a": 20})
+    finally:
+        await index.close()
+        await reader.close()
+
+
 async def test_a_router_rebuilding_its_history_leaves_the_indexers_exact_entries(
     restartable: Restartable,
 ) -> None:
