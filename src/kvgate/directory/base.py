@@ -189,6 +189,13 @@ class BlockIndex(Protocol):
         """The pod's current generation, or None if it never had one (or is unknown)."""
         ...
 
+    async def owner_silent(self, pod: str, generation: str, seconds: float) -> bool:
+        """True when the pod's current generation is another writer's (not `generation`, not
+        none) and none of its writes (`add`, `remove` or `set_generation` of it) applied in
+        the last `seconds`: that writer stopped, and a writer of `generation` that still
+        receives the pod's events may take it over (`fallback.py`)."""
+        ...
+
     async def pods(self) -> set[str]:
         """Every known pod (with a generation or at least one entry)."""
         ...

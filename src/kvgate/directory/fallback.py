@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -68,6 +69,8 @@ class FallbackIndex:
         audit_interval: float = 30.0,
         rebuild_batch: int = 4096,
         max_queued_writes: int = 10_000,
+        owner_silence_seconds: float = 10.0,
+        owner_check_seconds: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.shared = shared
@@ -91,6 +94,9 @@ class FallbackIndex:
         # again). A pod is in at most one of _unsynced and _rebuilding.
         self._rebuilding: dict[str, deque[_Call] | None] = {}
         self._inflight: dict[str, int] = {}  # pod -> shared writes awaiting an answer
+        self._owner_checks: dict[str, float] = {}  # pod -> when its owner may be asked again
+        self._owner_silence = owner_silence_seconds
+        self._owner_check = owner_check_seconds
         self.resync_task: asyncio.Task[bool] | None = None
 
     # -- state -------------------------------------------------------------------------------
@@ -244,6 +250,16 @@ class FallbackIndex:
         result.update(await self.local.lookup(keys, unsynced, medium=medium))
         return result
 
+    async def owner_silent(self, pod: str, generation: str, seconds: float) -> bool:
+        self._maybe_resync()
+        if not self.degraded:
+            found = await self._read(
+                "owner_silent", self.shared.owner_silent(pod, generation, seconds)
+            )
+            if found is not _FAILED:
+                return found  # type: ignore[no-any-return]
+        return await self.local.owner_silent(pod, generation, seconds)
+
     async def get_generation(self, pod: str) -> str | None:
         self._maybe_resync()
         if not self.degraded and pod not in self.unsynced:
@@ -275,7 +291,9 @@ class FallbackIndex:
 
     # -- writes ------------------------------------------------------------------------------
 
-    async def _write(self, operation: str, pod: str, call: _Call) -> Any:
+    async def _write(
+        self, operation: str, pod: str, call: _Call, generation: str | None = None
+    ) -> Any:
         result = await call(self.local)
         self._maybe_resync()
         if pod in self._rebuilding:
@@ -292,15 +310,41 @@ class FallbackIndex:
         try:
             if self._epoch is None:  # what our writes go to: a loss after this one shows
                 self._epoch, _missing = await self.shared.audit(())
-            await call(self.shared)
+            applied = await call(self.shared)
         except Exception as exc:
             self._failed(operation, exc)
             self._lost(pod, operation)
+            return result
         finally:
             left = self._inflight.pop(pod) - 1
             if left:
                 self._inflight[pod] = left
+        if applied is False and result and generation is not None:
+            await self._refused(pod, generation)
         return result
+
+    async def _refused(self, pod: str, generation: str) -> None:
+        """The shared index refused a write of `generation` that the local view took: another
+        writer's generation owns `pod` there (the router replica or indexer that started
+        last), and it writes the same events. Once that writer has written nothing for
+        `owner_silence_seconds` while this one still gets the pod's events, it stopped (a
+        replica scaled down or killed, whose generation would otherwise hold the pod for
+        good, every later write refused): the pod is rebuilt there from the local view, under
+        `generation`, as after a lost write. Asked at most every `owner_check_seconds`."""
+        now = self._clock()
+        if now < self._owner_checks.get(pod, -math.inf) or pod in self._rebuilding:
+            return
+        self._owner_checks[pod] = now + self._owner_check
+        try:
+            silent = await self.shared.owner_silent(pod, generation, self._owner_silence)
+        except Exception as exc:
+            self._failed("owner_silent", exc)
+            return
+        if silent and pod not in self._rebuilding:
+            log.warning("pod %s: its writer in the shared directory stopped; taking it over", pod)
+            self._lost(pod, "take_over")
+            self._retry_at = now
+            self._maybe_resync()
 
     async def add(
         self,
@@ -311,7 +355,10 @@ class FallbackIndex:
         generation: str | None = None,
     ) -> bool:
         return await self._write(  # type: ignore[no-any-return]
-            "add", pod, lambda i: i.add(pod, keys, medium=medium, generation=generation)
+            "add",
+            pod,
+            lambda i: i.add(pod, keys, medium=medium, generation=generation),
+            generation,
         )
 
     async def remove(
@@ -323,7 +370,10 @@ class FallbackIndex:
         generation: str | None = None,
     ) -> bool:
         return await self._write(  # type: ignore[no-any-return]
-            "remove", pod, lambda i: i.remove(pod, keys, medium=medium, generation=generation)
+            "remove",
+            pod,
+            lambda i: i.remove(pod, keys, medium=medium, generation=generation),
+            generation,
         )
 
     async def add_approximate(self, pod: str, keys: Sequence[BlockKey], ttl_seconds: float) -> None:
@@ -335,6 +385,7 @@ class FallbackIndex:
         await self._write("clear_pod", pod, lambda i: i.clear_pod(pod))
 
     async def forget_pod(self, pod: str) -> None:
+        self._owner_checks.pop(pod, None)
         await self._write("forget_pod", pod, lambda i: i.forget_pod(pod))
 
     async def set_generation(self, pod: str, generation: str) -> bool:

@@ -32,6 +32,7 @@ _OPERATIONS = (
     "forget_pod",
     "set_generation",
     "get_generation",
+    "owner_silent",
     "pods",
     "audit",
     "stats",
@@ -124,6 +125,11 @@ class InstrumentedBlockIndex:
 
     async def get_generation(self, pod: str) -> str | None:
         return await self._observe("get_generation", self.inner.get_generation(pod))
+
+    async def owner_silent(self, pod: str, generation: str, seconds: float) -> bool:
+        return await self._observe(
+            "owner_silent", self.inner.owner_silent(pod, generation, seconds)
+        )
 
     async def pods(self) -> set[str]:
         return await self._observe("pods", self.inner.pods())

@@ -12,6 +12,7 @@ Cluster they live in one slot and the multi-key Lua scripts of `redis_scripts.py
     <base>gc:<slot>   HASH  a cleared pod's former `x:` hash, erased from `m:` in bounded steps
     <base>gcq         LIST  slots waiting for that; <base>free LIST reusable slots
     <base>meta        HASH  next_slot
+    <base>seen        HASH  pod -> Redis time (ms) its generation last wrote (`owner_silent`)
     <base>epoch       STRING a random token, set by the first audit that finds none (`fallback.py`;
                             TTL a day, renewed by each audit)
     <base>load        HASH  router replica -> "<redis ms>|<json loads>" (`replica_load.py`)

@@ -41,6 +41,7 @@ import asyncio
 import collections
 import heapq
 import itertools
+import math
 import operator
 import time
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
@@ -148,6 +149,7 @@ class MemoryBlockIndex:
         self._clock = clock
         self._masks: dict[BlockKey, int] = {}
         self._pods: dict[str, _Pod] = {}
+        self._written: dict[str, float] = {}  # pod -> when its generation last wrote
         self._media: dict[str, int] = {}  # medium name -> bit
         self._free_slots: list[int] = []
         self._next_slot = 0
@@ -295,6 +297,8 @@ class MemoryBlockIndex:
                 state.approx.pop(key, None)
         if len(exact) > self._max_exact:
             self._evict_exact(state, len(exact) - self._max_exact)
+        if generation is not None:
+            self._written[pod] = self._clock()
         return True
 
     async def remove(
@@ -312,6 +316,8 @@ class MemoryBlockIndex:
             return True
         if generation is not None and state.generation not in (None, generation):
             return False
+        if generation is not None and state.generation == generation:
+            self._written[pod] = self._clock()
         medium_bit = self._media.get(medium, 0)
         exact = state.exact
         copies = state.copies.get(medium_bit)
@@ -374,6 +380,7 @@ class MemoryBlockIndex:
             await self._replace(pod, state, state.generation)
 
     async def forget_pod(self, pod: str) -> None:
+        self._written.pop(pod, None)
         state = self._pods.pop(pod, None)
         if state is not None:
             await self._erase(state)
@@ -382,16 +389,22 @@ class MemoryBlockIndex:
         check_pod(pod)
         check_generation(generation)
         state = self._pods.get(pod)
+        if state is not None and state.generation == generation:
+            return False
+        self._written[pod] = self._clock()
         if state is None:
             self._new_pod(pod, generation)
-            return True
-        if state.generation == generation:
-            return False
-        if state.generation is None:
+        elif state.generation is None:
             state.generation = generation
-            return True
-        await self._replace(pod, state, generation)
+        else:
+            await self._replace(pod, state, generation)
         return True
+
+    async def owner_silent(self, pod: str, generation: str, seconds: float) -> bool:
+        state = self._pods.get(pod)
+        if state is None or state.generation in (None, generation):
+            return False
+        return self._clock() - self._written.get(pod, -math.inf) >= seconds
 
     async def get_generation(self, pod: str) -> str | None:
         state = self._pods.get(pod)

@@ -163,6 +163,7 @@ class RedisBlockIndex:
         self._remove = client.register_script(redis_scripts.REMOVE)
         self._add_approximate = client.register_script(redis_scripts.ADD_APPROXIMATE)
         self._set_generation = client.register_script(redis_scripts.SET_GENERATION)
+        self._owner_silent = client.register_script(redis_scripts.OWNER_SILENT)
         self._clear = client.register_script(redis_scripts.CLEAR)
         self._collect = client.register_script(redis_scripts.COLLECT)
         self._audit = client.register_script(redis_scripts.AUDIT)
@@ -337,6 +338,11 @@ class RedisBlockIndex:
         if changed:
             await self.collect_garbage()
         return changed
+
+    async def owner_silent(self, pod: str, generation: str, seconds: float) -> bool:
+        check_pod(pod)
+        silence_ms = max(0, int(seconds * 1000))
+        return bool(await self._run(self._owner_silent, [pod, generation, silence_ms]))
 
     async def collect_garbage(self) -> None:
         """Erase retired slots' bits from the forward index (bounded steps, until none left).

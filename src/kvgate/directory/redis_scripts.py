@@ -31,6 +31,12 @@ local function reg_get(pod)
   return tonumber(string.sub(v, 1, sep - 1)), string.sub(v, sep + 1)
 end
 local function reg_set(pod, slot, gen) redis.call('HSET', registry, pod, slot .. '|' .. gen) end
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+-- The pod's generation wrote now: its writer is alive (`OWNER_SILENT`).
+local function wrote(pod) redis.call('HSET', base .. 'seen', pod, now_ms()) end
 local function new_slot()
   local s = redis.call('LPOP', base .. 'free')
   if s then return tonumber(s) end
@@ -59,7 +65,7 @@ end
 local function tidy()
   -- a pool with no pods and no garbage leaves no key behind (e.g. after its deletion)
   if redis.call('EXISTS', registry, base .. 'gcq') == 0 then
-    redis.call('DEL', base .. 'meta', base .. 'free')
+    redis.call('DEL', base .. 'meta', base .. 'free', base .. 'seen')
   end
 end
 local function collect(budget)
@@ -338,6 +344,7 @@ while excess > 0 do
   redis.call('HDEL', x, unpack(victims))
   excess = excess - #victims
 end
+if gen ~= '' then wrote(pod) end
 collect(GC_BUDGET)
 return 1
 """).replace("GC_BUDGET", str(GC_BUDGET))
@@ -365,6 +372,7 @@ for _, k in ipairs(keys) do
 end
 local z = base .. 'a:' .. pod
 if #keys > 0 and redis.call('EXISTS', z) == 1 then call_chunks('ZREM', z, keys) end
+if gen ~= '' and cur == gen then wrote(pod) end
 collect(GC_BUDGET)
 return 1
 """).replace("GC_BUDGET", str(GC_BUDGET))
@@ -419,6 +427,18 @@ else
   retire(pod, slot)
   reg_set(pod, new_slot(), gen)
 end
+wrote(pod)
+return 1
+""")
+
+# ARGV: base, pod, generation, silence (ms). 1 when the pod's generation is another writer's and
+# none of its writes applied for `silence`: that writer stopped (`BlockIndex.owner_silent`).
+OWNER_SILENT = _script("""
+local pod, gen = ARGV[2], ARGV[3]
+local slot, cur = reg_get(pod)
+if not slot or cur == '' or cur == gen then return 0 end
+local seen = tonumber(redis.call('HGET', base .. 'seen', pod) or '0')
+if now_ms() - seen < tonumber(ARGV[4]) then return 0 end
 return 1
 """)
 
@@ -430,6 +450,7 @@ if not slot then return 0 end
 retire(pod, slot)
 if ARGV[3] == '1' then
   redis.call('HDEL', registry, pod)
+  redis.call('HDEL', base .. 'seen', pod)
 else
   reg_set(pod, new_slot(), cur)
 end

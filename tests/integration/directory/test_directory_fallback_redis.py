@@ -185,6 +185,42 @@ async def test_a_restart_before_the_first_audit_interval_is_rebuilt_all_the_same
         await reader.close()
 
 
+async def test_a_replica_takes_a_pod_over_from_one_that_stopped(
+    redis_server_factory: Callable[[], RedisServer],
+) -> None:
+    """Router replicas each index every pod's events; the last to start owns the pod in Redis
+    and the others' writes are refused. When that replica stopped (scaled down, killed), its
+    generation held the pod for good: no prefix the pod computed after it was ever seen again
+    by any replica. A replica whose writes are refused takes the pod over, from its own view,
+    once the owner has written nothing for `owner_silence_seconds`; not while it writes."""
+    server = redis_server_factory()
+    kwargs = {"owner_silence_seconds": 0.5, "owner_check_seconds": 0.1}
+    first = fallback_over(server.url, time.time, **kwargs)
+    last = fallback_over(server.url, time.time, **kwargs)
+    reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+    keys = chain(12)
+    try:
+        await first.set_generation("p", "first")
+        await first.add("p", keys[:4], generation="first")
+        await last.set_generation("p", "last")  # the last to start owns the pod
+        await last.add("p", keys[:4], generation="last")
+        for n in (6, 8):  # both get the same events; the owner writes them
+            await asyncio.sleep(0.3)
+            for index, generation in ((first, "first"), (last, "last")):
+                await index.add("p", keys[n - 2 : n], generation=generation)
+        assert await reader.get_generation("p") == "last"  # written within the silence
+        await last.close()  # it stopped
+        await asyncio.sleep(0.6)
+        await first.add("p", keys[8:10], generation="first")  # refused: the owner is silent
+        await wait_synced(first)
+        await first.add("p", keys[10:], generation="first")
+        assert await reader.get_generation("p") == "first"
+        assert await reader.lookup(keys) == {"p": 12}
+    finally:
+        await first.close()
+        await reader.close()
+
+
 async def test_a_router_rebuilding_its_history_leaves_the_indexers_exact_entries(
     restartable: Restartable,
 ) -> None:

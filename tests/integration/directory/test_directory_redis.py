@@ -64,6 +64,7 @@ async def test_every_key_is_under_the_prefix_and_hash_tag(
         "test:{ns/pool}:m:0",
         "test:{ns/pool}:meta",
         "test:{ns/pool}:pods",
+        "test:{ns/pool}:seen",
         "test:{ns/pool}:x:a",
     ]
 

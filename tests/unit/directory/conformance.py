@@ -405,6 +405,19 @@ class BlockIndexConformance:
         with pytest.raises(ValueError):
             await index.set_generation("b", "")
 
+    async def test_a_generation_that_stopped_writing_is_silent(self, index: BlockIndex) -> None:
+        keys = chain(2)
+        assert not await index.owner_silent("a", "g2", 0)  # unknown
+        await index.add("a", keys)  # no generation: nobody's
+        assert not await index.owner_silent("a", "g2", 0)
+        await index.set_generation("a", "g1")
+        assert not await index.owner_silent("a", "g1", 0)  # its own
+        assert await index.owner_silent("a", "g2", 0)  # no write of g1 for 0 s
+        await index.add("a", keys, generation="g1")
+        assert not await index.owner_silent("a", "g2", 3600)  # g1 wrote just now
+        await index.forget_pod("a")
+        assert not await index.owner_silent("a", "g2", 0)
+
     # -- approximate entries -----------------------------------------------------------------
 
     async def test_approximate_entries_expire(self, index: BlockIndex, clock: FakeClock) -> None:
