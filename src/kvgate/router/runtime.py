@@ -249,6 +249,8 @@ class RouterRuntime:
 
     async def _endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         self.core.endpoints_changed(added, removed)
+        for ep in added:
+            self.upstream.know(ep.spec.url)
         for ep in removed:
             self.upstream.forget(ep.spec.url)
             index = self.indexes.get(ep.pool)

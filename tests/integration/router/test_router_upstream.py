@@ -94,6 +94,7 @@ async def _get(up: RawUpstream, port: int, head_seconds: float = 2.0):
 
 async def test_keep_alive_connections_are_reused(server):
     up = RawUpstream()
+    up.know(f"http://127.0.0.1:{server.port}/")
     for _ in range(5):
         resp = await _get(up, server.port)
         assert resp.status == 200 and (b"x-a", b"1") in resp.headers

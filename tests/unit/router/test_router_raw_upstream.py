@@ -58,7 +58,9 @@ class _Pod:
 
 
 def _client(pod: _Pod, **kwargs: int) -> RawUpstream:
-    return RawUpstream(open_connection=pod.open, **kwargs)  # type: ignore[arg-type]
+    client = RawUpstream(open_connection=pod.open, **kwargs)  # type: ignore[arg-type]
+    client.know(URL)  # the pod joined
+    return client
 
 
 async def _post(client: RawUpstream, head_timeout: float = 1.0) -> tuple[int, bytes]:
@@ -244,8 +246,21 @@ async def test_an_answer_read_after_its_pod_left_does_not_keep_its_connection():
     client.forget("http://pod:8000")  # the pod left while its answer was read
     await read_all(response)
     assert pod.connections[0][1].closed and client._idle == {}
-    await _post(client)  # the address came back (another pod): its connections are kept
+    client.know(URL)  # the address came back (another pod): its connections are kept
+    await _post(client)
     assert not pod.connections[1][1].closed and len(client._idle[("pod", 8000)]) == 1
+    await client.aclose()
+
+
+async def test_a_request_sent_after_its_pod_left_does_not_keep_its_connection():
+    """A request planned before its pod left (routing awaits the directory) or a scrape round
+    begun before is sent after `forget`: its connection was kept under the host again, and
+    nothing ever asked for that host again (a descriptor per departed pod, in CLOSE_WAIT)."""
+    pod = _Pod([[OK]])
+    client = _client(pod)
+    client.forget(URL)
+    await _post(client)
+    assert pod.connections[0][1].closed and client._idle == {}
     await client.aclose()
 
 

@@ -64,8 +64,12 @@ class Upstream(Protocol):
         """Send; return once the status line and headers arrived (within `head_timeout`)."""
         ...
 
+    def know(self, url: str) -> None:
+        """`url`'s host is a pod now: its connections are kept for the next request."""
+        ...
+
     def forget(self, url: str) -> None:
-        """Close idle connections to `url`'s host (the pod left)."""
+        """Close idle connections to `url`'s host and keep none after (the pod left)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -205,6 +209,11 @@ class _RawResponse:
             conn.close()
 
 
+def _host_key(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return (parts.hostname or "", parts.port or 80)
+
+
 class RawUpstream:
     """Keep-alive HTTP/1.1 connections per `host:port` (plain TCP; https goes through httpx)."""
 
@@ -218,9 +227,9 @@ class RawUpstream:
         self._open = open_connection
 
     def _release(self, conn: _Connection) -> None:
-        """Keep `conn` for the next request to its host, unless that host was forgotten since
-        the request began (its pod left while the answer was read: kept, the connection sat
-        in CLOSE_WAIT until the address came back)."""
+        """Keep `conn` for the next request to its host, unless that host is not a pod now (it
+        left while the answer was read, or before a request planned earlier was sent: kept,
+        the connection sat in CLOSE_WAIT until the address came back)."""
         idle = self._idle.get(conn.key)
         if idle is not None and len(idle) < self._max_idle:
             idle.append(conn)
@@ -238,7 +247,7 @@ class RawUpstream:
         return _Connection(key, reader, writer)
 
     def _take_idle(self, key: tuple[str, int]) -> _Connection | None:
-        idle = self._idle.setdefault(key, [])  # a host is known from its first request on
+        idle = self._idle.get(key)  # None: not a pod now (`know`, `forget`)
         while idle:
             conn = idle.pop()
             if conn.usable():
@@ -313,9 +322,11 @@ class RawUpstream:
             raise UpstreamError("stream", f"bad response: {exc}") from exc
         return _RawResponse(self, conn, parser, state)
 
+    def know(self, url: str) -> None:
+        self._idle.setdefault(_host_key(url), [])
+
     def forget(self, url: str) -> None:
-        parts = urlsplit(url)
-        for conn in self._idle.pop((parts.hostname or "", parts.port or 80), []):
+        for conn in self._idle.pop(_host_key(url), []):
             conn.close()
 
     async def aclose(self) -> None:
@@ -380,6 +391,9 @@ class HttpxUpstream:
             raise UpstreamError("connect", repr(exc)) from exc
         return _HttpxResponse(response)
 
+    def know(self, url: str) -> None:
+        return None  # httpx pools every host itself
+
     def forget(self, url: str) -> None:
         return None  # httpx expires idle connections itself
 
@@ -408,6 +422,9 @@ class RoutingUpstream:
         return await target.request(
             method, url, body, headers, connect_timeout=connect_timeout, head_timeout=head_timeout
         )
+
+    def know(self, url: str) -> None:
+        self._raw.know(url)
 
     def forget(self, url: str) -> None:
         self._raw.forget(url)
