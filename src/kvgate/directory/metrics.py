@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
 
 _LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5)
 _BLOCK_BUCKETS = (0, 1, 4, 16, 64, 256, 1024, 4096, 16384)
@@ -101,6 +105,27 @@ class DirectoryMetrics:
             "kvgate_directory_subscriptions", "Running KV event subscriptions", ["pool"],
             registry=registry,
         )  # fmt: skip
+
+    def forget_pool(self, pool: str) -> None:
+        """Remove the series of `pool`, which left the configuration (its index is closed)."""
+        remove_series(vars(self).values(), "pool", pool)
+
+
+def remove_series(collectors: Iterable[object], label: str, value: str) -> set[SeriesKey]:
+    """Remove every series of `collectors` (prometheus_client metrics; other objects are
+    skipped) whose `label` is `value`, e.g. a pool's once it left the configuration. Returns
+    the (metric name, label values) of each removed series."""
+    removed: set[SeriesKey] = set()
+    for metric in collectors:
+        if not isinstance(metric, MetricWrapperBase) or label not in metric._labelnames:
+            continue
+        at = metric._labelnames.index(label)
+        with metric._lock:
+            stale = [values for values in metric._metrics if values[at] == value]
+        for values in stale:
+            metric.remove(*values)
+            removed.add((metric._name, tuple(values)))
+    return removed
 
 
 class LogOnce:

@@ -8,10 +8,13 @@ kind, never free text. The directory and its KV-event indexer export `kvgate_dir
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from kvgate.directory.metrics import remove_series
 
 MAX_LEFT_ENDPOINTS = 4096
 """Pods whose series were removed and whose new ones are refused (answers that outlived the
@@ -57,6 +60,7 @@ class RouterMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._children: dict[tuple[str, tuple[str, ...]], Any] = {}
         self._leaving: OrderedDict[str, float] = OrderedDict()  # endpoint -> when it left
+        self._leaving_pools: dict[str, float] = {}  # pool -> when it left the configuration
         self._left: OrderedDict[str, None] = OrderedDict()  # endpoints gone, oldest first
         # endpoint -> its series, as `child` made them (what `_forget_endpoint` removes)
         self._series: dict[str, list[tuple[Any, tuple[str, ...]]]] = {}
@@ -334,6 +338,10 @@ class RouterMetrics:
     def sweep(self, now: float) -> None:
         """Remove the series of the pods that left `SERIES_GRACE_SECONDS` ago or more: a
         rollout of two pods left ~16 series behind for good, 3,184 after 200 rollouts."""
+        for pool, left_at in list(self._leaving_pools.items()):
+            if now - left_at >= SERIES_GRACE_SECONDS:
+                del self._leaving_pools[pool]
+                self._forget_pool(pool)
         while self._leaving:
             endpoint, left_at = next(iter(self._leaving.items()))
             if now - left_at < SERIES_GRACE_SECONDS:
@@ -349,10 +357,21 @@ class RouterMetrics:
         # Its own series only (every per-endpoint series is made by `child`): reading every
         # metric's samples for each pod that left held the loop 2.6 s for 100 pods at once.
         for metric, labels in self._series.pop(endpoint, ()):
-            metric.remove(*labels)
+            with contextlib.suppress(KeyError):  # gone with its pool (`_forget_pool`)
+                metric.remove(*labels)
             self._children.pop((metric._name, labels), None)
 
+    def pool_left(self, pool: str, now: float) -> None:
+        """`pool` left the configuration: its series go `SERIES_GRACE_SECONDS` later (`sweep`),
+        once the answers in flight from its pods are counted (~265 series a pool, before)."""
+        self._leaving_pools[pool] = now
+
+    def _forget_pool(self, pool: str) -> None:
+        for key in remove_series(vars(self).values(), "pool", pool):
+            self._children.pop(key, None)
+
     def init_pool(self, pool: str) -> None:
+        self._leaving_pools.pop(pool, None)
         for metric in (self.saved_prefill_seconds, self.session_prompt_tokens, self.retries):
             self.child(metric, pool)
         for request_class in ("online", "batch"):

@@ -236,6 +236,7 @@ class RouterRuntime:
                     index = self.indexes.pop(key, None)
                     if index is not None:
                         await index.close()
+                    self.directory_metrics.forget_pool(key)
         for key, pool in wanted.items():
             self.metrics.init_pool(key)
             if key not in self.indexes:

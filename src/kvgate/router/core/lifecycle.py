@@ -536,8 +536,10 @@ class RoutingCore:
 
     def pool_removed(self, pool: str) -> None:
         """`pool` left the configuration (its pods left before, through `endpoints_changed`):
-        forget its hot prefixes and the other replicas' counts of them."""
+        forget its hot prefixes and the other replicas' counts of them, and its metric series
+        (once its answers in flight are counted)."""
         self.warmup.forget_pool(pool)
+        self.metrics.pool_left(pool, self.clock())
 
     def endpoint_load(self) -> MutableMapping[str, int]:
         """Requests in flight per endpoint id (for tests and /debug)."""
