@@ -131,7 +131,9 @@ class EngineSettings(ApiModel):
     extra_args: list[str] = Field(
         default_factory=list,
         max_length=64,
-        description="Further `vllm serve` arguments, appended verbatim.",
+        description="Further `vllm serve` arguments, appended verbatim; "
+        "`--default-chat-template-kwargs` and `--reasoning-effort-map` among them reach the "
+        "router too, which renders chat prompts as the engines do.",
         json_schema_extra={
             "items": {"type": "string", "maxLength": 1024},
             "x-kubernetes-validations": [_managed_flags_rule()],

@@ -96,6 +96,27 @@ def test_tokenizer_config_map_is_mounted_for_the_router() -> None:
     assert {"name": "tokenizer-llama", "configMap": {"name": "tok"}} in volumes
 
 
+def test_the_engines_chat_template_defaults_reach_the_router() -> None:
+    """Set in engine.extraArgs, they changed what the engines rendered and not what the router
+    keyed: every chat prompt's exact keys differed from the engines' (no hit predicted)."""
+    engine = {
+        "extraArgs": [
+            "--default-chat-template-kwargs",
+            '{"enable_thinking": false}',
+            '--reasoning-effort-map={"low": "minimal"}',
+        ]
+    }
+    spec = {"model": "m", "tokenizer": {"path": "/tok"}, "engine": engine}
+    pool = SelectedPool("llama", "ai", InferencePoolSpec.model_validate(spec))
+    children, _ = policy_children(
+        OWNER, RoutingPolicySpec.model_validate({"pools": ["llama"]}), [pool], "img"
+    )
+    config_map = next(c for c in children if c["kind"] == "ConfigMap")
+    tokenizer = parse_router_config(config_map["data"]["router.yaml"]).pools[0].engine.tokenizer
+    assert tokenizer.default_chat_template_kwargs == {"enable_thinking": False}
+    assert tokenizer.reasoning_effort_map == {"low": "minimal"}
+
+
 def test_redis_url_from_a_secret_and_ca_bundle_reach_router_and_indexer() -> None:
     redis = {
         "urlSecret": {"name": "managed-redis", "key": "url"},

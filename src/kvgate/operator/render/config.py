@@ -12,6 +12,7 @@ EndpointSlices of its Service (named after the pool).
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -88,7 +89,32 @@ def _tokenizer(pool: SelectedPool) -> rc.TokenizerConfig:
     extra: dict[str, Any] = {}
     if source.approximate_chars_per_block is not None:
         extra["approximate_chars_per_block"] = source.approximate_chars_per_block
+    # What the engines render chat with beyond the template: the router must render the same.
+    args = pool.spec.engine.extra_args
+    kwargs = _flag_json(args, "--default-chat-template-kwargs")
+    if isinstance(kwargs, dict):
+        extra["default_chat_template_kwargs"] = kwargs
+    efforts = _flag_json(args, "--reasoning-effort-map")
+    if isinstance(efforts, dict) and all(isinstance(v, str) for v in efforts.values()):
+        extra["reasoning_effort_map"] = efforts
     return rc.TokenizerConfig(path=path, chat_template=chat_template, **extra)
+
+
+def _flag_json(args: list[str], flag: str) -> Any:
+    """The JSON value of `flag` among `vllm serve` arguments (`--flag VALUE` or `--flag=VALUE`;
+    the last one, as argparse takes it); None when absent or not JSON (the engine refuses it)."""
+    found = None
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(flag + "="):
+            found = arg[len(flag) + 1 :]
+    if found is None:
+        return None
+    try:
+        return json.loads(found)
+    except ValueError:
+        return None
 
 
 def pool_config(pool: SelectedPool) -> rc.PoolConfig:
