@@ -137,6 +137,22 @@ async def test_a_warming_pod_takes_requests_when_no_other_pod_can():
     assert plan.endpoint.id == "pod2:8000"
 
 
+async def test_a_warming_pod_takes_requests_when_every_other_pod_is_ejected():
+    """The warm-up's fail-open saw only that other pods passed its filter, not that they were
+    ejected: a request went to a hung, ejected pod while the warming one idled."""
+    core, endpoints, now = await _core()
+    await _send(core, 3)
+    await endpoints.replace_pool("default/p", _specs("default/p", 3))
+    assert core.warmup.take()
+    limits = core.state.config.limits
+    for ep in endpoints.all()[:2]:
+        for _ in range(limits.eject_after_failures):
+            ep.answers.failed(now[0], limits.eject_after_failures, limits.eject_seconds)
+        assert not ep.healthy(now[0])
+    plan = await core.plan(ClientRequest(_body(7), {}, "completion"))
+    assert plan.endpoint.id == "pod2:8000"
+
+
 async def test_warm_up_off_sends_nothing():
     core, endpoints, _ = await _core(enabled=False)
     await _send(core, 4)

@@ -415,7 +415,10 @@ class Router:
             eps = [ep for ep in eps if not ep.draining]
             if self.admits is not None and eps:
                 admitted = [ep for ep in eps if self.admits(ep.spec.id, now, self.rng)]
-                eps = admitted or eps  # every pod warming up: fail open
+                # Every pod warming up, or every other one ejected (a hung pod would take the
+                # request while a warming one idles): fail open to the warming ones too.
+                if admitted and not every_one_ejected(admitted, now):
+                    eps = admitted
             return eps
 
         if cls.pinned_tag is not None:
