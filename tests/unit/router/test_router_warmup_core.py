@@ -54,6 +54,16 @@ async def test_a_prefix_seen_once_is_only_a_candidate():
     assert len(core.warmup.hot) == 0
 
 
+async def test_a_prefix_seen_min_requests_times_a_while_apart_is_hot():
+    """A count decays between requests: two a second apart count 1.999, short of 2, so a
+    prefix needed a third request (documented: `min_requests`, 2)."""
+    core, _, now = await _core()
+    await _send(core, 1)
+    now[0] += 1.0
+    await _send(core, 1)
+    assert [p.token_count for p in core.warmup.hot.top("default/p", 8, now[0])] == [len(SYSTEM)]
+
+
 async def test_a_prefix_with_an_id_beyond_every_vocabulary_is_not_remembered():
     """The memory keeps ids in 4 bytes; an id of 2^32 or more fits no vocabulary (the pods
     answer 400): its prefix is not remembered, and its requests are routed as any other."""

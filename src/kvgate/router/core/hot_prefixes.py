@@ -132,11 +132,12 @@ class HotPrefixes:
         entry.score = entry.decayed(now, half_life) + 1.0
         entry.seen_at = now
         self._candidates.move_to_end(name)
-        # Promoted at `min_requests` (a decayed count may never reach it exactly: round), with
-        # the other replicas' requests: a prefix hot in the pool is kept the first time it
-        # comes here, so whichever replica claims a warm-up can send it.
+        # Promoted at `min_requests`, rounded: a decayed count never reaches it exactly (two
+        # requests a second apart count 1.999), with the other replicas' requests: a prefix
+        # hot in the pool is kept the first time it comes here, so whichever replica claims a
+        # warm-up can send it.
         score = entry.score + peers.get(name[1], 0.0)
-        if score + 1e-9 >= self.config.min_requests and self.config.remembered_prefixes:
+        if score + 0.5 >= self.config.min_requests and self.config.remembered_prefixes:
             tokens = token_array(keys.token_ids[: depth * keys.block_tokens])
             if tokens is None:
                 return
