@@ -64,6 +64,26 @@ async def test_a_prefix_seen_min_requests_times_a_while_apart_is_hot():
     assert [p.token_count for p in core.warmup.hot.top("default/p", 8, now[0])] == [len(SYSTEM)]
 
 
+async def test_a_prompt_keyed_with_its_cache_ops_offers_no_prefix_to_warm():
+    """Its keys carry its drops: sent to a joining pod as a plain prompt, the copy was stored
+    under keys no turn of the session looks up (1,024 tokens prefilled, 480 of them used)."""
+    now = [100.0]
+    pods = {"static": [{"url": f"http://pod{i}:8000"} for i in range(2)]}
+    pool = {"name": "p", "model": "m", "engine": {"cache_ops": True}, "endpoints": pods}
+    core, _ = await routing_core(make_config(pools=[pool]), now, 2)
+    segment = 160
+    prompt = [100 + (i * 131 + t * 17) % 2900 for i in range(6) for t in range(segment)]
+    cache = {"segments": [segment] * 6, "drop": {"2": [1], "3": [2], "4": [3]}}
+    for _ in range(3):
+        body = {"model": "m", "prompt": prompt, "max_tokens": 2, "cache": cache}
+        plan = await core.plan(ClientRequest(body, {}, "completion"))
+        assert plan.keys.lookup is not None
+    assert core.warmup.hot.top("default/p", 8, now[0]) == []
+    for _ in range(3):  # the same tokens without ops are a prefix to warm
+        await core.plan(ClientRequest({"model": "m", "prompt": prompt}, {}, "completion"))
+    assert core.warmup.hot.top("default/p", 8, now[0])
+
+
 async def test_a_prefix_with_an_id_beyond_every_vocabulary_is_not_remembered():
     """The memory keeps ids in 4 bytes; an id of 2^32 or more fits no vocabulary (the pods
     answer 400): its prefix is not remembered, and its requests are routed as any other."""

@@ -86,6 +86,10 @@ class HotPrefixes:
         config = self.config
         if not config.enabled or tokens is None or not keys.exact or not keys.block_keys:
             return
+        if keys.lookup is not None:
+            # Its keys carry its cache ops: sent as a plain prompt, a copy would be stored under
+            # keys no request of its session looks up (its plain head comes with other turns).
+            return
         block = keys.block_tokens
         blocks = min(len(keys.block_keys), len(tokens) // block)
         first = max(1, -(-config.min_tokens // block))
