@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import replace
 
 import pytest
 from tests.unit.router.fakes import FakePods, make_config, routing_core
@@ -236,6 +237,30 @@ async def test_debug_warm_reports_phases_and_hot_prefixes(router_app):
     assert [e["phase"] for e in debug["endpoints"]] == ["warm", "warm"]
     assert debug["top"]["default/p"][0]["tokens"] == len(SYSTEM)
     assert debug["hot_prefix_bytes"] > 0
+
+
+async def test_metrics_show_each_pods_warm_phase_as_of_now(router_app):
+    """A phase moved only when a request was routed or /debug/warm read: a quiet pool's pod
+    showed `ramping` (or `warming`, past its timeout) on the dashboards for good."""
+    client, runtime = await router_app(make_config(2, warmup={"ramp_seconds": 5.0}), FakePods())
+    for i in range(3):
+        await client.post("/v1/completions", json=_body(i))
+    specs = [ep.spec for ep in runtime.endpoints.in_pool("default/p")]
+    joining = replace(specs[0], id="pod2:8000", url="http://pod2:8000")
+    await runtime.endpoints.replace_pool("default/p", [*specs, joining])
+    core = runtime.core
+    phase = (
+        'kvgate_router_endpoint_warm_phase{phase="ramping",pool="default/p",upstream="pod2:8000"}'
+    )
+    for _ in range(250):  # the warmer sends the hot prefixes; then the pod ramps
+        if f"{phase} 1.0" in (await client.get("/metrics")).text:
+            break
+        await asyncio.sleep(0.02)
+    else:
+        pytest.fail("the pod never ramped")
+    later = core.clock() + 6.0
+    core.clock = lambda: later
+    assert f"{phase} 0.0" in (await client.get("/metrics")).text
 
 
 async def test_debug_warm_shows_tenants_hot_prefixes_to_the_admin_only(router_app, tmp_path):

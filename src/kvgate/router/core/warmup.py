@@ -149,6 +149,12 @@ class Warmup:
         share = self.pods.advance(pod, now)
         return share >= 1.0 or (share > 0.0 and rng.random() < share)
 
+    def advance_all(self, now: float) -> None:
+        """Move every warming or ramping pod on by the clock (routing does it for the pods it
+        asks about; a quiet pool's phases and timeouts would wait for its next request)."""
+        for pod in list(self.pods.active.values()):
+            self.pods.advance(pod, now)
+
     def debug(
         self, now: float, endpoints: Iterable[Endpoint], *, tenants: bool = True
     ) -> dict[str, Any]:
