@@ -8,6 +8,7 @@ import random
 
 import cbor2
 import pytest
+from tests.unit.traced_bytes import traced_bytes
 
 from kvgate.prefix import (
     BlockHasher,
@@ -137,18 +138,13 @@ def test_cache_is_bounded_in_bytes():
 
 def test_a_span_entry_costs_no_more_than_its_estimate():
     # The budget counts the worst case: every token id its own int object.
-    import tracemalloc
-
     hasher = BlockHasher(cache_bytes=1 << 30)
     tokens = [1000 + i for i in range(512 * 40)]
     BlockHasher(cache_bytes=0).hash_blocks(tokens)  # fills the interpreter's tuple free lists
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    hasher.hash_blocks([t + 0 for t in tokens])  # fresh ints, as parsed from JSON
-    used = tracemalloc.get_traced_memory()[0] - before
-    tracemalloc.stop()
+    with traced_bytes(__file__) as used:
+        hasher.hash_blocks([t + 0 for t in tokens])  # fresh ints, as parsed from JSON
     assert len(hasher.cache) == 40
-    assert used <= 40 * span_entry_bytes(hasher.span_blocks, 16)
+    assert used.bytes <= 40 * span_entry_bytes(hasher.span_blocks, 16)
 
 
 def test_int_form_is_low_64_bits_big_endian():

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from tests.unit.traced_bytes import traced_bytes
 
 from kvgate.prefix.segment_cache import SegmentCache
 from kvgate.prefix.tokenizer import Tokenizer, TokenizerError
@@ -72,21 +73,16 @@ def test_a_piece_over_an_eighth_of_the_budget_is_not_kept():
 
 
 def test_cached_ids_cost_what_the_budget_counts():
-    import tracemalloc
-
     tok = Tokenizer.from_dir(TOKENIZER_DIR, segment_cache_bytes=1 << 30)
     texts = [
         f"<|im_start|>message {i}: {'words and 1234 numbers ' * 40}<|im_end|>" for i in range(50)
     ]
     tok.encode(texts[0])  # warm the interpreter's free lists
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    for text in texts[1:]:
-        tok.encode(text)
-    used = tracemalloc.get_traced_memory()[0] - before
-    tracemalloc.stop()
+    with traced_bytes(__file__) as used:
+        for text in texts[1:]:
+            tok.encode(text)
     counted = tok.segments.bytes - SegmentCache.entry_bytes(*_entry(tok, texts[0]))
-    assert used <= counted * 1.1  # ids are canonical: 8 bytes per cached token, no int objects
+    assert used.bytes <= counted * 1.1  # ids are canonical: 8 bytes per cached token
 
 
 def _entry(tok, text):

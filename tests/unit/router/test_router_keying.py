@@ -8,7 +8,6 @@ import json
 import random
 import threading
 import time
-import tracemalloc
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 from tests.unit.router.fakes import FakePods, make_config
+from tests.unit.traced_bytes import traced_bytes
 
 from kvgate.api.router_config import EngineConfig, KeyingConfig, RouterConfig, TokenizerConfig
 from kvgate.router.core.classify import Classifier
@@ -318,16 +318,11 @@ async def test_session_state_counts_at_least_the_memory_its_turns_hold():
         )
         bodies.append((plan, json.loads(json.dumps({"model": "m", "messages": messages}))))
     gc.collect()
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
+    with traced_bytes(__file__) as held:
         for plan, body in bodies:
             await tracker.observe(plan, body)  # type: ignore[arg-type]
         gc.collect()
-        held = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    assert held <= tracker.bytes
+    assert held.bytes <= tracker.bytes
 
 
 def test_router_config_carries_the_limits():

@@ -6,6 +6,7 @@ import random
 from pathlib import Path
 
 import tokenizers
+from tests.unit.traced_bytes import traced_bytes
 from tokenizers import AddedToken, models, pre_tokenizers
 
 from kvgate.api.router_config import EngineConfig, TokenizerConfig
@@ -158,8 +159,6 @@ def test_a_session_hint_finds_its_own_history_among_many_sessions():
 
 
 def test_kept_prompts_are_bounded_in_bytes_and_cost_what_is_counted():
-    import tracemalloc
-
     tokenizer = Tokenizer.from_dir(TOKENIZER)
     budget = 2 << 20
     reuse = PromptReuse(tokenizer, BlockHasher("sha256", 16, cache_bytes=0), max_bytes=budget)
@@ -170,14 +169,11 @@ def test_kept_prompts_are_bounded_in_bytes_and_cost_what_is_counted():
     ]
     for text in texts[:2]:
         reuse.ids_and_digests(text, cache_salt=None, lora=None)  # warm the free lists
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
     counted = reuse.bytes + tokenizer.segments.bytes  # the tokenizer keeps its pieces too
-    for text in texts[2:12]:
-        reuse.ids_and_digests(text, cache_salt=None, lora=None)
-    used = tracemalloc.get_traced_memory()[0] - before
-    tracemalloc.stop()
-    assert used <= (reuse.bytes + tokenizer.segments.bytes - counted) * 1.1
+    with traced_bytes(__file__) as used:
+        for text in texts[2:12]:
+            reuse.ids_and_digests(text, cache_salt=None, lora=None)
+    assert used.bytes <= (reuse.bytes + tokenizer.segments.bytes - counted) * 1.1
     for text in texts[12:]:
         reuse.ids_and_digests(text, cache_salt=None, lora=None, session=text[-20:])
     assert 0 < reuse.bytes <= budget
