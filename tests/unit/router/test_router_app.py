@@ -162,6 +162,32 @@ async def test_model_cards_say_what_vllms_do(router_app):
     assert cards["m"]["max_model_len"] == cards["sql"]["max_model_len"] == 8192
 
 
+async def test_a_pod_without_the_requested_adapter_is_passed_over(router_app):
+    """An adapter not loaded on every pod of its pool yet (a rollout adding it, adapters
+    loaded at run time): the pod's 404 went to the client, with another pod holding it."""
+    config = make_config(2)
+    adapters = [LoraAdapter(name="sql", path="/adapters/sql")]
+    pools = [config.pools[0].model_copy(update={"lora_adapters": adapters})]
+    config = config.model_copy(update={"pools": pools})
+    body = {**CHAT, "model": "sql"}
+    pods = FakePods(status={"pod0:8000": 404})
+    client, runtime = await router_app(config, pods)
+    for _ in range(4):
+        got = await client.post("/v1/chat/completions", json=body)
+        assert got.status_code == 200 and got.headers["x-kvgate-endpoint"] == "pod1:8000"
+    assert runtime.endpoints.get("pod0:8000").healthy(runtime.core.clock())  # no pod failure
+    # None with the adapter: a 404 once each was tried. The base model's 404 is the pod's
+    # own answer, passed on as before.
+    pods = FakePods(status={"pod0:8000": 404, "pod1:8000": 404})
+    client, _ = await router_app(config, pods)
+    got = await client.post("/v1/chat/completions", json=body)
+    assert got.status_code == 404 and got.json()["error"]["code"] == "model_not_loaded"
+    assert len(pods.requests) == 2
+    got = await client.post("/v1/chat/completions", json=CHAT)
+    assert got.status_code == 404 and got.json()["error"]["message"] == "boom"
+    assert len(pods.requests) == 3
+
+
 async def test_router_errors_carry_the_request_id_and_a_trailing_slash_is_the_route(router_app):
     client, _ = await router_app(make_config(), FakePods())
     got = await client.post(

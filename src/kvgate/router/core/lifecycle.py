@@ -460,6 +460,14 @@ class RoutingCore:
         self._close(plan, attempt)
         self._answer_failed(plan, kind)
 
+    def unserved(self, plan: RoutePlan, attempt: Attempt, kind: str) -> None:
+        """The endpoint answered, before any byte reached the client, that it cannot serve
+        this request (a LoRA adapter it has not loaded): counted, and no failure of the pod."""
+        self._close(plan, attempt)
+        self.metrics.child(
+            self.metrics.upstream_errors, plan.pool.key, plan.endpoint.id, kind
+        ).inc()
+
     def broke(self, plan: RoutePlan, kind: str) -> None:
         """A stream broke after its first byte (too late to retry; `finished` follows)."""
         self._answer_failed(plan, kind)

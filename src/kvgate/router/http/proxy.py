@@ -100,6 +100,9 @@ def _retry_after(headers: list[tuple[bytes, bytes]]) -> float | None:
     return float(min(int(value), MAX_RETRY_AFTER_SECONDS))
 
 
+ADAPTER_MISSING = "adapter_missing"  # a pod's 404 for a LoRA adapter of its pool
+
+
 #: An error body is read this far, to reuse its connection; past it the connection is closed.
 MAX_ERROR_BODY_BYTES = 64 << 10
 
@@ -155,7 +158,10 @@ class Proxy:
                     request, plan, path, body(plan), stream, strip_usage, send, attempt
                 )
             except _Retryable as failure:
-                core.failed(plan, attempt, failure.kind)
+                if failure.kind == ADAPTER_MISSING:
+                    core.unserved(plan, attempt, failure.kind)
+                else:
+                    core.failed(plan, attempt, failure.kind)
                 log.warning(
                     "request %s: %s failed before the first byte (%s: %s)",
                     request.request_id,
@@ -261,6 +267,13 @@ class Proxy:
         (the pod was overloaded, with its `retry-after` for the SDKs' backoff) or 502."""
         if failure.kind == "timeout":
             return RouterError(504, f"upstream timed out: {failure}", type="upstream_error")
+        if failure.kind == ADAPTER_MISSING:
+            return RouterError(
+                404,
+                "no pod tried has loaded the model's adapter; retry later",
+                type="NotFoundError",
+                code="model_not_loaded",
+            )
         if failure.status == 503:
             return RouterError(
                 503,
@@ -310,6 +323,11 @@ class Proxy:
             retry = stream or exc.kind != "timeout"
             raise _Retryable(exc.kind, str(exc), retry=retry) from exc
         try:
+            if response.status == 404 and plan.pool.lora_for(plan.classification.model):
+                # vLLM's answer for an adapter this pod has not loaded (a rollout adding it to
+                # the pool, adapters loaded at run time): another pod may have it.
+                await _discard_error_body(response, limits.read_timeout_seconds)
+                raise _Retryable(ADAPTER_MISSING, "the pod has not loaded the adapter", 404)
             if response.status >= 500:
                 await _discard_error_body(response, limits.read_timeout_seconds)
                 raise _Retryable(
