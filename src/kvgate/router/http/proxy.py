@@ -108,7 +108,7 @@ MAX_ERROR_BODY_BYTES = 64 << 10
 
 
 async def _discard_error_body(response: UpstreamResponse, read_timeout: float) -> None:
-    """Read a 5xx answer's body and drop it, so that its connection can be reused: at most
+    """Read a failed answer's body and drop it, so that its connection can be reused: at most
     `MAX_ERROR_BODY_BYTES` (a longer one is not worth its bytes; closing the connection is
     cheaper), for one read timeout in all (a body that drips must not keep the client from its
     answer, or from another pod). Nothing is kept: joining it held up to 16 MiB a request."""
