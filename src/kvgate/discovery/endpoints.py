@@ -14,6 +14,7 @@ that the indexer subscribes/unsubscribes and the directory clears departed pods 
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
@@ -111,6 +112,9 @@ class Endpoint:
     # Active health: its /metrics. An answer ends the streak and the ejection at once (a pod
     # that restarted is back as soon as it answers).
     scrapes: FailureStreak = field(default_factory=FailureStreak)
+    # When the pod last gave a request of this router its first byte (the core's clock): a
+    # hung engine gives none (`RoutingCore.cancelled`).
+    first_byte_at: float = -math.inf
     # LoRA adapters the pod used last (sent by this router or seen running), oldest first, at
     # most its max_lora: vLLM keeps adapters in max_lora GPU slots and evicts the least recently
     # used, so these are the ones it most likely has loaded. An ordered set: a pod names up to
@@ -157,6 +161,12 @@ class Endpoint:
             changed = True
         if changed:
             self._recent_lora_set = frozenset(recent)
+
+    def lacks_lora_adapter(self, name: str) -> None:
+        """The pod answered that it has not loaded adapter `name`."""
+        if name in self._recent_lora:
+            del self._recent_lora[name]
+            self._recent_lora_set = frozenset(self._recent_lora)
 
 
 def every_one_ejected(endpoints: Iterable[Endpoint], now: float) -> bool:

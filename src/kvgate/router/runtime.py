@@ -250,10 +250,15 @@ class RouterRuntime:
 
     async def _endpoints_changed(self, added: list[Endpoint], removed: list[Endpoint]) -> None:
         self.core.endpoints_changed(added, removed)
+        # A pod whose spec changed is removed and added at once; an address may serve in two
+        # pools: its connections go only once no endpoint of the fleet uses it.
+        serving = {ep.spec.url for ep in self.endpoints.all()}
+        for ep in removed:
+            if ep.spec.url not in serving:
+                self.upstream.forget(ep.spec.url)
         for ep in added:
             self.upstream.know(ep.spec.url)
         for ep in removed:
-            self.upstream.forget(ep.spec.url)
             index = self.indexes.get(ep.pool)
             if index is not None:
                 try:

@@ -39,6 +39,7 @@ class FakePods:
     error_body_bytes: int = 0  # a forced status's body is this long (0: a short JSON error)
     error_bytes_read: int = 0  # how much of such bodies the router read
     retry_after: str | None = None  # a forced status's `retry-after` header
+    error_message: str = "boom"  # a forced status's error message
 
     def _error_body(self) -> httpx.AsyncByteStream:
         pods = self
@@ -75,7 +76,9 @@ class FakePods:
         if host in self.status:
             if self.error_body_bytes:
                 return httpx.Response(self.status[host], stream=self._error_body())
-            error = _resp(self.status[host], b'{"error": {"message": "boom"}}')
+            error = _resp(
+                self.status[host], json.dumps({"error": {"message": self.error_message}}).encode()
+            )
             if self.retry_after is not None:
                 error.headers["retry-after"] = self.retry_after
             return error

@@ -170,21 +170,23 @@ async def test_a_pod_without_the_requested_adapter_is_passed_over(router_app):
     pools = [config.pools[0].model_copy(update={"lora_adapters": adapters})]
     config = config.model_copy(update={"pools": pools})
     body = {**CHAT, "model": "sql"}
-    pods = FakePods(status={"pod0:8000": 404})
+    missing = "The model `sql` does not exist."  # vLLM's answer
+    pods = FakePods(status={"pod0:8000": 404}, error_message=missing)
     client, runtime = await router_app(config, pods)
     for _ in range(4):
         got = await client.post("/v1/chat/completions", json=body)
         assert got.status_code == 200 and got.headers["x-kvgate-endpoint"] == "pod1:8000"
     assert runtime.endpoints.get("pod0:8000").healthy(runtime.core.clock())  # no pod failure
-    # None with the adapter: a 404 once each was tried. The base model's 404 is the pod's
-    # own answer, passed on as before.
-    pods = FakePods(status={"pod0:8000": 404, "pod1:8000": 404})
+    # None with the adapter: a 404 once each was tried. Any other 404 (a Responses follow-up
+    # the pod no longer holds, say) is the pod's own answer, passed on as before.
+    pods = FakePods(status={"pod0:8000": 404, "pod1:8000": 404}, error_message=missing)
     client, _ = await router_app(config, pods)
     got = await client.post("/v1/chat/completions", json=body)
     assert got.status_code == 404 and got.json()["error"]["code"] == "model_not_loaded"
     assert len(pods.requests) == 2
-    got = await client.post("/v1/chat/completions", json=CHAT)
-    assert got.status_code == 404 and got.json()["error"]["message"] == "boom"
+    pods.error_message = "Response with id 'resp_1' not found."
+    got = await client.post("/v1/chat/completions", json=body)
+    assert got.status_code == 404 and got.json()["error"]["message"] == pods.error_message
     assert len(pods.requests) == 3
 
 

@@ -347,6 +347,17 @@ async def test_clients_that_give_up_on_a_hung_pods_first_byte_eject_it():
         given_up_after(overdue_seconds(plan.decision) / 2)  # the user stopped it: no failure
         _complete_stream(core, plan, cancelled=True)
     assert pod.healthy(now[0])
+    # Several clients give up at once on a busy pod that gave another request its first
+    # byte meanwhile: alive, not hung (they all ejected it, one after another).
+    request = ClientRequest(BODY, {}, "completion")
+    waiting = [core.sent(request, plan, streaming=True) for _ in range(4)]
+    now[0] += 1.0
+    core.first_byte(plan, waiting[0], streamed=True)
+    now[0] += overdue_seconds(plan.decision)
+    for attempt in waiting[1:]:
+        core.cancelled(plan, attempt)
+    core.cancelled(plan, waiting[0])
+    assert pod.healthy(now[0])
     for _ in range(limits.eject_after_failures - 1):
         given_up_after(overdue_seconds(plan.decision))
     assert pod.healthy(now[0])

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+from dataclasses import replace
 
 from tests.unit.router.fakes import FakePods, make_config
 
@@ -139,12 +140,30 @@ async def test_a_pool_that_left_leaves_no_series_behind(router_app):
         not in text
     )
     assert 'pool="default/q"' in text
-    runtime.metrics.sweep(runtime.core.clock() + SERIES_GRACE_SECONDS)
+    core = runtime.core
+    later = core.clock() + SERIES_GRACE_SECONDS
+    core.clock = lambda: later  # a scrape past the grace removes them
     assert 'pool="default/p"' not in (await client.get("/metrics")).text
     # A pool that comes back within the grace keeps its series.
     await runtime.reload(make_config(2))
-    runtime.metrics.sweep(runtime.core.clock() + SERIES_GRACE_SECONDS)
+    latest = later + SERIES_GRACE_SECONDS
+    core.clock = lambda: latest
     assert 'pool="default/p"' in (await client.get("/metrics")).text
+
+
+async def test_a_pod_whose_spec_changes_keeps_its_connections(router_app):
+    """A pod re-created under its name and address (a new generation) leaves and joins in one
+    change: its host was made known, then forgotten, and no connection to it was kept again."""
+    _client, runtime = await router_app(make_config(2), FakePods())
+    known: set[str] = set()
+    runtime.upstream.know = known.add  # type: ignore[method-assign]
+    runtime.upstream.forget = known.discard  # type: ignore[method-assign]
+    specs = [ep.spec for ep in runtime.endpoints.in_pool("default/p")]
+    renewed = replace(specs[0], generation="uid-2")
+    await runtime.endpoints.replace_pool("default/p", [renewed, specs[1]])
+    assert known == {renewed.url}
+    await runtime.endpoints.replace_pool("default/p", [specs[1]])
+    assert known == set()
 
 
 async def test_reload_adds_endpoints_and_keeps_state(router_app):

@@ -293,9 +293,9 @@ class FlowControl:
                 code="deadline_exceeded",
                 retry_after_seconds=expected,
             )
+        self._joined(waiter)  # counted before the victims' callbacks run
         for victim in victims:
             self._push_out(victim.item)
-        self._joined(waiter)
         return waiter
 
     def _make_room(

@@ -417,7 +417,7 @@ class RoutingCore:
     def first_byte(self, plan: RoutePlan, attempt: Attempt, *, streamed: bool) -> None:
         """The endpoint answered. `streamed`: the answer is an event stream (its first byte
         follows the prefill); otherwise it is whole, and its prefill is over too."""
-        attempt.first_byte_at = self.clock()
+        attempt.first_byte_at = plan.endpoint.first_byte_at = self.clock()
         if streamed or not attempt.streaming:
             self.accounting.prefill_done(attempt)
             self.flow.pump()
@@ -467,6 +467,7 @@ class RoutingCore:
         self.metrics.child(
             self.metrics.upstream_errors, plan.pool.key, plan.endpoint.id, kind
         ).inc()
+        plan.endpoint.lacks_lora_adapter(plan.classification.model)  # priced as not loaded
 
     def broke(self, plan: RoutePlan, kind: str) -> None:
         """A stream broke after its first byte (too late to retry; `finished` follows)."""
@@ -481,14 +482,17 @@ class RoutingCore:
 
     def cancelled(self, plan: RoutePlan, attempt: Attempt) -> None:
         """The client went away (or the request was abandoned): nothing to learn, but for a
-        stream it gave up on with no first byte long past its predicted TTFT (`overdue`):
-        that counts as a failure of the pod. A hung engine answers its headers and /metrics
-        but no token; clients that time out before `first_byte_timeout_seconds` left no trace,
-        and each freed its slot for the next request to hang there."""
+        stream it gave up on with no first byte long past its predicted TTFT (`overdue`)
+        while the pod gave no request a first byte since it was sent: that counts as a
+        failure of the pod. A hung engine answers its headers and /metrics but no token;
+        clients that time out before `first_byte_timeout_seconds` left no trace, and each
+        freed its slot for the next request to hang there. A busy pod's first bytes to others
+        keep it out of this (several clients giving up at once, or the router's shutdown)."""
         overdue = (
             attempt.open
             and attempt.streaming
             and attempt.first_byte_at is None
+            and plan.endpoint.first_byte_at < attempt.sent_at
             and self.clock() - attempt.sent_at >= overdue_seconds(plan.decision)
         )
         self._close(plan, attempt)

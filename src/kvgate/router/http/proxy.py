@@ -123,6 +123,15 @@ async def _discard_error_body(response: UpstreamResponse, read_timeout: float) -
                     return  # left unread: `aclose` closes the connection
 
 
+def _adapter_missing(plan: RoutePlan, body: bytes) -> bool:
+    """A pod's 404 saying a LoRA adapter of its pool does not exist there: vLLM's answer for an
+    adapter it has not loaded (a rollout adding it to the pool, adapters loaded at run time),
+    which another pod may have. Any other 404 (a Responses follow-up the pod no longer holds,
+    say) is the pod's answer."""
+    model = plan.classification.model
+    return plan.pool.lora_for(model) is not None and f"`{model}` does not exist".encode() in body
+
+
 @dataclass
 class _Answer:
     status: int
@@ -323,11 +332,6 @@ class Proxy:
             retry = stream or exc.kind != "timeout"
             raise _Retryable(exc.kind, str(exc), retry=retry) from exc
         try:
-            if response.status == 404 and plan.pool.lora_for(plan.classification.model):
-                # vLLM's answer for an adapter this pod has not loaded (a rollout adding it to
-                # the pool, adapters loaded at run time): another pod may have it.
-                await _discard_error_body(response, limits.read_timeout_seconds)
-                raise _Retryable(ADAPTER_MISSING, "the pod has not loaded the adapter", 404)
             if response.status >= 500:
                 await _discard_error_body(response, limits.read_timeout_seconds)
                 raise _Retryable(
@@ -375,6 +379,8 @@ class Proxy:
                 )
             except UpstreamError as exc:
                 raise _Retryable(exc.kind, str(exc), retry=exc.kind != "too_large") from exc
+            if response.status == 404 and _adapter_missing(plan, payload):
+                raise _Retryable(ADAPTER_MISSING, "the pod has not loaded the adapter", 404)
             usage = usage_from_json_body(payload) if response.status == 200 else None
             headers.append((b"content-length", str(len(payload)).encode()))
             await send(

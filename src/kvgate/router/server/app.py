@@ -158,7 +158,9 @@ class RouterApp:
                 await _json(send, 200 if ready else 503, {"ready": ready})
             elif path == "/metrics" and method == "GET":
                 core = self.runtime.core
-                core.warmup.advance_all(core.clock())  # the warm phases as of now
+                now = core.clock()
+                core.warmup.advance_all(now)  # the warm phases as of now
+                core.metrics.sweep(now)  # the series of pods and pools gone past their grace
                 payload = generate_latest(self.runtime.metrics.registry)
                 await _raw(send, 200, payload, [(b"content-type", CONTENT_TYPE_LATEST.encode())])
             elif path == "/debug/route" and method in ("GET", "POST"):
