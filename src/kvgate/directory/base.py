@@ -161,11 +161,13 @@ class BlockIndex(Protocol):
         """
         ...
 
-    async def clear_pod(self, pod: str) -> None:
+    async def clear_pod(self, pod: str, *, generation: str | None = None) -> None:
         """Drop every entry of `pod` (exact and approximate, all media) at once.
 
         The pod keeps its generation and stays known (a KV `AllBlocksCleared`); cost is O(its
-        entries), never a scan of the whole index. Clearing an unknown pod is a no-op.
+        entries), never a scan of the whole index. Clearing an unknown pod is a no-op. With
+        `generation`, only while it is the pod's (or the pod has none): a writer whose
+        generation was superseded clears nothing of the new owner's.
         """
         ...
 

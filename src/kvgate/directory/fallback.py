@@ -41,6 +41,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge
@@ -53,6 +54,18 @@ from kvgate.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 _Call = Callable[[BlockIndex], Awaitable[Any]]
+_REFUSAL_GAP = 3  # x owner_silence_seconds without a refused write: the next starts a new run
+
+
+@dataclass(slots=True)
+class _Refusals:
+    """A pod's refused writes in a row (`FallbackIndex._refused`)."""
+
+    first: float
+    last: float
+    next_check: float = -math.inf  # when the owner may be asked again
+
+
 _FAILED = object()
 
 
@@ -94,7 +107,7 @@ class FallbackIndex:
         # again). A pod is in at most one of _unsynced and _rebuilding.
         self._rebuilding: dict[str, deque[_Call] | None] = {}
         self._inflight: dict[str, int] = {}  # pod -> shared writes awaiting an answer
-        self._owner_checks: dict[str, float] = {}  # pod -> when its owner may be asked again
+        self._refusals: dict[str, _Refusals] = {}  # pod -> its refused writes, lately
         self._owner_silence = owner_silence_seconds
         self._owner_check = owner_check_seconds
         self.resync_task: asyncio.Task[bool] | None = None
@@ -194,13 +207,15 @@ class FallbackIndex:
                     await shared.clear_pod(pod)
             else:
                 generation = snapshot.generation
-                if generation is not None:
-                    await shared.set_generation(pod, generation)
-                if generation is not None or snapshot.exact:
-                    # The pod's exact entries are this writer's: rewrite them whole. A writer
-                    # of routing history alone (a router beside an indexer) only adds it
-                    # again: its clear wiped the indexer's exact entries for good.
-                    await shared.clear_pod(pod)
+                fresh = generation is not None and await shared.set_generation(pod, generation)
+                if not fresh and (generation is not None or snapshot.exact):
+                    # The pod's exact entries are this writer's: rewrite them whole (a new
+                    # generation starts empty). A writer of routing history alone (a router
+                    # beside an indexer) only adds it again: its clear wiped the indexer's
+                    # exact entries for good. Only while the generation is ours: another
+                    # writer that set its own since (two replicas taking a pod over at once)
+                    # keeps what it wrote.
+                    await shared.clear_pod(pod, generation=generation)
                 for medium, keys in snapshot.exact_batches(self._batch):
                     if not await shared.add(pod, keys, medium=medium, generation=generation):
                         break  # another writer set a newer generation: the pod is its now
@@ -332,9 +347,17 @@ class FallbackIndex:
         good, every later write refused): the pod is rebuilt there from the local view, under
         `generation`, as after a lost write. Asked at most every `owner_check_seconds`."""
         now = self._clock()
-        if now < self._owner_checks.get(pod, -math.inf) or pod in self._rebuilding:
+        run = self._refusals.get(pod)
+        if run is None or now - run.last > _REFUSAL_GAP * self._owner_silence:
+            run = self._refusals[pod] = _Refusals(first=now, last=now)
+        run.last = now
+        # Refused for `owner_silence_seconds` in a row first: after a quiet spell the owner,
+        # alive, writes the same first event a moment later (asked at once, it looked silent).
+        if now - run.first < self._owner_silence or now < run.next_check:
             return
-        self._owner_checks[pod] = now + self._owner_check
+        if pod in self._rebuilding:
+            return
+        run.next_check = now + self._owner_check
         try:
             silent = await self.shared.owner_silent(pod, generation, self._owner_silence)
         except Exception as exc:
@@ -342,6 +365,7 @@ class FallbackIndex:
             return
         if silent and pod not in self._rebuilding:
             log.warning("pod %s: its writer in the shared directory stopped; taking it over", pod)
+            self._refusals.pop(pod, None)
             self._lost(pod, "take_over")
             self._retry_at = now
             self._maybe_resync()
@@ -381,11 +405,11 @@ class FallbackIndex:
             "add_approximate", pod, lambda i: i.add_approximate(pod, keys, ttl_seconds)
         )
 
-    async def clear_pod(self, pod: str) -> None:
-        await self._write("clear_pod", pod, lambda i: i.clear_pod(pod))
+    async def clear_pod(self, pod: str, *, generation: str | None = None) -> None:
+        await self._write("clear_pod", pod, lambda i: i.clear_pod(pod, generation=generation))
 
     async def forget_pod(self, pod: str) -> None:
-        self._owner_checks.pop(pod, None)
+        self._refusals.pop(pod, None)
         await self._write("forget_pod", pod, lambda i: i.forget_pod(pod))
 
     async def set_generation(self, pod: str, generation: str) -> bool:

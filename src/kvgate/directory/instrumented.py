@@ -114,8 +114,8 @@ class InstrumentedBlockIndex:
             "add_approximate", keys, self.inner.add_approximate(pod, keys, ttl_seconds)
         )
 
-    async def clear_pod(self, pod: str) -> None:
-        await self._observe("clear_pod", self.inner.clear_pod(pod))
+    async def clear_pod(self, pod: str, *, generation: str | None = None) -> None:
+        await self._observe("clear_pod", self.inner.clear_pod(pod, generation=generation))
 
     async def forget_pod(self, pod: str) -> None:
         await self._observe("forget_pod", self.inner.forget_pod(pod))

@@ -374,10 +374,11 @@ class MemoryBlockIndex:
 
     # -- pods and generations ----------------------------------------------------------------
 
-    async def clear_pod(self, pod: str) -> None:
+    async def clear_pod(self, pod: str, *, generation: str | None = None) -> None:
         state = self._pods.get(pod)
-        if state is not None:
-            await self._replace(pod, state, state.generation)
+        if state is None or (state.generation and generation not in (None, state.generation)):
+            return  # unknown, or another generation's
+        await self._replace(pod, state, state.generation)
 
     async def forget_pod(self, pod: str) -> None:
         self._written.pop(pod, None)

@@ -323,12 +323,12 @@ class RedisBlockIndex:
             if slot == -1:
                 return  # forgotten meanwhile (it left): re-registering it would leak it
 
-    async def clear_pod(self, pod: str) -> None:
-        if await self._run(self._clear, [pod, 0]):
+    async def clear_pod(self, pod: str, *, generation: str | None = None) -> None:
+        if await self._run(self._clear, [pod, 0, generation or ""]):
             await self.collect_garbage()
 
     async def forget_pod(self, pod: str) -> None:
-        if await self._run(self._clear, [pod, 1]):
+        if await self._run(self._clear, [pod, 1, ""]):
             await self.collect_garbage()
 
     async def set_generation(self, pod: str, generation: str) -> bool:

@@ -442,11 +442,13 @@ if now_ms() - seen < tonumber(ARGV[4]) then return 0 end
 return 1
 """)
 
-# ARGV: base, pod, forget (1 = also drop the generation). Entries vanish at once.
+# ARGV: base, pod, forget (1 = also drop the generation), generation ('' = any: else only while it
+# is the pod's). Entries vanish at once.
 CLEAR = _script("""
 local pod = ARGV[2]
 local slot, cur = reg_get(pod)
 if not slot then return 0 end
+if ARGV[4] ~= '' and cur ~= '' and cur ~= ARGV[4] then return 0 end
 retire(pod, slot)
 if ARGV[3] == '1' then
   redis.call('HDEL', registry, pod)

@@ -449,14 +449,14 @@ class PodSubscriber:
         return await write(pod, keys, medium=op.medium, generation=generation)
 
     async def _clear(self) -> bool:
-        """Clear the pod; False if another subscription owns it now (a newer generation, e.g.
-        the next indexer in a rolling update): its adds are refused, and its clears would wipe
-        the owner's entries."""
+        """Clear the pod where this subscription's generation is the pod's; False if another
+        subscription owns it now (a newer generation, e.g. the next indexer in a rolling
+        update, or the router replica that started last): its adds are refused, and its clears
+        would wipe the owner's entries. A router replica's local view is cleared all the same
+        (it is what the replica rebuilds the shared directory from if it takes the pod over)."""
         pod = self.endpoint.pod
-        if await self._index.get_generation(pod) != self.generation:
-            return False
-        await self._index.clear_pod(pod)
-        return True
+        await self._index.clear_pod(pod, generation=self.generation)
+        return await self._index.get_generation(pod) == self.generation
 
     async def _restart(self, reason: str) -> None:
         """Forget everything known about the pod: new generation, no expected seq."""

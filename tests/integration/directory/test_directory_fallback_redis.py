@@ -221,6 +221,40 @@ async def test_a_replica_takes_a_pod_over_from_one_that_stopped(
         await reader.close()
 
 
+async def test_an_owner_that_writes_after_a_quiet_spell_keeps_its_pod(
+    redis_server_factory: Callable[[], RedisServer],
+) -> None:
+    """After a quiet spell the replica that does not own the pod may write the next event a
+    moment before the owner: asked then, the owner looked silent and lost the pod (a whole
+    rebuild each time). It is asked only once refused for the silence in a row."""
+    server = redis_server_factory()
+    kwargs = {"owner_silence_seconds": 0.5, "owner_check_seconds": 0.1}
+    other = fallback_over(server.url, time.time, **kwargs)
+    owner = fallback_over(server.url, time.time, **kwargs)
+    reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+    keys = chain(40)
+    try:
+        await other.set_generation("p", "other")
+        await owner.set_generation("p", "owner")
+        await asyncio.sleep(1.6)  # quiet: longer than the silence and the refusals' gap
+        for n in range(1, 13):  # then events flow, the other replica first each time
+            await other.add("p", keys[n - 1 : n], generation="other")
+            await asyncio.sleep(0.005)
+            await owner.add("p", keys[n - 1 : n], generation="owner")
+            await asyncio.sleep(0.1)
+        assert await reader.get_generation("p") == "owner"
+        assert not other.unsynced
+        # A clear it applies (an AllBlocksCleared) reaches its own view, which it would
+        # rebuild Redis from, and leaves the owner's entries alone.
+        await other.clear_pod("p", generation="other")
+        assert await other.local.lookup(keys) == {}
+        assert await reader.lookup(keys) == {"p": 12}
+    finally:
+        await other.close()
+        await owner.close()
+        await reader.close()
+
+
 async def test_a_router_rebuilding_its_history_leaves_the_indexers_exact_entries(
     restartable: Restartable,
 ) -> None:

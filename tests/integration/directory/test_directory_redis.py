@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from tests.unit.directory.conformance import (
     BlockIndexConformance,
     FakeClock,
     chain,
+    check_only_the_owners_writes_show_it_alive,
 )
 
 from kvgate.directory.base import HISTORY_CHUNK_KEYS, MAX_COPIES, BlockIndex
@@ -294,3 +296,7 @@ def test_bad_pool_key_or_prefix() -> None:
         RedisBlockIndex(client, "ns/{pool}")
     with pytest.raises(ValueError):
         RedisBlockIndex(client, "ns/pool", key_prefix="")
+
+
+async def test_only_the_owners_writes_show_it_alive(index: RedisBlockIndex) -> None:
+    await check_only_the_owners_writes_show_it_alive(index, asyncio.sleep)

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import random
 from collections import Counter
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -38,6 +39,26 @@ class FakeClock:
 def chain(n: int, tag: str = "c", size: int = 32) -> list[bytes]:
     """n distinct block keys (digests of `tag`/i, truncated to `size` bytes)."""
     return [hashlib.sha256(f"{tag}/{i}".encode()).digest()[:size] for i in range(n)]
+
+
+async def check_only_the_owners_writes_show_it_alive(
+    index: BlockIndex, pass_time: Callable[[float], Awaitable[None]]
+) -> None:
+    """`owner_silent` by each kind of write: the owner's applied `add`, `remove` and
+    `set_generation` show it alive; a refused write (another generation's) does not.
+    `pass_time(s)`: let `s` seconds pass on the index's clock (Redis: its own)."""
+    silence = 0.2
+    await index.set_generation("a", "g1")
+    assert not await index.owner_silent("a", "g2", silence)
+    await pass_time(2 * silence)
+    assert await index.owner_silent("a", "g2", silence)
+    assert await index.remove("a", chain(1), generation="g1")
+    assert not await index.owner_silent("a", "g2", silence)
+    await pass_time(2 * silence)
+    assert not await index.add("a", chain(1), generation="g2")  # refused: g1 said nothing
+    assert await index.owner_silent("a", "g2", silence)
+    assert await index.add("a", chain(1), generation="g1")
+    assert not await index.owner_silent("a", "g2", silence)
 
 
 class BlockIndexConformance:
@@ -417,6 +438,20 @@ class BlockIndexConformance:
         assert not await index.owner_silent("a", "g2", 3600)  # g1 wrote just now
         await index.forget_pod("a")
         assert not await index.owner_silent("a", "g2", 0)
+
+    async def test_a_clear_with_a_generation_clears_only_that_generations_entries(
+        self, index: BlockIndex
+    ) -> None:
+        keys = chain(4)
+        await index.set_generation("a", "g2")
+        await index.add("a", keys, generation="g2")
+        await index.clear_pod("a", generation="g1")  # superseded: clears nothing
+        assert await index.lookup(keys) == {"a": 4}
+        await index.clear_pod("a", generation="g2")
+        assert await index.lookup(keys) == {}
+        await index.add("b", keys)  # no generation: any clear clears it
+        await index.clear_pod("b", generation="g1")
+        assert await index.lookup(keys) == {}
 
     # -- approximate entries -----------------------------------------------------------------
 

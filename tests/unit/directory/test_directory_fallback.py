@@ -73,9 +73,9 @@ class FlakyIndex(MemoryBlockIndex):
         self._call("add_approximate")
         await super().add_approximate(pod, keys, ttl_seconds)
 
-    async def clear_pod(self, pod: str) -> None:
+    async def clear_pod(self, pod: str, *, generation: str | None = None) -> None:
         self._call("clear_pod")
-        await super().clear_pod(pod)
+        await super().clear_pod(pod, generation=generation)
 
     async def forget_pod(self, pod: str) -> None:
         self._call("forget_pod")

@@ -11,6 +11,7 @@ from tests.unit.directory.conformance import (
     BlockIndexConformance,
     FakeClock,
     chain,
+    check_only_the_owners_writes_show_it_alive,
 )
 from tests.unit.loop_turns import other_task_turns
 
@@ -180,3 +181,13 @@ async def test_a_clear_works_driven_by_hand() -> None:
     complete(index.add("a", chain(3), generation="g0"))
     assert complete(index.set_generation("a", "g1")) is True
     assert complete(index.lookup(chain(3))) == {} and index._masks == {}
+
+
+async def test_only_the_owners_writes_show_it_alive() -> None:
+    clock = FakeClock()
+    index = MemoryBlockIndex(clock=clock)
+
+    async def pass_time(seconds: float) -> None:
+        clock.advance(seconds)
+
+    await check_only_the_owners_writes_show_it_alive(index, pass_time)
