@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -54,16 +53,13 @@ from kvgate.tasks import cancel_and_wait
 log = logging.getLogger(__name__)
 
 _Call = Callable[[BlockIndex], Awaitable[Any]]
-_REFUSAL_GAP = 3  # x owner_silence_seconds without a refused write: the next starts a new run
 
 
 @dataclass(slots=True)
 class _Refusals:
-    """A pod's refused writes in a row (`FallbackIndex._refused`)."""
+    """A pod's refused writes (`FallbackIndex._refused`): since when the owner is suspected."""
 
-    first: float
-    last: float
-    next_check: float = -math.inf  # when the owner may be asked again
+    since: float
 
 
 _FAILED = object()
@@ -83,7 +79,6 @@ class FallbackIndex:
         rebuild_batch: int = 4096,
         max_queued_writes: int = 10_000,
         owner_silence_seconds: float = 10.0,
-        owner_check_seconds: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.shared = shared
@@ -107,9 +102,8 @@ class FallbackIndex:
         # again). A pod is in at most one of _unsynced and _rebuilding.
         self._rebuilding: dict[str, deque[_Call] | None] = {}
         self._inflight: dict[str, int] = {}  # pod -> shared writes awaiting an answer
-        self._refusals: dict[str, _Refusals] = {}  # pod -> its refused writes, lately
+        self._refusals: dict[str, _Refusals] = {}  # pod -> since when its owner is suspected
         self._owner_silence = owner_silence_seconds
-        self._owner_check = owner_check_seconds
         self.resync_task: asyncio.Task[bool] | None = None
 
     # -- state -------------------------------------------------------------------------------
@@ -341,25 +335,25 @@ class FallbackIndex:
     async def _refused(self, pod: str, generation: str) -> None:
         """The shared index refused a write of `generation` that the local view took: another
         writer's generation owns `pod` there (the router replica or indexer that started
-        last), and it writes the same events. Once that writer has written nothing for
-        `owner_silence_seconds` while this one still gets the pod's events, it stopped (a
-        replica scaled down or killed, whose generation would otherwise hold the pod for
-        good, every later write refused): the pod is rebuilt there from the local view, under
-        `generation`, as after a lost write. Asked at most every `owner_check_seconds`."""
+        last), and it writes the same events. Once `owner_silence_seconds` passed since the
+        first such refusal, the owner is asked whether it wrote anything since (less a quarter
+        of that: it may write the same event a moment before this one); an owner that did is
+        alive, and the wait starts again. One that did not stopped (a replica scaled down or
+        killed, whose generation would otherwise hold the pod for good, every later write
+        refused): the pod is rebuilt there from the local view, under `generation`, as after
+        a lost write. However sparse the pod's events, the second refusal a silence after the
+        first decides."""
         now = self._clock()
         run = self._refusals.get(pod)
-        if run is None or now - run.last > _REFUSAL_GAP * self._owner_silence:
-            run = self._refusals[pod] = _Refusals(first=now, last=now)
-        run.last = now
-        # Refused for `owner_silence_seconds` in a row first: after a quiet spell the owner,
-        # alive, writes the same first event a moment later (asked at once, it looked silent).
-        if now - run.first < self._owner_silence or now < run.next_check:
+        if run is None:
+            self._refusals[pod] = _Refusals(since=now)
             return
-        if pod in self._rebuilding:
+        if now - run.since < self._owner_silence or pod in self._rebuilding:
             return
-        run.next_check = now + self._owner_check
+        window = now - run.since + self._owner_silence / 4
+        run.since = now  # asked: if alive, wait again from here
         try:
-            silent = await self.shared.owner_silent(pod, generation, self._owner_silence)
+            silent = await self.shared.owner_silent(pod, generation, window)
         except Exception as exc:
             self._failed("owner_silent", exc)
             return

@@ -194,7 +194,7 @@ async def test_a_replica_takes_a_pod_over_from_one_that_stopped(
     by any replica. A replica whose writes are refused takes the pod over, from its own view,
     once the owner has written nothing for `owner_silence_seconds`; not while it writes."""
     server = redis_server_factory()
-    kwargs = {"owner_silence_seconds": 0.5, "owner_check_seconds": 0.1}
+    kwargs = {"owner_silence_seconds": 0.5}
     first = fallback_over(server.url, time.time, **kwargs)
     last = fallback_over(server.url, time.time, **kwargs)
     reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
@@ -210,12 +210,40 @@ async def test_a_replica_takes_a_pod_over_from_one_that_stopped(
                 await index.add("p", keys[n - 2 : n], generation=generation)
         assert await reader.get_generation("p") == "last"  # written within the silence
         await last.close()  # it stopped
-        await asyncio.sleep(0.6)
-        await first.add("p", keys[8:10], generation="first")  # refused: the owner is silent
-        await wait_synced(first)
-        await first.add("p", keys[10:], generation="first")
+        for n in range(9, 13):  # the events go on: refused until the owner is found silent
+            await asyncio.sleep(0.3)
+            await first.add("p", keys[n - 1 : n], generation="first")
+            await wait_synced(first)
         assert await reader.get_generation("p") == "first"
         assert await reader.lookup(keys) == {"p": 12}
+    finally:
+        await first.close()
+        await reader.close()
+
+
+async def test_a_pod_with_sparse_events_is_taken_over_from_an_owner_that_stopped(
+    redis_server_factory: Callable[[], RedisServer],
+) -> None:
+    """Events further apart than the owner's silence (a lightly used pod): a refusal that came
+    long after the previous one started the wait over, so the owner was never asked and its
+    generation held the pod for good."""
+    server = redis_server_factory()
+    first = fallback_over(server.url, time.time, owner_silence_seconds=0.2)
+    last = fallback_over(server.url, time.time, owner_silence_seconds=0.2)
+    reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+    keys = chain(8)
+    try:
+        await first.set_generation("p", "first")
+        await last.set_generation("p", "last")
+        await last.close()  # it stopped
+        for n in range(1, 9):  # one event every 0.7 s
+            await first.add("p", keys[n - 1 : n], generation="first")
+            await wait_synced(first)
+            if await reader.get_generation("p") == "first":
+                break
+            await asyncio.sleep(0.7)
+        assert await reader.get_generation("p") == "first"
+        assert n <= 3 and await reader.lookup(keys[:n]) == {"p": n}
     finally:
         await first.close()
         await reader.close()
@@ -228,7 +256,7 @@ async def test_an_owner_that_writes_after_a_quiet_spell_keeps_its_pod(
     moment before the owner: asked then, the owner looked silent and lost the pod (a whole
     rebuild each time). It is asked only once refused for the silence in a row."""
     server = redis_server_factory()
-    kwargs = {"owner_silence_seconds": 0.5, "owner_check_seconds": 0.1}
+    kwargs = {"owner_silence_seconds": 0.5}
     other = fallback_over(server.url, time.time, **kwargs)
     owner = fallback_over(server.url, time.time, **kwargs)
     reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")

@@ -442,3 +442,28 @@ async def test_close_cancels_a_running_resync(
 def test_satisfies_protocol(index: FallbackIndex) -> None:
     assert isinstance(index, BlockIndex)
     assert DEFAULT_MEDIUM == "GPU"
+
+
+async def test_a_rebuild_clears_nothing_of_a_writer_that_took_the_pod_meanwhile(
+    pair: tuple[FallbackIndex, FlakyIndex],
+) -> None:
+    """Two replicas taking a pod over at once: the one whose generation landed first went on
+    to clear the pod, wiping what the other (now the owner) had just written."""
+    index, shared = pair
+    mine, theirs = chain(4), chain(3, "theirs")
+    await index.set_generation("p", "mine")
+    shared.down = True
+    await index.add("p", mine, generation="mine")  # lost: "p" is rebuilt from the local view
+    shared.down = False
+    take_pod = shared.set_generation
+
+    async def then_taken(pod: str, generation: str) -> bool:
+        changed = await take_pod(pod, generation)
+        await take_pod(pod, "theirs")  # the other replica, right after
+        await shared.add(pod, theirs, generation="theirs")
+        return changed
+
+    shared.set_generation = then_taken  # type: ignore[method-assign]
+    await index.resync()
+    assert await shared.get_generation("p") == "theirs"
+    assert await shared.lookup(theirs) == {"p": 3}
