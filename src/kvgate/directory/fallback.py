@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Collection, Sequence
@@ -56,10 +57,12 @@ _Call = Callable[[BlockIndex], Awaitable[Any]]
 
 
 @dataclass(slots=True)
-class _Refusals:
-    """A pod's refused writes (`FallbackIndex._refused`): since when the owner is suspected."""
+class _Suspect:
+    """A pod whose writes the shared index refused (`FallbackIndex._refused`)."""
 
-    since: float
+    generation: str  # ours
+    since: float | None  # the first refused write not asked about yet
+    quiet_until: float = -math.inf  # its owner was found alive: no question before
 
 
 _FAILED = object()
@@ -102,8 +105,10 @@ class FallbackIndex:
         # again). A pod is in at most one of _unsynced and _rebuilding.
         self._rebuilding: dict[str, deque[_Call] | None] = {}
         self._inflight: dict[str, int] = {}  # pod -> shared writes awaiting an answer
-        self._refusals: dict[str, _Refusals] = {}  # pod -> since when its owner is suspected
+        self._suspects: dict[str, _Suspect] = {}  # pods whose owner may have stopped
         self._owner_silence = owner_silence_seconds
+        self._next_owner_check = math.inf
+        self.owner_task: asyncio.Task[None] | None = None
         self.resync_task: asyncio.Task[bool] | None = None
 
     # -- state -------------------------------------------------------------------------------
@@ -133,6 +138,10 @@ class FallbackIndex:
             self._forgotten.add(pod)
 
     def _maybe_resync(self) -> None:
+        if self.owner_task is None and self._clock() >= self._next_owner_check:
+            self.owner_task = asyncio.create_task(
+                self._check_owners(), name="kvgate-directory-owners"
+            )
         if self.resync_task is not None:
             return
         now = self._clock()
@@ -329,40 +338,58 @@ class FallbackIndex:
             if left:
                 self._inflight[pod] = left
         if applied is False and result and generation is not None:
-            await self._refused(pod, generation)
+            self._refused(pod, generation)
         return result
 
-    async def _refused(self, pod: str, generation: str) -> None:
+    def _refused(self, pod: str, generation: str) -> None:
         """The shared index refused a write of `generation` that the local view took: another
         writer's generation owns `pod` there (the router replica or indexer that started
-        last), and it writes the same events. Once `owner_silence_seconds` passed since the
-        first such refusal, the owner is asked whether it wrote anything since (less a quarter
-        of that: it may write the same event a moment before this one); an owner that did is
-        alive, and the wait starts again. One that did not stopped (a replica scaled down or
-        killed, whose generation would otherwise hold the pod for good, every later write
-        refused): the pod is rebuilt there from the local view, under `generation`, as after
-        a lost write. However sparse the pod's events, the second refusal a silence after the
-        first decides."""
+        last), and an owner that is alive writes the same event within moments. A quarter of
+        `owner_silence_seconds` later (`_check_owners`) the owner is asked whether it wrote
+        anything from that long before the refused write on; one that did not stopped (a
+        replica scaled down or killed, whose generation would otherwise hold the pod for
+        good, every later write refused): the pod is rebuilt there from the local view, under
+        `generation`, as after a lost write. An owner found alive is not asked about again for
+        `owner_silence_seconds`."""
         now = self._clock()
-        run = self._refusals.get(pod)
-        if run is None:
-            self._refusals[pod] = _Refusals(since=now)
-            return
-        if now - run.since < self._owner_silence or pod in self._rebuilding:
-            return
-        window = now - run.since + self._owner_silence / 4
-        run.since = now  # asked: if alive, wait again from here
+        suspect = self._suspects.get(pod)
+        if suspect is None:
+            suspect = self._suspects[pod] = _Suspect(generation, None)
+        if suspect.since is None and now >= suspect.quiet_until:
+            suspect.since, suspect.generation = now, generation
+            margin = self._owner_silence / 4
+            self._next_owner_check = min(self._next_owner_check, now + margin)
+
+    async def _check_owners(self) -> None:
+        """Ask about the owners of the pods refused long enough ago (`_refused`)."""
+        margin = self._owner_silence / 4
         try:
-            silent = await self.shared.owner_silent(pod, generation, window)
-        except Exception as exc:
-            self._failed("owner_silent", exc)
-            return
-        if silent and pod not in self._rebuilding:
-            log.warning("pod %s: its writer in the shared directory stopped; taking it over", pod)
-            self._refusals.pop(pod, None)
-            self._lost(pod, "take_over")
-            self._retry_at = now
-            self._maybe_resync()
+            now = self._clock()
+            self._next_owner_check = math.inf
+            for pod, suspect in list(self._suspects.items()):
+                since = suspect.since
+                if since is None:
+                    continue
+                if now - since < margin:
+                    self._next_owner_check = min(self._next_owner_check, since + margin)
+                    continue
+                suspect.since, suspect.quiet_until = None, now + self._owner_silence
+                try:
+                    silent = await self.shared.owner_silent(
+                        pod, suspect.generation, now - since + margin
+                    )
+                except Exception as exc:
+                    self._failed("owner_silent", exc)
+                    continue
+                if silent and self._suspects.get(pod) is suspect and pod not in self._rebuilding:
+                    log.warning(
+                        "pod %s: its writer in the shared directory stopped; taking it over", pod
+                    )
+                    del self._suspects[pod]
+                    self._lost(pod, "take_over")
+                    self._retry_at = self._clock()
+        finally:
+            self.owner_task = None
 
     async def add(
         self,
@@ -403,7 +430,7 @@ class FallbackIndex:
         await self._write("clear_pod", pod, lambda i: i.clear_pod(pod, generation=generation))
 
     async def forget_pod(self, pod: str) -> None:
-        self._refusals.pop(pod, None)
+        self._suspects.pop(pod, None)
         await self._write("forget_pod", pod, lambda i: i.forget_pod(pod))
 
     async def set_generation(self, pod: str, generation: str) -> bool:
@@ -414,6 +441,8 @@ class FallbackIndex:
     async def close(self) -> None:
         task, self.resync_task = self.resync_task, None
         await cancel_and_wait(task)
+        owners, self.owner_task = self.owner_task, None
+        await cancel_and_wait(owners)
         await self.local.close()
         try:
             await self.shared.close()

@@ -236,6 +236,7 @@ async def test_a_pod_with_sparse_events_is_taken_over_from_an_owner_that_stopped
         await first.set_generation("p", "first")
         await last.set_generation("p", "last")
         await last.close()  # it stopped
+        await asyncio.sleep(0.3)
         for n in range(1, 9):  # one event every 0.7 s
             await first.add("p", keys[n - 1 : n], generation="first")
             await wait_synced(first)
