@@ -185,103 +185,106 @@ async def test_a_restart_before_the_first_audit_interval_is_rebuilt_all_the_same
         await reader.close()
 
 
-async def test_a_replica_takes_a_pod_over_from_one_that_stopped(
+Replicas = tuple[FallbackIndex, FallbackIndex, RedisBlockIndex]
+
+
+@pytest.fixture
+async def replicas(
     redis_server_factory: Callable[[], RedisServer],
+) -> AsyncIterator[Callable[[float], Replicas]]:
+    """`replicas(silence)`: two router replicas' indexes over one redis-server of their own
+    (`owner_silence_seconds` = silence) and a reader of what Redis itself says; closed at the
+    end (closing twice is fine)."""
+    server = redis_server_factory()
+    made: list[Replicas] = []
+
+    def make(silence: float) -> Replicas:
+        indexes = [
+            fallback_over(server.url, time.time, owner_silence_seconds=silence) for _ in "ab"
+        ]
+        reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+        made.append((indexes[0], indexes[1], reader))
+        return made[-1]
+
+    yield make
+    for group in made:
+        for index in group:
+            await index.close()
+
+
+async def test_a_replica_takes_a_pod_over_from_one_that_stopped(
+    replicas: Callable[[float], Replicas],
 ) -> None:
     """Router replicas each index every pod's events; the last to start owns the pod in Redis
     and the others' writes are refused. When that replica stopped (scaled down, killed), its
     generation held the pod for good: no prefix the pod computed after it was ever seen again
     by any replica. A replica whose writes are refused takes the pod over, from its own view,
-    once the owner has written nothing for `owner_silence_seconds`; not while it writes."""
-    server = redis_server_factory()
-    kwargs = {"owner_silence_seconds": 0.5}
-    first = fallback_over(server.url, time.time, **kwargs)
-    last = fallback_over(server.url, time.time, **kwargs)
-    reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+    once the owner missed writing an event; not while it writes."""
+    first, last, reader = replicas(0.5)
     keys = chain(12)
-    try:
-        await first.set_generation("p", "first")
-        await first.add("p", keys[:4], generation="first")
-        await last.set_generation("p", "last")  # the last to start owns the pod
-        await last.add("p", keys[:4], generation="last")
-        for n in (6, 8):  # both get the same events; the owner writes them
-            await asyncio.sleep(0.3)
-            for index, generation in ((first, "first"), (last, "last")):
-                await index.add("p", keys[n - 2 : n], generation=generation)
-        assert await reader.get_generation("p") == "last"  # written within the silence
-        await last.close()  # it stopped
-        for n in range(9, 13):  # the events go on: refused until the owner is found silent
-            await asyncio.sleep(0.3)
-            await first.add("p", keys[n - 1 : n], generation="first")
-            await wait_synced(first)
-        assert await reader.get_generation("p") == "first"
-        assert await reader.lookup(keys) == {"p": 12}
-    finally:
-        await first.close()
-        await reader.close()
+    await first.set_generation("p", "first")
+    await first.add("p", keys[:4], generation="first")
+    await last.set_generation("p", "last")  # the last to start owns the pod
+    await last.add("p", keys[:4], generation="last")
+    for n in (6, 8):  # both get the same events; the owner writes them
+        await asyncio.sleep(0.3)
+        for index, generation in ((first, "first"), (last, "last")):
+            await index.add("p", keys[n - 2 : n], generation=generation)
+    assert await reader.get_generation("p") == "last"  # it writes: still the owner
+    await last.close()  # it stopped
+    for n in range(9, 13):  # the events go on: refused until the owner is found silent
+        await asyncio.sleep(0.3)
+        await first.add("p", keys[n - 1 : n], generation="first")
+        await wait_synced(first)
+    assert await reader.get_generation("p") == "first"
+    assert await reader.lookup(keys) == {"p": 12}
 
 
 async def test_a_pod_with_sparse_events_is_taken_over_from_an_owner_that_stopped(
-    redis_server_factory: Callable[[], RedisServer],
+    replicas: Callable[[float], Replicas],
 ) -> None:
     """Events further apart than the owner's silence (a lightly used pod): a refusal that came
     long after the previous one started the wait over, so the owner was never asked and its
     generation held the pod for good."""
-    server = redis_server_factory()
-    first = fallback_over(server.url, time.time, owner_silence_seconds=0.2)
-    last = fallback_over(server.url, time.time, owner_silence_seconds=0.2)
-    reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+    first, last, reader = replicas(0.2)
     keys = chain(8)
-    try:
-        await first.set_generation("p", "first")
-        await last.set_generation("p", "last")
-        await last.close()  # it stopped
-        await asyncio.sleep(0.3)
-        for n in range(1, 9):  # one event every 0.7 s
-            await first.add("p", keys[n - 1 : n], generation="first")
-            await wait_synced(first)
-            if await reader.get_generation("p") == "first":
-                break
-            await asyncio.sleep(0.7)
-        assert await reader.get_generation("p") == "first"
-        assert n <= 3 and await reader.lookup(keys[:n]) == {"p": n}
-    finally:
-        await first.close()
-        await reader.close()
+    await first.set_generation("p", "first")
+    await last.set_generation("p", "last")
+    await last.close()  # it stopped
+    await asyncio.sleep(0.3)
+    for n in range(1, 9):  # one event every 0.7 s
+        await first.add("p", keys[n - 1 : n], generation="first")
+        await wait_synced(first)
+        if await reader.get_generation("p") == "first":
+            break
+        await asyncio.sleep(0.7)
+    assert await reader.get_generation("p") == "first"
+    assert n <= 3 and await reader.lookup(keys[:n]) == {"p": n}
 
 
 async def test_an_owner_that_writes_after_a_quiet_spell_keeps_its_pod(
-    redis_server_factory: Callable[[], RedisServer],
+    replicas: Callable[[float], Replicas],
 ) -> None:
     """After a quiet spell the replica that does not own the pod may write the next event a
     moment before the owner: asked then, the owner looked silent and lost the pod (a whole
-    rebuild each time). It is asked only once refused for the silence in a row."""
-    server = redis_server_factory()
-    kwargs = {"owner_silence_seconds": 0.5}
-    other = fallback_over(server.url, time.time, **kwargs)
-    owner = fallback_over(server.url, time.time, **kwargs)
-    reader = RedisBlockIndex.from_url(server.url, "ns/pool", key_prefix="fb")
+    rebuild each time). It is asked later, about the writes from a while before its own."""
+    other, owner, reader = replicas(0.5)
     keys = chain(40)
-    try:
-        await other.set_generation("p", "other")
-        await owner.set_generation("p", "owner")
-        await asyncio.sleep(1.6)  # quiet: longer than the silence and the refusals' gap
-        for n in range(1, 13):  # then events flow, the other replica first each time
-            await other.add("p", keys[n - 1 : n], generation="other")
-            await asyncio.sleep(0.005)
-            await owner.add("p", keys[n - 1 : n], generation="owner")
-            await asyncio.sleep(0.1)
-        assert await reader.get_generation("p") == "owner"
-        assert not other.unsynced
-        # A clear it applies (an AllBlocksCleared) reaches its own view, which it would
-        # rebuild Redis from, and leaves the owner's entries alone.
-        await other.clear_pod("p", generation="other")
-        assert await other.local.lookup(keys) == {}
-        assert await reader.lookup(keys) == {"p": 12}
-    finally:
-        await other.close()
-        await owner.close()
-        await reader.close()
+    await other.set_generation("p", "other")
+    await owner.set_generation("p", "owner")
+    await asyncio.sleep(1.6)  # quiet
+    for n in range(1, 13):  # then events flow, the other replica first each time
+        await other.add("p", keys[n - 1 : n], generation="other")
+        await asyncio.sleep(0.005)
+        await owner.add("p", keys[n - 1 : n], generation="owner")
+        await asyncio.sleep(0.1)
+    assert await reader.get_generation("p") == "owner"
+    assert not other.unsynced
+    # A clear it applies (an AllBlocksCleared) reaches its own view, which it would rebuild
+    # Redis from, and leaves the owner's entries alone.
+    await other.clear_pod("p", generation="other")
+    assert await other.local.lookup(keys) == {}
+    assert await reader.lookup(keys) == {"p": 12}
 
 
 async def test_a_router_rebuilding_its_history_leaves_the_indexers_exact_entries(
