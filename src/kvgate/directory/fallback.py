@@ -107,6 +107,7 @@ class FallbackIndex:
         self._inflight: dict[str, int] = {}  # pod -> shared writes awaiting an answer
         self._suspects: dict[str, _Suspect] = {}  # pods whose owner may have stopped
         self._owner_silence = owner_silence_seconds
+        self._owner_margin = owner_silence_seconds / 4  # an owner writes the same event sooner
         self._next_owner_check = math.inf
         self.owner_task: asyncio.Task[None] | None = None
         self.resync_task: asyncio.Task[bool] | None = None
@@ -138,13 +139,13 @@ class FallbackIndex:
             self._forgotten.add(pod)
 
     def _maybe_resync(self) -> None:
-        if self.owner_task is None and self._clock() >= self._next_owner_check:
+        now = self._clock()
+        if self.owner_task is None and now >= self._next_owner_check:
             self.owner_task = asyncio.create_task(
                 self._check_owners(), name="kvgate-directory-owners"
             )
         if self.resync_task is not None:
             return
-        now = self._clock()
         failed = (self.degraded or bool(self._unsynced)) and now >= self._retry_at
         if not failed and now < self._next_audit:
             return
@@ -357,12 +358,11 @@ class FallbackIndex:
             suspect = self._suspects[pod] = _Suspect(generation, None)
         if suspect.since is None and now >= suspect.quiet_until:
             suspect.since, suspect.generation = now, generation
-            margin = self._owner_silence / 4
-            self._next_owner_check = min(self._next_owner_check, now + margin)
+            self._next_owner_check = min(self._next_owner_check, now + self._owner_margin)
 
     async def _check_owners(self) -> None:
         """Ask about the owners of the pods refused long enough ago (`_refused`)."""
-        margin = self._owner_silence / 4
+        margin = self._owner_margin
         try:
             now = self._clock()
             self._next_owner_check = math.inf
